@@ -1,0 +1,33 @@
+# Two commands a user needs: `make run` (the whole pipeline) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench setup mlflow-ui clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# dvc needs a git repository; a fresh export without one gets a local one.
+run: $(STAMP)
+	@git rev-parse --git-dir >/dev/null 2>&1 || git init -q
+	$(VENV)/bin/dvc repro
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench,test]"
+	$(PY) -m bench.run_bench
+
+mlflow-ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000
+
+clean:
+	rm -rf data/processed data/scored models metrics plots mlflow.db

@@ -1,0 +1,439 @@
+"""Advantage estimators for RL post-training of language models.
+
+Conventions shared by every estimator:
+
+* ``token_level_rewards``: float ``[batch, response_len]``, the reward placed on response
+  tokens (outcome rewards usually sit on the last valid token).
+* ``response_mask``: 0/1 (or bool) ``[batch, response_len]``; 1 marks a token the policy
+  generated and is trained on, 0 marks right padding or an observation token.
+* ``index``: length-``batch`` sequence (numpy array or list of str/int) of prompt ids;
+  samples sharing an id form one group (the ``n`` responses to one prompt).
+* Outcome estimators use the sequence score ``s_i = sum_t token_level_rewards[i, t]``
+  and broadcast one scalar advantage over the response tokens.
+* Every estimator returns ``(advantages, returns)``, both ``[batch, response_len]`` and
+  exactly 0 wherever ``response_mask`` is 0.
+
+The formulas follow verl's ``trainer/ppo/core_algos.py`` reference definitions; group
+statistics use the unbiased standard deviation, and a group of one sample gets mean 0 and
+std 1 (so its advantage is ``s / (1 + eps)`` for GRPO, not 0).
+
+Estimators live in the ``ESTIMATORS`` registry. Each registered function takes keyword
+arguments only and ignores the common ones it does not need (``**_unused``), so
+``compute_advantage`` can call any of them with the same argument set.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from rlcore.algos.masked import masked_whiten
+from rlcore.algos.registry import Registry
+
+AdvantageFn = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
+
+ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _require(value: Any, arg: str, estimator: str) -> Any:
+    if value is None:
+        raise ValueError(f"advantage estimator {estimator!r} requires the argument {arg!r}")
+    return value
+
+
+def _zero_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Exact zeros where ``mask`` is 0 (robust to inf/nan at those positions)."""
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _float_mask(response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    if response_mask.shape != like.shape:
+        raise ValueError(
+            f"response_mask shape {tuple(response_mask.shape)} != token_level_rewards shape {tuple(like.shape)}"
+        )
+    return response_mask.to(dtype=like.dtype)
+
+
+def _group_ids(index: Optional[Sequence], batch: int, estimator: str, device: torch.device) -> torch.Tensor:
+    """Map prompt ids to dense group ids ``[batch]`` (order of first appearance)."""
+    _require(index, "index", estimator)
+    keys = index.tolist() if hasattr(index, "tolist") else list(index)
+    if len(keys) != batch:
+        raise ValueError(f"index has {len(keys)} entries but the batch has {batch} samples")
+    dense: dict = {}
+    ids = [dense.setdefault(k, len(dense)) for k in keys]
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+def _group_mean_std(scores: torch.Tensor, gid: torch.Tensor) -> "tuple[torch.Tensor, torch.Tensor, torch.Tensor]":
+    """Per-sample group mean, unbiased group std and group size, each ``[batch]``.
+
+    Groups of one sample get mean 0 and std 1 (verl's convention).
+    """
+    n_groups = int(gid.max().item()) + 1 if gid.numel() else 0
+    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, torch.ones_like(scores))
+    total = torch.zeros_like(count).index_add_(0, gid, scores)
+    mean = total / count
+    sq = torch.zeros_like(count).index_add_(0, gid, (scores - mean[gid]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return mean[gid], std[gid], count[gid]
+
+
+def _broadcast(scalar: torch.Tensor, mask: torch.Tensor) -> "tuple[torch.Tensor, torch.Tensor]":
+    adv = _zero_masked(scalar.unsqueeze(-1) * mask, mask)
+    return adv, adv
+
+
+# ------------------------------------------------------------------------ estimators
+
+
+@ESTIMATORS.register("gae")
+def gae_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, values: Optional[torch.Tensor] = None,
+    gamma: float = 1.0, lam: float = 1.0, **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438).
+
+    Backwards over the valid tokens of each row:
+    ``delta_t = r_t + gamma * V_next - V_t``, ``A_t = delta_t + gamma * lam * A_next``,
+    where ``V_next``/``A_next`` belong to the next position whose mask is 1 (0 past the
+    end). Masked positions are skipped: their rewards and values never enter a valid
+    token's result (verl's "skip values and TD-error on observation tokens").
+    ``returns = A + V``; advantages are then whitened over the mask
+    (``masked_whiten``, unbiased variance, mean shifted to 0).
+
+    Args:
+        token_level_rewards: ``[batch, response_len]`` per-token rewards.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        values: ``[batch, response_len]`` critic values V(s_t). Required.
+        gamma: Discount factor.
+        lam: GAE lambda.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 on masked tokens.
+
+    Raises:
+        ValueError: If ``values`` is missing or has the wrong shape.
+    """
+    values = _require(values, "values", "gae")
+    mask = _float_mask(response_mask, token_level_rewards)
+    if values.shape != token_level_rewards.shape:
+        raise ValueError(f"values shape {tuple(values.shape)} != rewards shape {tuple(token_level_rewards.shape)}")
+    values = values.to(token_level_rewards.dtype)
+    next_value = torch.zeros_like(token_level_rewards[:, 0])
+    last_adv = torch.zeros_like(next_value)
+    columns = []
+    for t in reversed(range(token_level_rewards.shape[1])):
+        valid = mask[:, t].bool()
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        last_adv = torch.where(valid, delta + gamma * lam * last_adv, last_adv)
+        next_value = torch.where(valid, values[:, t], next_value)
+        columns.append(last_adv)
+    advantages = torch.stack(columns[::-1], dim=1)
+    returns = _zero_masked(advantages + values, mask)
+    advantages = _zero_masked(masked_whiten(advantages, mask), mask)
+    return advantages, returns
+
+
+@ESTIMATORS.register("grpo")
+def grpo_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
+    norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
+
+    ``A_i = (s_i - mean_g) / (std_g + eps)`` with the group's mean and unbiased std;
+    with ``norm_adv_by_std_in_grpo=False`` it is Dr. GRPO (Liu et al. 2025,
+    arXiv:2503.20783): ``A_i = s_i - mean_g``. A group of one has mean 0, std 1.
+
+    Args:
+        token_level_rewards: ``[batch, response_len]``; ``s_i`` is the row sum.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids defining the groups. Required.
+        norm_adv_by_std_in_grpo: Divide by the group std (GRPO) or not (Dr. GRPO).
+        epsilon: Added to the std.
+
+    Returns:
+        ``(advantages, returns)`` (the same tensor), ``[batch, response_len]``, ``A_i``
+        broadcast over valid tokens.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    scores = token_level_rewards.sum(dim=-1)
+    gid = _group_ids(index, scores.shape[0], "grpo", scores.device)
+    mean, std, _ = _group_mean_std(scores, gid)
+    adv = scores - mean
+    if norm_adv_by_std_in_grpo:
+        adv = adv / (std + epsilon)
+    return _broadcast(adv, mask)
+
+
+@ESTIMATORS.register("grpo_passk")
+def grpo_passk_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
+    norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Pass@k GRPO advantage (Chen et al. 2025, arXiv:2503.19595).
+
+    Only the best response of each group is credited: ``A_best = s_max - s_second_max``,
+    divided by ``(std_g + eps)`` (unbiased group std) when ``norm_adv_by_std_in_grpo``;
+    every other response gets 0. On a tie for the maximum the advantage is 0 anyway.
+
+    Args:
+        token_level_rewards: ``[batch, response_len]``; ``s_i`` is the row sum.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids; every group needs at least 2 samples. Required.
+        norm_adv_by_std_in_grpo: Divide by the group std.
+        epsilon: Added to the std.
+
+    Returns:
+        ``(advantages, returns)`` (the same tensor), ``[batch, response_len]``.
+
+    Raises:
+        ValueError: If ``index`` is missing or a group has fewer than 2 samples.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    scores = token_level_rewards.sum(dim=-1)
+    gid = _group_ids(index, scores.shape[0], "grpo_passk", scores.device)
+    adv = torch.zeros_like(scores)
+    for g in range(int(gid.max().item()) + 1 if gid.numel() else 0):
+        members = torch.nonzero(gid == g).flatten()
+        if members.numel() < 2:
+            raise ValueError(f"grpo_passk needs at least 2 samples per group; group #{g} has {members.numel()}")
+        group = scores[members]
+        top2 = torch.topk(group, 2).values
+        gap = top2[0] - top2[1]
+        if norm_adv_by_std_in_grpo:
+            gap = gap / (group.std() + epsilon)
+        adv[members[torch.argmax(group)]] = gap
+    return _broadcast(adv, mask)
+
+
+@ESTIMATORS.register("rloo")
+def rloo_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
+    **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """REINFORCE Leave-One-Out advantage (Ahmadian et al. 2024, arXiv:2402.14740).
+
+    For a group of ``n > 1``: ``A_i = s_i - mean_{j != i} s_j = (s_i - mean_g) * n / (n - 1)``;
+    a group of one keeps ``A_i = s_i``.
+
+    Args:
+        token_level_rewards: ``[batch, response_len]``; ``s_i`` is the row sum.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids defining the groups. Required.
+
+    Returns:
+        ``(advantages, returns)`` (the same tensor), ``[batch, response_len]``.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    scores = token_level_rewards.sum(dim=-1)
+    gid = _group_ids(index, scores.shape[0], "rloo", scores.device)
+    mean, _, n = _group_mean_std(scores, gid)
+    scale = n / (n - 1).clamp(min=1)
+    adv = torch.where(n > 1, scores * scale - mean * scale, scores)
+    return _broadcast(adv, mask)
+
+
+@ESTIMATORS.register("reinforce_plus_plus")
+def reinforce_plus_plus_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """REINFORCE++ advantage (Hu 2025, arXiv:2501.03262).
+
+    Discounted return computed backwards, ``G_t = r_t + gamma * G_{t+1}``, where the
+    running return is reset to 0 after every masked position (verl: "reset after EOS"),
+    so a masked token's reward never reaches an earlier valid token. Advantages are the
+    returns whitened over the mask (batch-level normalisation).
+
+    Args:
+        token_level_rewards: ``[batch, response_len]`` per-token rewards.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        gamma: Discount factor.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 on masked tokens.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    columns = []
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running = token_level_rewards[:, t] + gamma * running
+        columns.append(running)
+        running = running * mask[:, t]
+    returns = _zero_masked(torch.stack(columns[::-1], dim=1), mask)
+    advantages = _zero_masked(masked_whiten(returns, mask), mask)
+    return advantages, returns
+
+
+@ESTIMATORS.register("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
+    **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """REINFORCE++ with a group-mean baseline (Hu 2025, arXiv:2501.03262).
+
+    ``a_i = s_i - mean_g`` (a group of one has mean 0), broadcast over the valid tokens,
+    then whitened over all valid tokens of the batch (``masked_whiten``).
+
+    Args:
+        token_level_rewards: ``[batch, response_len]``; ``s_i`` is the row sum.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids defining the groups. Required.
+
+    Returns:
+        ``(advantages, returns)`` (the same tensor), ``[batch, response_len]``.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    scores = token_level_rewards.sum(dim=-1)
+    gid = _group_ids(index, scores.shape[0], "reinforce_plus_plus_baseline", scores.device)
+    mean, _, _ = _group_mean_std(scores, gid)
+    tiled = (scores - mean).unsqueeze(-1) * mask
+    adv = _zero_masked(masked_whiten(tiled, mask), mask)
+    return adv, adv
+
+
+@ESTIMATORS.register("remax")
+def remax_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+    reward_baselines: Optional[torch.Tensor] = None, **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """ReMax advantage (Li et al. 2023, arXiv:2310.10505).
+
+    ``G_t = sum_{t' >= t} mask_t' r_t'`` (reverse cumulative sum of masked rewards) and
+    ``A_t = G_t - b`` on valid tokens, where ``b`` is the reward of the greedy response.
+
+    Args:
+        token_level_rewards: ``[batch, response_len]`` per-token rewards.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        reward_baselines: ``[batch]`` greedy-decoding rewards ``b``. Required.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 on masked tokens.
+    """
+    baselines = _require(reward_baselines, "reward_baselines", "remax")
+    mask = _float_mask(response_mask, token_level_rewards)
+    if baselines.shape != token_level_rewards.shape[:1]:
+        raise ValueError(f"reward_baselines must have shape [batch], got {tuple(baselines.shape)}")
+    masked_rewards = _zero_masked(token_level_rewards, mask)
+    returns = _zero_masked(masked_rewards.flip(-1).cumsum(-1).flip(-1), mask)
+    advantages = _zero_masked(returns - baselines.to(returns.dtype).unsqueeze(-1) * mask, mask)
+    return advantages, returns
+
+
+@ESTIMATORS.register("opo")
+def opo_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
+    **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """On-Policy RL with Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585).
+
+    Length-weighted group baseline ``b_g = sum_j L_j s_j / sum_j L_j`` (``L_j`` = number of
+    valid tokens of response ``j``); ``A_i = s_i - b_g``; a group of one has ``b = 0``.
+
+    Args:
+        token_level_rewards: ``[batch, response_len]``; ``s_i`` is the row sum.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids defining the groups. Required.
+
+    Returns:
+        ``(advantages, returns)`` (the same tensor), ``[batch, response_len]``.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    scores = token_level_rewards.sum(dim=-1)
+    lengths = mask.sum(dim=-1)
+    gid = _group_ids(index, scores.shape[0], "opo", scores.device)
+    n_groups = int(gid.max().item()) + 1 if gid.numel() else 0
+    weighted = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, lengths * scores)
+    total_len = torch.zeros_like(weighted).index_add_(0, gid, lengths)
+    count = torch.zeros_like(weighted).index_add_(0, gid, torch.ones_like(scores))
+    baseline = torch.where(count > 1, weighted / total_len, torch.zeros_like(weighted))
+    return _broadcast(scores - baseline[gid], mask)
+
+
+@ESTIMATORS.register("gpg")
+def gpg_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
+    f_norm: float = 1.0, **_unused: Any,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Group Policy Gradient advantage (Chu et al. 2025, arXiv:2504.02546).
+
+    ``A_i = alpha * (s_i - mean_g) / f_norm`` with ``alpha = batch / max(#{i: s_i != 0}, 1)``
+    (the whole-batch correction for groups without signal); a group of one has mean 0.
+
+    Args:
+        token_level_rewards: ``[batch, response_len]``; ``s_i`` is the row sum.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids defining the groups. Required.
+        f_norm: Normaliser (verl uses 1.0).
+
+    Returns:
+        ``(advantages, returns)`` (the same tensor), ``[batch, response_len]``.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    scores = token_level_rewards.sum(dim=-1)
+    gid = _group_ids(index, scores.shape[0], "gpg", scores.device)
+    mean, _, _ = _group_mean_std(scores, gid)
+    alpha = scores.shape[0] / max(int(torch.count_nonzero(scores).item()), 1)
+    return _broadcast(alpha * (scores - mean) / f_norm, mask)
+
+
+# ------------------------------------------------------------------------- dispatcher
+
+
+def compute_advantage(
+    estimator: str,
+    *,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Optional[Sequence] = None,
+    values: Optional[torch.Tensor] = None,
+    reward_baselines: Optional[torch.Tensor] = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Compute ``(advantages, returns)`` with the estimator registered as ``estimator``.
+
+    Every estimator receives the same keyword arguments and ignores those it does not
+    use; the computation runs under ``torch.no_grad()`` (advantages are targets).
+
+    Args:
+        estimator: A name in ``ESTIMATORS`` (``gae``, ``grpo``, ``grpo_passk``, ``rloo``,
+            ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``,
+            ``gpg``).
+        token_level_rewards: ``[batch, response_len]`` float rewards on response tokens.
+        response_mask: ``[batch, response_len]`` 0/1 mask; 1 = valid response token.
+        index: ``[batch]`` prompt ids (numpy array or list of str/int) for group estimators.
+        values: ``[batch, response_len]`` critic values (``gae``).
+        reward_baselines: ``[batch]`` greedy rewards (``remax``).
+        gamma: Discount factor (``gae``, ``reinforce_plus_plus``).
+        lam: GAE lambda (``gae``).
+        norm_adv_by_std_in_grpo: Divide by the group std (``grpo``, ``grpo_passk``).
+        epsilon: Added to group stds.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, exactly 0 where
+        ``response_mask`` is 0.
+
+    Raises:
+        KeyError: Unknown estimator (the message lists the allowed names).
+        ValueError: A required input of the estimator is missing (named in the message).
+    """
+    fn = ESTIMATORS.get(estimator)
+    if token_level_rewards.dim() != 2:
+        raise ValueError(f"token_level_rewards must be [batch, response_len], got {tuple(token_level_rewards.shape)}")
+    with torch.no_grad():
+        return fn(
+            token_level_rewards=token_level_rewards, response_mask=response_mask, index=index, values=values,
+            reward_baselines=reward_baselines, gamma=gamma, lam=lam,
+            norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, epsilon=epsilon,
+        )

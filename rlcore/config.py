@@ -1,0 +1,443 @@
+"""Typed schema of params.yaml.
+
+Every knob of every stage lives here, with its default and a docstring. Loading is
+strict: an unknown key, a wrong type, an out-of-range value or an unknown registry
+name stops the stage before Ray starts, with one line naming the key, the bad value
+and what is allowed::
+
+    cfg = load_config("params.yaml")
+    cfg.algorithm.adv_estimator  # "grpo"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A params.yaml problem, rendered as one line naming the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def _check_name(registry_module: str, registry_attr: str, value: str) -> str:
+    """Validate ``value`` against a registry, imported lazily to keep loading light."""
+    import importlib
+
+    registry = getattr(importlib.import_module(registry_module), registry_attr)
+    if value not in registry:
+        raise ValueError(f"unknown name {value!r}; allowed: {', '.join(registry.names())}")
+    return value
+
+
+class RayConfig(_Section):
+    address: str = "local"
+    """'local' starts a private Ray instance on this machine; 'auto' or 'ray://host:10001' joins a cluster."""
+    num_cpus: int = Field(2, ge=1)
+    """Logical CPUs given to a local Ray instance (ignored when joining a cluster)."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Seconds to wait for a placement group or a worker call before failing."""
+
+
+class TrackingConfig(_Section):
+    uri: str = "sqlite:///mlflow.db"
+    """MLflow tracking URI; a relative sqlite path is resolved against the repository root."""
+    experiment: str = "rlcore"
+    """MLflow experiment that every stage logs into."""
+    enabled: bool = True
+    """False logs nothing (a null tracker)."""
+
+
+class TinyModelConfig(_Section):
+    arch: Literal["llama", "qwen2"] = "llama"
+    """Hugging Face architecture of the built-in model."""
+    hidden_size: int = Field(64, ge=8)
+    """Width of the residual stream."""
+    num_layers: int = Field(2, ge=1)
+    """Decoder layers."""
+    num_heads: int = Field(4, ge=1)
+    """Attention heads (hidden_size must be divisible by it)."""
+    intermediate_size: int = Field(256, ge=8)
+    """MLP width."""
+    max_position_embeddings: int = Field(128, ge=16)
+    """Longest sequence the model accepts."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "TinyModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        return self
+
+
+class ModelConfig(_Section):
+    path: str = "tiny"
+    """'tiny' builds the built-in character-level model; otherwise a local Hugging Face model folder."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    """Shape of the built-in model (used only when path is 'tiny')."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for training (float32 on CPU)."""
+    attn_implementation: Literal["eager", "sdpa"] = "sdpa"
+    """Attention kernel passed to transformers."""
+
+
+class TaskConfig(_Section):
+    name: str = "arithmetic"
+    """Task builder from rlcore.data (arithmetic: synthetic, gsm8k: local GSM8K-format files)."""
+    min_digits: int = Field(1, ge=1)
+    """Fewest digits of an arithmetic operand."""
+    max_digits: int = Field(2, ge=1)
+    """Most digits of an arithmetic operand."""
+    ops: tuple[Literal["+", "-", "*"], ...] = ("+",)
+    """Arithmetic operators to draw from."""
+    n_sft: int = Field(2000, ge=1)
+    """Problems in the SFT split."""
+    n_rl: int = Field(1000, ge=1)
+    """Prompts in the RL split."""
+    n_test: int = Field(256, ge=1)
+    """Held-out test problems."""
+    gsm8k_train_path: str | None = None
+    """Local .jsonl/.parquet with question/answer rows (task gsm8k)."""
+    gsm8k_test_path: str | None = None
+    """Local .jsonl/.parquet for the test split (task gsm8k)."""
+    max_prompt_length: int = Field(16, ge=1)
+    """Prompt tokens after the chat template; longer prompts are an error."""
+    max_response_length: int = Field(6, ge=1)
+    """Generated tokens per response (SFT targets longer than this are an error)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        return _check_name("rlcore.data.splits", "TASKS", v)
+
+    @model_validator(mode="after")
+    def _digit_range(self) -> "TaskConfig":
+        if self.min_digits > self.max_digits:
+            raise ValueError(f"min_digits {self.min_digits} exceeds max_digits {self.max_digits}")
+        if self.name == "gsm8k" and not self.gsm8k_train_path:
+            raise ValueError("task gsm8k needs gsm8k_train_path (a local .jsonl or .parquet file)")
+        return self
+
+
+class ResourcesConfig(_Section):
+    n_workers: int = Field(2, ge=1)
+    """Ranks of each worker group (FSDP world size)."""
+    cpus_per_worker: float = Field(1.0, gt=0)
+    """Logical CPUs per rank; also its torch thread count (rounded, at least 1)."""
+    use_gpu: bool = False
+    """One GPU per rank and the nccl backend (needs CUDA)."""
+
+
+class SFTConfig(_Section):
+    steps: int = Field(300, ge=1)
+    """Optimizer steps."""
+    batch_size: int = Field(64, ge=1)
+    """Sequences per step across all ranks (divisible by resources.n_workers)."""
+    micro_batch_size: int = Field(64, ge=1)
+    """Sequences per forward/backward on one rank (gradient accumulation above it)."""
+    lr: float = Field(3e-3, gt=0)
+    """Peak AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(20, ge=0)
+    """Linear warm-up steps before cosine decay to 10% of lr."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm."""
+
+
+class RolloutConfig(_Section):
+    engine: str = "hf"
+    """Generation engine from rlcore.rollout (hf: transformers model with a KV cache)."""
+    n: int = Field(8, ge=1)
+    """Responses sampled per prompt in PPO rounds (the GRPO/RLOO group size)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature (also applied to log-probs, as in verl)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling (0 = off)."""
+    micro_batch_size: int = Field(512, ge=1)
+    """Sequences generated at once on one rank."""
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        return _check_name("rlcore.rollout", "ENGINES", v)
+
+
+class ScoreConfig(_Section):
+    n: int = Field(8, ge=1)
+    """Responses sampled per prompt to score the SFT policy."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature for scoring."""
+    filter_trivial: bool = True
+    """Drop prompts whose mean reward is 0 or 1 before PPO (they carry no group signal)."""
+
+
+class KLControlConfig(_Section):
+    type: str = "fixed"
+    """fixed or adaptive (Ziegler et al. 2019)."""
+    kl_coef: float = Field(0.001, ge=0)
+    """Initial (or fixed) coefficient of the KL penalty in the reward."""
+    target_kl: float = Field(0.1, gt=0)
+    """Adaptive controller target."""
+    horizon: int = Field(10000, ge=1)
+    """Adaptive controller horizon."""
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return _check_name("rlcore.algos.kl_control", "KL_CONTROLLERS", v)
+
+
+class AlgorithmConfig(_Section):
+    adv_estimator: str = "grpo"
+    """Advantage estimator from rlcore.algos.advantage.ESTIMATORS (gae trains a critic)."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount factor."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """GAE lambda."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO divides by the group std; False gives Dr. GRPO."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * KL(actor || ref) from token rewards."""
+    kl_penalty: str = "kl"
+    """KL estimator for the in-reward penalty."""
+    kl_ctrl: KLControlConfig = KLControlConfig()
+    """Controller of the in-reward KL coefficient."""
+
+    @field_validator("adv_estimator")
+    @classmethod
+    def _known_estimator(cls, v: str) -> str:
+        return _check_name("rlcore.algos.advantage", "ESTIMATORS", v)
+
+    @field_validator("kl_penalty")
+    @classmethod
+    def _known_kl(cls, v: str) -> str:
+        return _check_name("rlcore.algos.losses", "KL_PENALTIES", v)
+
+
+class ActorConfig(_Section):
+    lr: float = Field(1e-3, gt=0)
+    """AdamW learning rate of the policy."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps (constant afterwards)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each rollout batch."""
+    ppo_mini_batch_size: int = Field(16, ge=1)
+    """Prompts per optimizer step (times rollout.n responses)."""
+    micro_batch_size: int = Field(256, ge=1)
+    """Sequences per forward/backward on one rank."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm."""
+    policy_loss: str = "vanilla"
+    """Policy loss from rlcore.algos.losses.POLICY_LOSSES."""
+    loss_agg_mode: str = "token-mean"
+    """Loss aggregation from rlcore.algos.losses.LOSS_AGG_MODES."""
+    clip_ratio: float = Field(0.2, gt=0)
+    """PPO clip epsilon."""
+    clip_ratio_low: float | None = Field(None, gt=0)
+    """Lower clip epsilon (default clip_ratio)."""
+    clip_ratio_high: float | None = Field(None, gt=0)
+    """Upper clip epsilon, DAPO clip-higher (default clip_ratio)."""
+    clip_ratio_c: float = Field(3.0, gt=1)
+    """Dual-clip bound for negative advantages."""
+    use_kl_loss: bool = True
+    """Add kl_loss_coef * KL(actor || ref) to the loss (GRPO style)."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator for the loss term."""
+    kl_loss_coef: float = Field(0.001, ge=0)
+    """Weight of the KL loss term."""
+    entropy_coeff: float = Field(0.0, ge=0)
+    """Entropy bonus weight."""
+    recompute_log_prob: bool = False
+    """Recompute old log-probs with a training forward; False reuses the rollout's (same weights, same dtype)."""
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        return _check_name("rlcore.algos.losses", "POLICY_LOSSES", v)
+
+    @field_validator("loss_agg_mode")
+    @classmethod
+    def _known_agg(cls, v: str) -> str:
+        return _check_name("rlcore.algos.losses", "LOSS_AGG_MODES", v)
+
+    @field_validator("kl_loss_type")
+    @classmethod
+    def _known_kl(cls, v: str) -> str:
+        return _check_name("rlcore.algos.losses", "KL_PENALTIES", v)
+
+
+class CriticConfig(_Section):
+    lr: float = Field(3e-3, gt=0)
+    """AdamW learning rate of the value model (used by gae)."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each batch."""
+    cliprange_value: float = Field(0.5, gt=0)
+    """Value clipping range."""
+    warmup_steps: int = Field(0, ge=0)
+    """Steps during which only the critic trains."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm."""
+    micro_batch_size: int = Field(256, ge=1)
+    """Sequences per forward/backward on one rank."""
+
+
+class DAPOConfig(_Section):
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards are all equal and keep sampling until the batch is full."""
+    max_sample_tries: int = Field(4, ge=1)
+    """Cap on generation rounds per step under dynamic sampling."""
+    overlong_buffer: int = Field(0, ge=0)
+    """Soft overlong punishment window in tokens before max_response_length (0 = off)."""
+    overlong_penalty: float = Field(1.0, ge=0)
+    """Largest penalty, reached at max_response_length."""
+
+
+class PPORound(_Section):
+    init: str
+    """Model folder the round starts from (the previous round's output)."""
+    steps: int = Field(ge=1)
+    """RL steps in this round."""
+
+
+class PPOConfig(_Section):
+    train_batch_size: int = Field(32, ge=1)
+    """Prompts per RL step."""
+    rounds: dict[str, PPORound] = {"r1": PPORound(init="models/sft", steps=60)}
+    """Rounds in order; dvc.yaml makes one stage per key (ppo@r1, ...)."""
+    dapo: DAPOConfig = DAPOConfig()
+    """DAPO recipe tricks."""
+    log_samples: int = Field(8, ge=0)
+    """Responses logged as a table each round."""
+
+
+class EvaluateConfig(_Section):
+    final_round: str = "r1"
+    """Round whose model is compared with the SFT model."""
+    k: int = Field(8, ge=1)
+    """Sampled pass@k."""
+    n_samples: int = Field(8, ge=1)
+    """Samples per prompt for pass@k (>= k; unbiased estimator)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature for pass@k."""
+    table_rows: int = Field(16, ge=0)
+    """Prompts in the sample table logged to MLflow."""
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> "EvaluateConfig":
+        if self.n_samples < self.k:
+            raise ValueError(f"n_samples {self.n_samples} must be >= k {self.k}")
+        return self
+
+
+class Config(_Section):
+    seed: int = 42
+    """Seed of data generation, model init, sampling and shuffling."""
+    ray: RayConfig = RayConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    sft: SFTConfig = SFTConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    score: ScoreConfig = ScoreConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    actor: ActorConfig = ActorConfig()
+    critic: CriticConfig = CriticConfig()
+    ppo: PPOConfig = PPOConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Config":
+        w = self.resources.n_workers
+        if self.sft.batch_size % w:
+            raise ValueError(f"sft.batch_size {self.sft.batch_size} must be divisible by resources.n_workers {w}")
+        if self.ppo.train_batch_size % self.actor.ppo_mini_batch_size:
+            raise ValueError(
+                f"ppo.train_batch_size {self.ppo.train_batch_size} must be divisible by "
+                f"actor.ppo_mini_batch_size {self.actor.ppo_mini_batch_size}"
+            )
+        if (self.actor.ppo_mini_batch_size * self.rollout.n) % w:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size * rollout.n = {self.actor.ppo_mini_batch_size * self.rollout.n} "
+                f"must be divisible by resources.n_workers {w}"
+            )
+        if self.evaluate.final_round not in self.ppo.rounds:
+            raise ValueError(
+                f"evaluate.final_round {self.evaluate.final_round!r} is not a key of ppo.rounds "
+                f"({', '.join(self.ppo.rounds)})"
+            )
+        return self
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    """Render the first pydantic error as one line: file, dotted key, bad value, expectation."""
+    e = err.errors(include_url=False)[0]
+    key = ".".join(str(p) for p in e["loc"]) or "<root>"
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        return f"{source}: unknown key '{key}'"
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{source}: {key} = {e.get('input')!r}: {msg}{more}"
+
+
+def parse_config(raw: dict[str, Any] | None, source: str = "params.yaml") -> Config:
+    """Validate a params mapping; raise ConfigError with one line naming the key."""
+    try:
+        return Config.model_validate(raw or {})
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, source)) from None
+
+
+def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | None = None) -> Config:
+    """Read params.yaml (missing file -> ConfigError naming it), apply dotted overrides, validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return parse_config(raw, str(path))
+
+
+def section_dict(cfg: Config, sections: tuple[str, ...]) -> dict[str, Any]:
+    """The chosen top-level sections as plain JSON-able data."""
+    return {s: json.loads(json.dumps(cfg.model_dump(mode="json")[s])) for s in sections}
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}, for MLflow params."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def params_hash(data: dict[str, Any]) -> str:
+    """Stable short hash of a params mapping (tags runs that used the same params)."""
+    blob = json.dumps(data, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,0 +1,258 @@
+"""A seeded synthetic arithmetic task with exactly checkable answers.
+
+Problems look like ``"37+85"``; the expected response is the bare integer ``"122"``.
+Each operand first draws its digit count uniformly from ``[min_digits, max_digits]``
+and then a value uniformly among the numbers with that many digits (0-9 count as
+1-digit numbers), so short and long operands are equally common whatever the range.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Collection
+
+import numpy as np
+
+from rlcore.data.schema import make_row
+
+DATA_SOURCE = "arithmetic"
+ABILITY = "math"
+ALLOWED_OPS = ("+", "-", "*")
+
+_QUESTION_RE = re.compile(r"(\d+)([+\-*])(\d+)")
+# Rejection sampling gives up after this many draws per wanted problem and falls back
+# to enumerating what is left; only near-exhausted problem spaces ever get there.
+_DRAWS_PER_PROBLEM = 20
+# Enumerating more candidates than this would use too much memory to be worth it.
+_MAX_ENUMERATION = 5_000_000
+
+
+def _check_config(min_digits: int, max_digits: int, ops: tuple[str, ...]) -> None:
+    if min_digits < 1 or max_digits < min_digits:
+        raise ValueError(
+            f"need 1 <= min_digits <= max_digits, got min_digits={min_digits}, max_digits={max_digits}"
+        )
+    if not ops or len(set(ops)) != len(ops) or not set(ops) <= set(ALLOWED_OPS):
+        raise ValueError(f"ops must be distinct values from {ALLOWED_OPS}, got {tuple(ops)!r}")
+
+
+def _value_range(digits: int) -> tuple[int, int]:
+    """Returns the inclusive range of numbers with ``digits`` digits (0 counts as 1-digit)."""
+    low = 0 if digits == 1 else 10 ** (digits - 1)
+    return low, 10**digits - 1
+
+
+def _operand_count(min_digits: int, max_digits: int) -> int:
+    low, _ = _value_range(min_digits)
+    _, high = _value_range(max_digits)
+    return high - low + 1
+
+
+def count_problems(*, min_digits: int, max_digits: int, ops: tuple[str, ...]) -> int:
+    """Counts the distinct questions that can be generated.
+
+    Args:
+        min_digits: Fewest digits in an operand.
+        max_digits: Most digits in an operand.
+        ops: Operators to use.
+
+    Returns:
+        The number of distinct question strings: ordered pairs for "+" and "*",
+        pairs with ``a >= b`` for "-".
+    """
+    _check_config(min_digits, max_digits, ops)
+    n = _operand_count(min_digits, max_digits)
+    per_op = {"+": n * n, "*": n * n, "-": n * (n + 1) // 2}
+    return sum(per_op[op] for op in ops)
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    return a * b
+
+
+def _draw_operand(rng: np.random.Generator, min_digits: int, max_digits: int) -> int:
+    digits = int(rng.integers(min_digits, max_digits + 1))
+    low, high = _value_range(digits)
+    return int(rng.integers(low, high + 1))
+
+
+def make_problem(
+    rng: np.random.Generator, *, min_digits: int, max_digits: int, ops: tuple[str, ...]
+) -> tuple[str, int]:
+    """Draws one problem.
+
+    Args:
+        rng: Source of randomness (``numpy.random.default_rng(seed)``).
+        min_digits: Fewest digits in an operand.
+        max_digits: Most digits in an operand.
+        ops: Operators to choose from uniformly.
+
+    Returns:
+        ``(question, answer)``, e.g. ``("37+85", 122)``. For "-" the operands are
+        ordered so the answer is never negative.
+    """
+    _check_config(min_digits, max_digits, ops)
+    op = ops[int(rng.integers(len(ops)))]
+    a = _draw_operand(rng, min_digits, max_digits)
+    b = _draw_operand(rng, min_digits, max_digits)
+    if op == "-" and a < b:
+        a, b = b, a
+    return f"{a}{op}{b}", _apply(a, op, b)
+
+
+def parse_question(
+    question: str, *, min_digits: int, max_digits: int, ops: tuple[str, ...]
+) -> tuple[int, str, int] | None:
+    """Parses a question back into ``(a, op, b)`` if this configuration could produce it.
+
+    Args:
+        question: Question text such as ``"37+85"``.
+        min_digits: Fewest digits in an operand.
+        max_digits: Most digits in an operand.
+        ops: Operators in use.
+
+    Returns:
+        ``(a, op, b)``, or None when the text is not a problem of this configuration.
+    """
+    match = _QUESTION_RE.fullmatch(question)
+    if match is None or match.group(2) not in ops:
+        return None
+    a_text, op, b_text = match.groups()
+    low, _ = _value_range(min_digits)
+    _, high = _value_range(max_digits)
+    for text in (a_text, b_text):
+        # A leading zero would make a second spelling of the same number.
+        if (len(text) > 1 and text[0] == "0") or not low <= int(text) <= high:
+            return None
+    a, b = int(a_text), int(b_text)
+    if op == "-" and a < b:
+        return None
+    return a, op, b
+
+
+def _all_problems(min_digits: int, max_digits: int, ops: tuple[str, ...]):
+    """Yields every ``(question, answer)`` of the configuration in a fixed order."""
+    low, _ = _value_range(min_digits)
+    _, high = _value_range(max_digits)
+    for op in ops:
+        for a in range(low, high + 1):
+            for b in range(low, (a if op == "-" else high) + 1):
+                yield f"{a}{op}{b}", _apply(a, op, b)
+
+
+def _sample_distinct(
+    rng: np.random.Generator,
+    n: int,
+    min_digits: int,
+    max_digits: int,
+    ops: tuple[str, ...],
+    exclude: Collection[str],
+) -> dict[str, int]:
+    """Draws up to ``n`` distinct problems not in ``exclude`` by rejection sampling."""
+    chosen: dict[str, int] = {}
+    for _ in range(_DRAWS_PER_PROBLEM * n):
+        if len(chosen) == n:
+            break
+        question, answer = make_problem(rng, min_digits=min_digits, max_digits=max_digits, ops=ops)
+        if question not in chosen and question not in exclude:
+            chosen[question] = answer
+    return chosen
+
+
+def _fill_by_enumeration(
+    rng: np.random.Generator,
+    chosen: dict[str, int],
+    n: int,
+    config: tuple[int, int, tuple[str, ...]],
+    exclude: Collection[str],
+) -> None:
+    """Adds random problems from the full enumeration until ``chosen`` holds ``n``."""
+    if count_problems(min_digits=config[0], max_digits=config[1], ops=config[2]) > _MAX_ENUMERATION:
+        raise RuntimeError(f"could not draw {n} distinct problems; widen the digit range or ask for fewer")
+    rest = [(q, a) for q, a in _all_problems(*config) if q not in chosen and q not in exclude]
+    for k in rng.permutation(len(rest))[: n - len(chosen)]:
+        question, answer = rest[int(k)]
+        chosen[question] = answer
+
+
+def available_problems(
+    *, min_digits: int, max_digits: int, ops: tuple[str, ...], exclude: Collection[str] = frozenset()
+) -> int:
+    """Counts the problems of a configuration that are not in ``exclude``.
+
+    Args:
+        min_digits: Fewest digits in an operand.
+        max_digits: Most digits in an operand.
+        ops: Operators in use.
+        exclude: Questions that may not be produced.
+
+    Returns:
+        The number of questions still available.
+    """
+    total = count_problems(min_digits=min_digits, max_digits=max_digits, ops=ops)
+    config = {"min_digits": min_digits, "max_digits": max_digits, "ops": ops}
+    # exclude may hold questions of other configurations; only those in this space count.
+    taken = sum(parse_question(q, **config) is not None for q in set(exclude))
+    return total - taken
+
+
+def arithmetic_rows(
+    n: int,
+    *,
+    seed: int,
+    min_digits: int,
+    max_digits: int,
+    ops: tuple[str, ...],
+    split: str,
+    exclude: Collection[str] = frozenset(),
+) -> list[dict[str, Any]]:
+    """Generates ``n`` distinct arithmetic problems as schema rows.
+
+    Args:
+        n: Number of rows.
+        seed: Seed for ``numpy.random.default_rng``; the same seed gives the same rows.
+        min_digits: Fewest digits in an operand.
+        max_digits: Most digits in an operand.
+        ops: Operators, drawn from "+", "-", "*".
+        split: Stored in ``extra_info.split``.
+        exclude: Questions that must not appear (e.g. the held-out test split).
+
+    Returns:
+        ``n`` rows with distinct questions, none in ``exclude``, indexed 0..n-1.
+
+    Raises:
+        ValueError: If the configuration is invalid or fewer than ``n`` problems exist.
+    """
+    ops = tuple(ops)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    available = available_problems(min_digits=min_digits, max_digits=max_digits, ops=ops, exclude=exclude)
+    if n > available:
+        total = count_problems(min_digits=min_digits, max_digits=max_digits, ops=ops)
+        raise ValueError(
+            f"cannot make {n} distinct arithmetic problems with {min_digits}-{max_digits} digit operands "
+            f"and ops {ops!r}: only {total} exist, {total - available} of them excluded, {available} left"
+        )
+    rng = np.random.default_rng(seed)
+    exclude = frozenset(exclude)
+    chosen = _sample_distinct(rng, n, min_digits, max_digits, ops, exclude)
+    if len(chosen) < n:
+        _fill_by_enumeration(rng, chosen, n, (min_digits, max_digits, ops), exclude)
+    return [_to_row(q, a, split, i) for i, (q, a) in enumerate(chosen.items())]
+
+
+def _to_row(question: str, answer: int, split: str, index: int) -> dict[str, Any]:
+    return make_row(
+        data_source=DATA_SOURCE,
+        prompt_text=question,
+        ability=ABILITY,
+        ground_truth=str(answer),
+        split=split,
+        index=index,
+        question=question,
+        answer=str(answer),
+    )

@@ -1,0 +1,153 @@
+"""Builds the three splits the pipeline uses: ``sft_train``, ``rl_train`` and ``test``.
+
+Task builders live in the ``TASKS`` registry, so ``params.yaml`` names a task and an
+unknown name fails with the list of allowed ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from rlcore.algos.registry import Registry
+from rlcore.data.arithmetic import arithmetic_rows, available_problems
+from rlcore.data.gsm8k import gsm8k_rows
+
+SPLITS = ("sft_train", "rl_train", "test")
+
+Splits = dict[str, list[dict[str, Any]]]
+TASKS: Registry[Callable[..., Splits]] = Registry("task")
+
+
+def _split_seed(seed: int, split: str) -> int:
+    """Derives an independent seed per split so the splits do not share random streams."""
+    return int(np.random.SeedSequence([seed, SPLITS.index(split)]).generate_state(1)[0])
+
+
+def _reindexed(rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    """Copies rows with ``extra_info.split``/``index`` set to ``split`` and 0..n-1."""
+    out = []
+    for index, row in enumerate(rows):
+        extra = {**row["extra_info"], "split": split, "index": index}
+        out.append({**row, "extra_info": extra})
+    return out
+
+
+@TASKS.register("arithmetic")
+def _arithmetic_splits(
+    *,
+    seed: int,
+    n_sft: int,
+    n_rl: int,
+    n_test: int,
+    min_digits: int,
+    max_digits: int,
+    ops: tuple[str, ...],
+    **_: Any,
+) -> Splits:
+    """Generates test first, then train splits that never contain a test question.
+
+    ``sft_train`` and ``rl_train`` are disjoint too when the problem space holds all
+    three; otherwise ``rl_train`` may repeat ``sft_train`` questions (never test ones).
+    """
+    config = {"min_digits": min_digits, "max_digits": max_digits, "ops": tuple(ops)}
+    test = arithmetic_rows(n_test, seed=_split_seed(seed, "test"), split="test", **config)
+    held_out = frozenset(r["extra_info"]["question"] for r in test)
+    sft = arithmetic_rows(
+        n_sft, seed=_split_seed(seed, "sft_train"), split="sft_train", exclude=held_out, **config
+    )
+    sft_questions = frozenset(r["extra_info"]["question"] for r in sft)
+    rl_exclude = held_out | sft_questions
+    if available_problems(exclude=rl_exclude, **config) < n_rl:
+        rl_exclude = held_out  # too few problems: let RL reuse SFT prompts, still not test ones
+    rl = arithmetic_rows(
+        n_rl, seed=_split_seed(seed, "rl_train"), split="rl_train", exclude=rl_exclude, **config
+    )
+    return {"sft_train": sft, "rl_train": rl, "test": test}
+
+
+@TASKS.register("gsm8k")
+def _gsm8k_splits(
+    *, n_sft: int, n_rl: int, n_test: int, gsm8k_train_path: str | None, gsm8k_test_path: str | None, **_: Any
+) -> Splits:
+    """Splits the GSM8K train file in file order and takes test from the test file.
+
+    ``sft_train`` is the first ``n_sft`` train rows and ``rl_train`` the next ``n_rl``;
+    ``test`` is the first ``n_test`` test rows. When a file has fewer rows than asked
+    for, a split gets all that is left (so it may be shorter than requested), but a
+    split left with no rows at all is an error.
+    """
+    if not gsm8k_train_path or not gsm8k_test_path:
+        raise ValueError("task 'gsm8k' needs gsm8k_train_path and gsm8k_test_path")
+    train = gsm8k_rows(gsm8k_train_path, split="train")
+    test = gsm8k_rows(gsm8k_test_path, split="test")
+    splits = {
+        "sft_train": _reindexed(train[:n_sft], "sft_train"),
+        "rl_train": _reindexed(train[n_sft : n_sft + n_rl], "rl_train"),
+        "test": _reindexed(test[:n_test], "test"),
+    }
+    sources = {
+        "sft_train": (gsm8k_train_path, train),
+        "rl_train": (gsm8k_train_path, train),
+        "test": (gsm8k_test_path, test),
+    }
+    for name, rows in splits.items():
+        if not rows:
+            path, file_rows = sources[name]
+            raise ValueError(
+                f"{path}: no rows left for split {name!r}; the file has only {len(file_rows)} rows"
+            )
+    return splits
+
+
+def build_splits(
+    *,
+    task: str,
+    seed: int,
+    n_sft: int,
+    n_rl: int,
+    n_test: int,
+    min_digits: int,
+    max_digits: int,
+    ops: tuple[str, ...],
+    gsm8k_train_path: str | None = None,
+    gsm8k_test_path: str | None = None,
+) -> Splits:
+    """Builds the ``sft_train``, ``rl_train`` and ``test`` splits of a task.
+
+    Args:
+        task: A name in ``TASKS`` ("arithmetic" or "gsm8k").
+        seed: Seed for generated tasks (the split seeds are derived from it).
+        n_sft: Rows in ``sft_train``.
+        n_rl: Rows in ``rl_train``.
+        n_test: Rows in ``test``.
+        min_digits: Fewest operand digits (arithmetic only).
+        max_digits: Most operand digits (arithmetic only).
+        ops: Operators (arithmetic only).
+        gsm8k_train_path: GSM8K train file (gsm8k only).
+        gsm8k_test_path: GSM8K test file (gsm8k only).
+
+    Returns:
+        ``{"sft_train": rows, "rl_train": rows, "test": rows}``, each split's rows having
+        ``extra_info.split`` set to its name and ``extra_info.index`` 0..n-1.
+
+    Raises:
+        KeyError: For an unknown task, listing the allowed ones.
+        ValueError: For sizes below 1 or sizes the task cannot provide.
+    """
+    builder = TASKS.get(task)
+    for name, n in (("n_sft", n_sft), ("n_rl", n_rl), ("n_test", n_test)):
+        if n < 1:
+            raise ValueError(f"{name} must be >= 1, got {n}")
+    return builder(
+        seed=seed,
+        n_sft=n_sft,
+        n_rl=n_rl,
+        n_test=n_test,
+        min_digits=min_digits,
+        max_digits=max_digits,
+        ops=tuple(ops),
+        gsm8k_train_path=gsm8k_train_path,
+        gsm8k_test_path=gsm8k_test_path,
+    )

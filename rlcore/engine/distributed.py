@@ -1,0 +1,81 @@
+"""torch.distributed set-up for one rank of a worker group, and FSDP2 wrapping."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def free_port() -> int:
+    """A TCP port that is free on this node right now."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_address() -> str:
+    return socket.gethostbyname(socket.gethostname()) if os.environ.get("RLCORE_MULTI_NODE") else "127.0.0.1"
+
+
+def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, use_gpu: bool,
+                       timeout_s: float = 600.0) -> torch.device:
+    """Join the group (gloo on CPU, nccl on GPU) and return this rank's device."""
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+                      RANK=str(rank), WORLD_SIZE=str(world_size))
+    if use_gpu:
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_gpu else "gloo", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+    return device
+
+
+def shard(model: torch.nn.Module, device: torch.device, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """FSDP2: shard each transformer block, then the root, over all ranks."""
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in block_names:
+            fully_shard(module, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer unsharded on every rank (a collective: all ranks call it)."""
+    out = {}
+    for name, value in model.state_dict().items():
+        if isinstance(value, DTensor):
+            value = value.full_tensor()
+        out[name] = value.detach()
+    return out
+
+
+def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Average scalar metrics over ranks, so rank 0 reports the group's numbers."""
+    if not values or not dist.is_initialized():
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    t /= dist.get_world_size()
+    return dict(zip(keys, t.tolist()))
+
+
+def all_reduce_sum(x: float, device: torch.device) -> float:
+    if not dist.is_initialized():
+        return float(x)
+    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t.item())

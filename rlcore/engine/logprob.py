@@ -1,0 +1,46 @@
+"""Forward passes that turn (prompt ; response) sequences into per-token log-probs and values.
+
+Layout everywhere: ``input_ids`` is ``[batch, prompt_len + response_len]`` with the
+prompt left-padded and the response right-padded; ``attention_mask`` marks real tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlcore.algos.losses import entropy_from_logits
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: ``[0,0,1,2]`` for mask ``[0,1,1,1]`` -> ``[0,0,1,2]``."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def response_logits(model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
+    """Logits predicting each response token: ``[batch, response_len, vocab]``."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask,
+                position_ids=position_ids(attention_mask), use_cache=False)
+    return out.logits[:, -response_len - 1 : -1]
+
+
+def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(token) under softmax(logits / temperature); ``[batch, len]``."""
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def response_log_probs(model, input_ids, attention_mask, responses, *, temperature: float = 1.0,
+                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[batch, response_len]`` of ``responses`` and optionally their entropy."""
+    logits = response_logits(model, input_ids, attention_mask, responses.shape[1]).float() / temperature
+    log_probs = token_log_probs(logits, responses)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+def response_values(value_model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
+    """Critic values ``[batch, response_len]``: V of the state before each response token."""
+    out = value_model(input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids(attention_mask), use_cache=False)
+    return out.logits[:, -response_len - 1 : -1, 0].float()

@@ -1,0 +1,113 @@
+"""Batch: the one record that crosses every process boundary (verl's DataProto role).
+
+A Batch holds named tensors that share the leading batch dimension, per-sample
+non-tensor fields (numpy object arrays of the same length) and a ``meta`` dict for
+everything that is not per-sample (metrics, sampling settings). Worker groups split
+a Batch by data-parallel rank with :meth:`Batch.chunk` and gather the pieces with
+:meth:`Batch.concat`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    non_tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.non_tensors = {k: _as_object_array(v) for k, v in self.non_tensors.items()}
+        sizes = {k: v.shape[0] for k, v in self.tensors.items()}
+        sizes.update({k: len(v) for k, v in self.non_tensors.items()})
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"Batch fields disagree on batch size: {sizes}")
+
+    def __len__(self) -> int:
+        for v in self.tensors.values():
+            return v.shape[0]
+        for v in self.non_tensors.values():
+            return len(v)
+        return 0
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.tensors:
+            return self.tensors[key]
+        if key in self.non_tensors:
+            return self.non_tensors[key]
+        raise KeyError(f"Batch has no field {key!r}; fields: {sorted(self.tensors) + sorted(self.non_tensors)}")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.non_tensors
+
+    def select(self, index: Sequence[int] | np.ndarray | torch.Tensor) -> "Batch":
+        """Rows at ``index`` (any order, repeats allowed); meta is shared."""
+        idx = torch.as_tensor(np.asarray(index), dtype=torch.long)
+        np_idx = idx.numpy()
+        return Batch(
+            {k: v[idx] for k, v in self.tensors.items()},
+            {k: v[np_idx] for k, v in self.non_tensors.items()},
+            dict(self.meta),
+        )
+
+    def slice(self, start: int, stop: int) -> "Batch":
+        return Batch(
+            {k: v[start:stop] for k, v in self.tensors.items()},
+            {k: v[start:stop] for k, v in self.non_tensors.items()},
+            dict(self.meta),
+        )
+
+    def chunk(self, n: int) -> list["Batch"]:
+        """n contiguous pieces of equal size; the batch size must be divisible by n."""
+        if len(self) % n:
+            raise ValueError(f"cannot split a batch of {len(self)} into {n} equal chunks")
+        size = len(self) // n
+        return [self.slice(i * size, (i + 1) * size) for i in range(n)]
+
+    def split(self, size: int) -> list["Batch"]:
+        """Consecutive pieces of ``size`` rows (the last may be shorter)."""
+        return [self.slice(i, i + size) for i in range(0, len(self), size)]
+
+    def repeat(self, n: int) -> "Batch":
+        """Each row repeated n times in place: [a, b] -> [a, a, b, b] (keeps groups together)."""
+        return self.select(np.repeat(np.arange(len(self)), n))
+
+    def union(self, other: "Batch") -> "Batch":
+        """Fields of both batches; a key present in both must hold equal values."""
+        if len(self) != len(other) and len(self) and len(other):
+            raise ValueError(f"cannot union batches of size {len(self)} and {len(other)}")
+        tensors, non_tensors = dict(self.tensors), dict(self.non_tensors)
+        for k, v in other.tensors.items():
+            if k in tensors and not torch.equal(tensors[k], v):
+                raise ValueError(f"union: tensor {k!r} differs between batches")
+            tensors[k] = v
+        non_tensors.update(other.non_tensors)
+        return Batch(tensors, non_tensors, {**self.meta, **other.meta})
+
+    @staticmethod
+    def concat(batches: Sequence["Batch"]) -> "Batch":
+        """Rows of all batches in order; meta comes from the first."""
+        if not batches:
+            return Batch()
+        first = batches[0]
+        return Batch(
+            {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
+            {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors},
+            dict(first.meta),
+        )
+
+
+def _as_object_array(values: Any) -> np.ndarray:
+    """A 1-D object array, so rows may be dicts or lists without numpy reshaping them."""
+    if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
+        return values
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out

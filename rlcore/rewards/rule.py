@@ -1,0 +1,89 @@
+"""Rule-based rewards, one function per ``data_source``.
+
+Every function takes ``(solution_str, ground_truth)`` and returns a float in [0, 1];
+``compute_score`` picks the function from the row's ``data_source`` the way verl's
+``default_compute_score`` does.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from rlcore.algos.registry import Registry
+from rlcore.data.arithmetic import DATA_SOURCE as ARITHMETIC
+from rlcore.data.gsm8k import DATA_SOURCE as GSM8K
+
+RewardFn = Callable[[str, str], float]
+REWARD_FNS: Registry[RewardFn] = Registry("data_source")
+
+# ASCII digits only: int() would also accept "4_6", "+46" and non-ASCII digits.
+_INTEGER_RE = re.compile(r"-?[0-9]+")
+_GSM8K_ANSWER_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+# verl only searches the tail of long responses (the final answer comes last); doing the
+# same keeps scores comparable with verl's and bounds regex time on runaway generations.
+_GSM8K_TAIL_CHARS = 300
+
+
+@REWARD_FNS.register(ARITHMETIC)
+def arithmetic_reward(solution_str: str, ground_truth: str) -> float:
+    """Scores a bare-integer response.
+
+    Args:
+        solution_str: The model response.
+        ground_truth: The correct integer as text.
+
+    Returns:
+        1.0 if the stripped response is exactly an integer equal to ``ground_truth``
+        (``"46"`` and ``" 46 "`` pass; ``"46abc"`` and ``""`` do not), else 0.0.
+    """
+    text = solution_str.strip()
+    if not _INTEGER_RE.fullmatch(text):
+        return 0.0
+    return 1.0 if int(text) == int(ground_truth) else 0.0
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """Extracts the final answer the strict GSM8K way.
+
+    Args:
+        text: A model response.
+
+    Returns:
+        The last ``#### N`` match within the final 300 characters, with commas
+        removed, or None when there is none.
+    """
+    matches = _GSM8K_ANSWER_RE.findall(text[-_GSM8K_TAIL_CHARS:])
+    return matches[-1].replace(",", "") if matches else None
+
+
+@REWARD_FNS.register(GSM8K)
+def gsm8k_reward(solution_str: str, ground_truth: str) -> float:
+    """Scores a GSM8K response by its ``#### N`` answer.
+
+    Args:
+        solution_str: The model response.
+        ground_truth: The reference number, commas already removed.
+
+    Returns:
+        1.0 if the extracted answer equals ``ground_truth``, else 0.0 (a well-formed
+        but wrong answer also gets 0.0, like verl's default ``format_score``).
+    """
+    return 1.0 if extract_gsm8k_answer(solution_str) == ground_truth else 0.0
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str) -> float:
+    """Scores a response with the reward function registered for ``data_source``.
+
+    Args:
+        data_source: The row's ``data_source``.
+        solution_str: The model response.
+        ground_truth: The row's ``reward_model.ground_truth``.
+
+    Returns:
+        The reward.
+
+    Raises:
+        KeyError: For an unknown ``data_source``, listing the allowed ones.
+    """
+    return float(REWARD_FNS.get(data_source)(solution_str, ground_truth))

@@ -1,0 +1,31 @@
+"""The interface every generation engine implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+class RolloutEngine(Protocol):
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Take the trainer's current (unsharded) weights before generating."""
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """Sample responses for left-padded prompts ``[batch, prompt_len]``.
+
+        Returns ``responses`` ``[batch, max_new_tokens]`` (pad after EOS),
+        ``response_mask`` (1 up to and including EOS) and ``log_probs`` of the sampled
+        tokens under ``softmax(logits / temperature)``.
+        """

@@ -1,0 +1,76 @@
+"""Generation with a plain transformers model and a KV cache (CPU or a single GPU).
+
+A token loop instead of ``model.generate``: one prefill, then one cached forward per
+new token, with sampling, EOS tracking and the sampled tokens' log-probs computed in
+the same pass (so the trainer need not recompute them).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from rlcore.engine.logprob import position_ids
+from rlcore.rollout.base import SamplingParams
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) tokens outside the top-k and outside the top-p nucleus; ``[batch, vocab]``."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass before it already reaches top_p (the first always stays)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class HFRolloutEngine:
+    """Generates with its own unsharded copy of the policy, refreshed by ``load_weights``."""
+
+    def __init__(self, model, *, eos_token_id: int, pad_token_id: int):
+        self.model = model.eval()
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        batch = input_ids.shape[0]
+        device = input_ids.device
+        mask = attention_mask.clone()
+        pos = position_ids(mask)
+        cache = DynamicCache()
+        tokens = torch.full((batch, params.max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)
+        resp_mask = torch.zeros((batch, params.max_new_tokens), dtype=torch.long, device=device)
+        alive = torch.ones(batch, dtype=torch.bool, device=device)
+        step_ids, step_pos = input_ids, pos
+        for t in range(params.max_new_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                             past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1].float()
+            scaled = logits / params.temperature
+            if params.greedy:
+                next_tok = logits.argmax(-1)
+            else:
+                probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
+                next_tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            logp = scaled.log_softmax(-1).gather(-1, next_tok[:, None]).squeeze(-1)
+            tokens[:, t] = torch.where(alive, next_tok, self.pad_token_id)
+            log_probs[:, t] = torch.where(alive, logp, 0.0)
+            resp_mask[:, t] = alive.long()
+            alive &= next_tok != self.eos_token_id
+            if not alive.any():
+                break
+            mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
+            step_pos = step_pos[:, -1:] + 1
+            step_ids = tokens[:, t : t + 1]
+        return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}

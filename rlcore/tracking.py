@@ -1,0 +1,123 @@
+"""MLflow tracking with a null tracker, so a logging failure never costs a training result.
+
+Every stage opens one run (``open_run``), tagged with its stage, round, git commit,
+a hash of the params it uses and the DVC experiment name. Every MLflow call is
+guarded: the first failure is reported once on stderr and the tracker turns into a
+null tracker for the rest of the stage, which carries on and writes its outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from rlcore.config import flatten, params_hash
+
+
+class NullTracker:
+    """Logs nothing; stands in when tracking is off or broken."""
+
+    run_id: str | None = None
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None: ...
+    def log_artifact(self, path: str | Path) -> None: ...
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
+class MlflowTracker:
+    """One MLflow run; each call is guarded and degrades to a no-op after a failure."""
+
+    def __init__(self, uri: str, experiment: str, run_name: str, tags: dict[str, str]):
+        import mlflow
+
+        self._mlflow = mlflow
+        self._broken = False
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(experiment)
+        self.run_id = mlflow.start_run(run_name=run_name, tags=tags).info.run_id
+
+    def _guard(self, what: str, fn: Callable[[], Any]) -> None:
+        if self._broken:
+            return
+        try:
+            fn()
+        except Exception as err:  # tracking must never take training down
+            self._broken = True
+            print(f"warning: MLflow {what} failed ({type(err).__name__}: {err}); tracking is off for this stage",
+                  file=sys.stderr)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
+        items = list(flat.items())
+        # MLflow caps a batch at 100 params
+        for i in range(0, len(items), 100):
+            self._guard("log_params", lambda chunk=dict(items[i : i + 100]): self._mlflow.log_params(chunk))
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        clean = {k.replace("@", "_at_"): float(v) for k, v in metrics.items()}
+        self._guard("log_metrics", lambda: self._mlflow.log_metrics(clean, step=step))
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        if rows:
+            cols = {k: [r.get(k) for r in rows] for k in rows[0]}
+            self._guard("log_table", lambda: self._mlflow.log_table(cols, artifact_file=artifact_file))
+
+    def log_artifact(self, path: str | Path) -> None:
+        if Path(path).exists():
+            self._guard("log_artifact", lambda: self._mlflow.log_artifact(str(path)))
+
+    def close(self, status: str = "FINISHED") -> None:
+        self._guard("end_run", lambda: self._mlflow.end_run(status=status))
+
+
+def resolve_uri(uri: str, root: Path) -> str:
+    """Make a relative ``sqlite:///file.db`` absolute against ``root`` (the repository)."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + str((root / uri[len(prefix):]).resolve())
+    return uri
+
+
+def git_commit(root: Path) -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_tags(stage: str, params: dict[str, Any], root: Path, round_name: str | None = None) -> dict[str, str]:
+    tags = {
+        "rlcore.stage": stage,
+        "rlcore.params_hash": params_hash(params),
+        "mlflow.source.git.commit": git_commit(root),
+    }
+    if round_name is not None:
+        tags["rlcore.round"] = round_name
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = os.environ["DVC_EXP_NAME"]
+    if os.environ.get("DVC_EXP_BASELINE_REV"):
+        tags["dvc.baseline_rev"] = os.environ["DVC_EXP_BASELINE_REV"]
+    return tags
+
+
+def open_run(tracking_cfg, *, stage: str, params: dict[str, Any], root: Path,
+             round_name: str | None = None) -> MlflowTracker | NullTracker:
+    """Start the stage's run and log its params; a null tracker when off or unreachable."""
+    if not tracking_cfg.enabled:
+        return NullTracker()
+    run_name = f"{stage}-{round_name}" if round_name else stage
+    try:
+        tracker = MlflowTracker(resolve_uri(tracking_cfg.uri, root), tracking_cfg.experiment, run_name,
+                                run_tags(stage, params, root, round_name))
+    except Exception as err:
+        print(f"warning: MLflow unavailable at {tracking_cfg.uri} ({type(err).__name__}: {err}); "
+              "continuing without tracking", file=sys.stderr)
+        return NullTracker()
+    tracker.log_params(params)
+    return tracker

@@ -1,0 +1,49 @@
+"""Evaluation on the held-out test split: greedy pass@1 and sampled pass@k per model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlcore.config import Config
+from rlcore.data.collate import decode_responses, prompt_batch
+from rlcore.data.schema import read_rows
+from rlcore.trainer.common import actor_group, pass_at_k, start_pool
+from rlcore.trainer.score import sample_rewards
+
+
+def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: str) -> tuple[dict, list[dict]]:
+    """Metrics ``{name}/greedy_pass@1``, ``{name}/pass@k``, ... and a sample table for one model."""
+    e = cfg.evaluate
+    wg = actor_group(cfg, pool, model_dir, ("rollout",))
+    greedy, gen = sample_rewards(cfg, wg, tokenizer, prompts, n=1, temperature=1.0, greedy=True, seed=cfg.seed,
+                                 desc=f"eval {name} greedy")
+    sampled, _ = sample_rewards(cfg, wg, tokenizer, prompts, n=e.n_samples, temperature=e.temperature,
+                                greedy=False, seed=cfg.seed + 1, desc=f"eval {name} sampled")
+    wg.shutdown()
+    correct = sampled.sum(axis=1).astype(int)
+    lengths = gen["response_mask"].sum(-1).float()
+    metrics = {
+        f"{name}/greedy_pass@1": float(greedy.mean()),
+        f"{name}/pass@1": float(sampled.mean()),
+        f"{name}/pass@{e.k}": float(np.mean([pass_at_k(e.n_samples, c, e.k) for c in correct])),
+        f"{name}/greedy_response_length": float(lengths.mean()),
+    }
+    texts = decode_responses(tokenizer, gen["responses"], gen["response_mask"])
+    table = [{"model": name, "question": prompts["question"][i], "ground_truth": prompts["ground_truth"][i],
+              "greedy_response": texts[i], "reward": float(greedy[i, 0])} for i in range(min(e.table_rows, len(texts)))]
+    return metrics, table
+
+
+def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: str) -> tuple[dict, list[dict]]:
+    """Evaluate each named model folder on ``data_path``; also the gain of the last over the first."""
+    prompts = prompt_batch(read_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
+    pool = start_pool(cfg)
+    metrics, table = {"test/n_prompts": len(prompts)}, []
+    for name, path in models.items():
+        m, t = evaluate_model(cfg, pool, path, tokenizer, prompts, name)
+        metrics.update(m)
+        table += t
+    pool.release()
+    first, last = list(models)[0], list(models)[-1]
+    metrics["gain/greedy_pass@1"] = metrics[f"{last}/greedy_pass@1"] - metrics[f"{first}/greedy_pass@1"]
+    return metrics, table

@@ -1,0 +1,269 @@
+"""One PPO-family round, driven by the single controller (this process).
+
+Each step reads like a single-process loop: ``generate`` -> ``compute_log_prob`` ->
+``compute_ref_log_prob`` -> ``compute_values`` -> rewards -> ``compute_advantage``
+-> ``update_critic`` -> ``update_actor``. Workers hold the weights; the controller
+only moves :class:`~rlcore.protocol.Batch` records and does the tensor math of
+rewards and advantages (``rlcore.algos``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rlcore.algos.advantage import compute_advantage
+from rlcore.algos.kl_control import make_kl_controller
+from rlcore.algos.losses import kl_penalty
+from rlcore.config import Config
+from rlcore.controller import WorkerGroup
+from rlcore.data.collate import prompt_batch
+from rlcore.data.schema import read_rows
+from rlcore.protocol import Batch
+from rlcore.trainer.common import StepLog, actor_group, critic_group, generate, rule_rewards, start_pool, timer
+
+# Estimators that need a learned value function (a critic worker group).
+CRITIC_ESTIMATORS = frozenset({"gae"})
+# Estimators that need a greedy-rollout reward baseline per prompt (ReMax).
+GREEDY_BASELINE_ESTIMATORS = frozenset({"remax"})
+
+
+@dataclass
+class PromptSampler:
+    """Epoch-shuffled prompt indices, seeded: the same params give the same prompt order."""
+
+    size: int
+    seed: int
+    order: np.ndarray = field(init=False)
+    pos: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+        self.order = self.rng.permutation(self.size)
+
+    def take(self, n: int) -> np.ndarray:
+        out = []
+        while len(out) < n:
+            if self.pos == self.size:
+                self.order, self.pos = self.rng.permutation(self.size), 0
+            step = min(n - len(out), self.size - self.pos)
+            out.extend(self.order[self.pos : self.pos + step])
+            self.pos += step
+        return np.asarray(out)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
+    """DAPO soft overlong punishment: 0 up to ``max_len - buffer``, then linear down to ``-factor``."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    exceed = lengths.float() - (max_len - buffer)
+    return torch.clamp(-exceed / buffer * factor, max=0.0)
+
+
+def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Sequence scores ``[batch]`` onto the last valid response token: ``[batch, response_len]``."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(-1) - 1).clamp(min=0)
+    out[torch.arange(len(scores)), last] = scores.float()
+    return out * response_mask
+
+
+def keep_informative_groups(batch: Batch, n: int) -> Batch:
+    """DAPO dynamic sampling: drop groups whose ``acc`` rewards are all equal."""
+    acc = batch["scores"].view(-1, n)
+    keep = (acc.max(-1).values > acc.min(-1).values).nonzero().squeeze(-1)
+    rows = (keep[:, None] * n + torch.arange(n)).reshape(-1)
+    return batch.select(rows)
+
+
+class RoundRunner:
+    """Owns the worker groups and running state of one round; ``step`` is one RL step."""
+
+    def __init__(self, cfg: Config, *, init_dir: str, tokenizer, prompts: Batch, total_steps: int, seed: int):
+        self.cfg, self.tok, self.prompts, self.seed = cfg, tokenizer, prompts, seed
+        a, alg = cfg.actor, cfg.algorithm
+        self.needs_ref = a.use_kl_loss or alg.use_kl_in_reward
+        self.use_critic = alg.adv_estimator in CRITIC_ESTIMATORS
+        self.pool = start_pool(cfg)
+        share = 2 if self.use_critic else 1
+        roles = ("actor", "rollout") + (("ref",) if self.needs_ref else ())
+        optim = {"lr": a.lr, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps}
+        self.actor: WorkerGroup = actor_group(cfg, self.pool, init_dir, roles, optim=optim, share=share)
+        self.critic: WorkerGroup | None = None
+        if self.use_critic:
+            critic_dir = Path(init_dir) / "critic"
+            self.critic = critic_group(cfg, self.pool, critic_dir if critic_dir.is_dir() else init_dir,
+                                       total_steps=total_steps, share=share)
+        c = alg.kl_ctrl
+        self.kl_ctrl = make_kl_controller(c.type, kl_coef=c.kl_coef, target_kl=c.target_kl, horizon=c.horizon)
+        self.sampler = PromptSampler(len(prompts), seed)
+        w, n = cfg.resources.n_workers, cfg.rollout.n
+        self.actor_meta = {
+            "ppo_epochs": a.ppo_epochs, "mini_batch_size": a.ppo_mini_batch_size * n // w,
+            "micro_batch_size": a.micro_batch_size, "grad_clip": a.grad_clip, "policy_loss": a.policy_loss,
+            "loss_agg_mode": a.loss_agg_mode, "clip_ratio": a.clip_ratio, "clip_ratio_low": a.clip_ratio_low,
+            "clip_ratio_high": a.clip_ratio_high, "clip_ratio_c": a.clip_ratio_c, "entropy_coeff": a.entropy_coeff,
+            "use_kl_loss": a.use_kl_loss, "kl_loss_type": a.kl_loss_type, "kl_loss_coef": a.kl_loss_coef,
+            "temperature": cfg.rollout.temperature,
+        }
+        cr = cfg.critic
+        self.critic_meta = {"ppo_epochs": cr.ppo_epochs, "mini_batch_size": a.ppo_mini_batch_size * n // w,
+                            "micro_batch_size": cr.micro_batch_size, "cliprange_value": cr.cliprange_value,
+                            "grad_clip": cr.grad_clip}
+
+    # ------------------------------------------------------------------ steps
+    def _generate(self, prompts: Batch, step_seed: int, greedy: bool = False) -> Batch:
+        r = self.cfg.rollout
+        return generate(self.actor, prompts, max_new_tokens=self.cfg.task.max_response_length,
+                        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, greedy=greedy, seed=step_seed,
+                        micro_batch_size=r.micro_batch_size)
+
+    def _score(self, batch: Batch) -> Batch:
+        """Rule rewards (``acc``) and the shaped ``scores`` (with the overlong penalty)."""
+        acc = torch.as_tensor(rule_rewards(self.tok, batch), dtype=torch.float32)
+        d = self.cfg.ppo.dapo
+        lengths = batch["response_mask"].sum(-1)
+        pen = overlong_penalty(lengths, self.cfg.task.max_response_length, d.overlong_buffer, d.overlong_penalty)
+        return batch.union(Batch({"acc": acc, "scores": acc + pen}))
+
+    def collect(self, step: int) -> tuple[Batch, dict[str, float]]:
+        """Rollouts for ``ppo.train_batch_size`` prompts, with DAPO dynamic sampling if asked."""
+        cfg, n, want = self.cfg, self.cfg.rollout.n, self.cfg.ppo.train_batch_size
+        d = cfg.ppo.dapo
+        kept: list[Batch] = []
+        tries, have, last = 0, 0, None
+        while tries < (d.max_sample_tries if d.dynamic_sampling else 1) and have < want:
+            prompts = self.prompts.select(self.sampler.take(want))
+            last = self._score(self._generate(prompts.repeat(n), self.seed * 100003 + step * 101 + tries))
+            part = keep_informative_groups(last, n) if d.dynamic_sampling else last
+            kept.append(part)
+            have += len(part) // n
+            tries += 1
+        batch = Batch.concat([b for b in kept if len(b)]) if have else last
+        groups = min(len(batch) // n, want)
+        while groups > 1 and (groups * n) % cfg.resources.n_workers:
+            groups -= 1  # equal shards per rank
+        batch = batch.slice(0, groups * n)
+        return batch, {"rollout/sample_tries": tries, "rollout/groups_kept": groups}
+
+    def step(self, step: int) -> dict[str, float]:
+        t: dict[str, float] = {}
+        cfg, alg = self.cfg, self.cfg.algorithm
+        with timer(t, "step"):
+            with timer(t, "gen"):
+                batch, m = self.collect(step)
+                if alg.adv_estimator in GREEDY_BASELINE_ESTIMATORS:
+                    batch = self._add_greedy_baseline(batch, step)
+            meta = {"micro_batch_size": cfg.actor.micro_batch_size, "temperature": cfg.rollout.temperature}
+            req = Batch({k: batch[k] for k in ("prompts", "prompt_mask", "responses", "response_mask")}, meta=meta)
+            with timer(t, "old_log_prob"):
+                if cfg.actor.recompute_log_prob:
+                    batch = batch.union(self.actor.compute_log_prob(req))
+                else:
+                    batch = batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
+            if self.needs_ref:
+                with timer(t, "ref"):
+                    batch = batch.union(self.actor.compute_ref_log_prob(req))
+            if self.critic is not None:
+                with timer(t, "values"):
+                    batch = batch.union(self.critic.compute_values(req))
+            with timer(t, "adv"):
+                batch, adv_m = self._advantages(batch)
+            if self.critic is not None:
+                with timer(t, "update_critic"):
+                    batch.meta.update(critic=self.critic_meta, seed=self.seed + step)
+                    m.update(self.critic.update_critic(batch).meta["metrics"])
+            if step >= cfg.critic.warmup_steps or self.critic is None:
+                with timer(t, "update_actor"):
+                    batch.meta.update(actor=self.actor_meta, seed=self.seed + step)
+                    m.update(self.actor.update_actor(batch).meta["metrics"])
+        return {**m, **adv_m, **self._rollout_metrics(batch, t), **t}
+
+    def _add_greedy_baseline(self, batch: Batch, step: int) -> Batch:
+        """ReMax: the reward of one greedy response per prompt is every sample's baseline."""
+        n = self.cfg.rollout.n
+        firsts = batch.select(np.arange(0, len(batch), n))
+        plain = Batch({k: firsts[k] for k in ("prompts", "prompt_mask")}, dict(firsts.non_tensors))
+        greedy = self._score(self._generate(plain, self.seed + step, greedy=True))
+        return batch.union(Batch({"reward_baselines": greedy["scores"].repeat_interleave(n)}))
+
+    def _advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        alg, mask = self.cfg.algorithm, batch["response_mask"]
+        token_rewards = place_scores(batch["scores"], mask)
+        metrics: dict[str, float] = {}
+        if alg.use_kl_in_reward:
+            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], alg.kl_penalty) * mask
+            seq_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
+            token_rewards = token_rewards - self.kl_ctrl.value * kl
+            metrics.update({"actor/reward_kl_penalty": seq_kl, "actor/reward_kl_coef": self.kl_ctrl.value})
+            self.kl_ctrl.update(seq_kl, len(batch))
+        adv, ret = compute_advantage(
+            alg.adv_estimator, token_level_rewards=token_rewards, response_mask=mask, index=batch["uid"],
+            values=batch["values"] if "values" in batch else None,
+            reward_baselines=batch["reward_baselines"] if "reward_baselines" in batch else None,
+            gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
+        fmask = mask.bool()
+        metrics.update({"critic/advantages_mean": adv[fmask].mean().item(),
+                        "critic/advantages_std": adv[fmask].std().item() if fmask.sum() > 1 else 0.0,
+                        "critic/returns_mean": ret[fmask].mean().item()})
+        return batch.union(Batch({"token_level_rewards": token_rewards, "advantages": adv, "returns": ret})), metrics
+
+    def _rollout_metrics(self, batch: Batch, t: dict[str, float]) -> dict[str, float]:
+        mask = batch["response_mask"]
+        lengths = mask.sum(-1).float()
+        resp_tokens = float(lengths.sum())
+        total_tokens = resp_tokens + float(batch["prompt_mask"].sum())
+        out = {
+            "rollout/reward_mean": batch["scores"].mean().item(),
+            "rollout/acc": batch["acc"].mean().item(),
+            "rollout/response_length": lengths.mean().item(),
+            "rollout/clip_ratio": (lengths >= mask.shape[1]).float().mean().item(),
+            "perf/tokens_per_s": total_tokens / max(t["timing_s/step"], 1e-9),
+            "perf/gen_tokens_per_s": resp_tokens / max(t["timing_s/gen"], 1e-9),
+        }
+        if "ref_log_probs" in batch:
+            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "kl") * mask
+            out["actor/kl_ref"] = (kl.sum() / mask.sum().clamp(min=1)).item()
+        return out
+
+    def save(self, out_dir: str) -> None:
+        self.actor.save(out_dir)
+        if self.critic is not None:
+            self.critic.save(str(Path(out_dir) / "critic"))
+
+    def close(self) -> None:
+        for wg in (self.actor, self.critic):
+            if wg is not None:
+                wg.shutdown()
+        self.pool.release()
+
+
+def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, data_path: str, out_dir: str,
+                  tracker, plot_csv: str | None = None) -> dict[str, float]:
+    """Train one round from ``init_dir``; save the policy (and critic) to ``out_dir``."""
+    rnd = cfg.ppo.rounds[round_name]
+    prompts = prompt_batch(read_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
+    seed = cfg.seed + 1000 * (list(cfg.ppo.rounds).index(round_name) + 1)
+    runner = RoundRunner(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts, total_steps=rnd.steps,
+                         seed=seed)
+    log = StepLog(tracker, plot_csv)
+    start = time.perf_counter()
+    for step in (bar := tqdm(range(rnd.steps), desc=f"ppo {round_name}", unit="step")):
+        metrics = runner.step(step)
+        bar.set_postfix(acc=f"{metrics['rollout/acc']:.3f}", len=f"{metrics['rollout/response_length']:.1f}")
+        log.log(step, metrics)
+    runner.save(out_dir)
+    runner.close()
+    tail = log.rows[-min(10, len(log.rows)):]
+    return {
+        "ppo/acc_first_step": log.rows[0]["rollout/acc"],
+        "ppo/acc_last10": float(np.mean([r["rollout/acc"] for r in tail])),
+        "ppo/reward_last10": float(np.mean([r["rollout/reward_mean"] for r in tail])),
+        "ppo/steps": rnd.steps,
+        "ppo/wall_s": time.perf_counter() - start,
+    }

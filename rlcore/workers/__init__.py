@@ -1,0 +1,1 @@
+"""Ray actor classes: one rank each of the actor/rollout/ref and critic worker groups."""

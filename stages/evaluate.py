@@ -1,0 +1,50 @@
+"""evaluate: greedy pass@1 and sampled pass@k on the held-out test split, SFT vs the final round.
+
+    python -m stages.evaluate --data data/processed/test.parquet --sft models/sft \
+        --final models/ppo/r1 --metrics metrics/eval.json --samples metrics/eval_samples.csv
+
+Its MLflow run carries every params.yaml key, so pipeline runs compare side by side.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.config import Config
+from rlcore.engine.model import load_tokenizer
+from rlcore.tracking import open_run
+from rlcore.trainer.evaluate import run_evaluate
+
+PARAMS = tuple(Config.model_fields)  # all of params.yaml: they label the pipeline run in MLflow
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__)
+    p.add_argument("--data", required=True)
+    p.add_argument("--sft", required=True)
+    p.add_argument("--final", required=True)
+    p.add_argument("--samples", required=True, help="CSV of sample prompts, responses and rewards")
+    args = p.parse_args(argv)
+    with stage_errors("evaluate"):
+        cfg, params = stage_config(args.params, PARAMS, "evaluate")
+        for path, what in ((args.data, "test data"), (args.sft, "SFT model"), (args.final, "final model")):
+            require_file(path, what)
+        tokenizer = load_tokenizer(args.sft)
+        tracker = open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT)
+        metrics, table = run_evaluate(cfg, models={"sft": args.sft, "final": args.final}, tokenizer=tokenizer,
+                                      data_path=args.data)
+    write_json(args.metrics, metrics)
+    Path(args.samples).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.samples, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["model"])
+        w.writeheader()
+        w.writerows(table)
+    tracker.log_metrics(metrics)
+    tracker.log_table(table, "eval_samples.json")
+    tracker.close()
+
+
+if __name__ == "__main__":
+    main()

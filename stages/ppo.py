@@ -1,0 +1,41 @@
+"""ppo@<round>: one RL round (estimator, losses and KL from params.yaml) from the previous model.
+
+    python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet \
+        --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv
+"""
+
+from __future__ import annotations
+
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.engine.model import load_tokenizer
+from rlcore.tracking import open_run
+from rlcore.trainer.ppo import run_ppo_round
+
+PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "algorithm", "actor", "critic", "ppo")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__)
+    p.add_argument("--round", required=True)
+    p.add_argument("--init", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--plots", default=None)
+    args = p.parse_args(argv)
+    with stage_errors(f"ppo@{args.round}"):
+        cfg, params = stage_config(args.params, PARAMS, "ppo")
+        if args.round not in cfg.ppo.rounds:
+            raise KeyError(f"--round {args.round!r} is not a key of ppo.rounds ({', '.join(cfg.ppo.rounds)})")
+        require_file(args.data, "scored rl data")
+        require_file(args.init, "initial model")
+        tokenizer = load_tokenizer(args.init)
+        tracker = open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round)
+        metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
+                                data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots)
+    write_json(args.metrics, metrics)
+    tracker.log_metrics(metrics)
+    tracker.close()
+
+
+if __name__ == "__main__":
+    main()

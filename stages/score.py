@@ -1,0 +1,35 @@
+"""score: sample the SFT policy on the RL prompts, score with rule rewards, filter trivial prompts.
+
+    python -m stages.score --model models/sft --data data/processed/rl_train.parquet \
+        --out data/scored/rl_train.parquet --metrics metrics/score.json
+"""
+
+from __future__ import annotations
+
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.engine.model import load_tokenizer
+from rlcore.tracking import open_run
+from rlcore.trainer.score import run_score
+
+PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "score")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    with stage_errors("score"):
+        cfg, params = stage_config(args.params, PARAMS, "score")
+        require_file(args.data, "rl data")
+        tokenizer = load_tokenizer(args.model)
+        tracker = open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT)
+        metrics = run_score(cfg, model_dir=args.model, tokenizer=tokenizer, data_path=args.data, out_path=args.out)
+    write_json(args.metrics, metrics)
+    tracker.log_metrics(metrics)
+    tracker.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""sft: supervised fine-tuning of the base model (built-in tiny or a local HF folder) with FSDP2.
+
+    python -m stages.sft --data data/processed/sft_train.parquet --out models/sft \
+        --metrics metrics/sft.json --plots plots/sft.csv
+"""
+
+from __future__ import annotations
+
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.engine.model import load_tokenizer, resolve_model_path
+from rlcore.tracking import open_run
+from rlcore.trainer.sft import run_sft
+
+PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "sft")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--plots", default=None)
+    args = p.parse_args(argv)
+    with stage_errors("sft"):
+        cfg, params = stage_config(args.params, PARAMS, "sft")
+        require_file(args.data, "sft data")
+        base = resolve_model_path(cfg.model.path, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
+        tokenizer = load_tokenizer(base)
+        tracker = open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT)
+        metrics = run_sft(cfg, base_model=base, tokenizer=tokenizer, data_path=args.data, out_dir=args.out,
+                          tracker=tracker, plot_csv=args.plots)
+    write_json(args.metrics, metrics)
+    tracker.log_metrics(metrics)
+    tracker.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+"""Independent, deliberately naive reference implementations for tests/algos.
+
+Everything here works on plain Python floats, one sample / one token at a time, written
+from the formulas of verl's ``trainer/ppo/core_algos.py`` (not from rlcore's code). Inputs
+are converted to nested lists of floats; outputs are numpy float64 arrays so tests can
+compare with ``numpy.testing.assert_allclose``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def to_rows(x):
+    """Tensor / array -> list of lists of Python floats."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return [[float(v) for v in row] for row in np.asarray(x, dtype=np.float64)]
+
+
+def to_list(x):
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return [float(v) for v in np.asarray(x, dtype=np.float64).reshape(-1)]
+
+
+def _keys(index):
+    return [k for k in (index.tolist() if hasattr(index, "tolist") else index)]
+
+
+def _groups(index):
+    """prompt id -> list of sample positions, in order of first appearance."""
+    groups = {}
+    for i, key in enumerate(_keys(index)):
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def _std_unbiased(xs):
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def _broadcast(per_sample, mask):
+    return np.array([[per_sample[i] if mask[i][t] else 0.0 for t in range(len(mask[i]))] for i in range(len(mask))])
+
+
+def whiten(mat, mask):
+    """verl masked_whiten over all valid entries (unbiased var, +1e-8); 0 on masked."""
+    vals = [mat[i][t] for i in range(len(mat)) for t in range(len(mat[i])) if mask[i][t]]
+    n = len(vals)
+    mu = sum(vals) / n
+    var = sum((v - mu) ** 2 for v in vals) / n * n / (n - 1)
+    inv = 1.0 / math.sqrt(var + 1e-8)
+    return np.array(
+        [[(mat[i][t] - mu) * inv if mask[i][t] else 0.0 for t in range(len(mat[i]))] for i in range(len(mat))]
+    )
+
+
+# ------------------------------------------------------------------ estimators
+
+
+def gae(rewards, values, mask, gamma, lam):
+    """GAE on the subsequence of valid tokens of each row (masked tokens are skipped)."""
+    r, v, m = to_rows(rewards), to_rows(values), to_rows(mask)
+    adv = [[0.0] * len(row) for row in r]
+    for i in range(len(r)):
+        valid = [t for t in range(len(r[i])) if m[i][t]]
+        next_value, next_adv = 0.0, 0.0
+        for t in reversed(valid):
+            delta = r[i][t] + gamma * next_value - v[i][t]
+            adv[i][t] = delta + gamma * lam * next_adv
+            next_value, next_adv = v[i][t], adv[i][t]
+    returns = np.array([[adv[i][t] + v[i][t] if m[i][t] else 0.0 for t in range(len(r[i]))] for i in range(len(r))])
+    return whiten(adv, m), returns
+
+
+def grpo(rewards, mask, index, norm_by_std=True, eps=1e-6):
+    r, m = to_rows(rewards), to_rows(mask)
+    scores = [sum(row) for row in r]
+    out = [0.0] * len(scores)
+    for members in _groups(index).values():
+        group = [scores[i] for i in members]
+        mu, sd = (0.0, 1.0) if len(group) == 1 else (_mean(group), _std_unbiased(group))
+        for i in members:
+            out[i] = (scores[i] - mu) / (sd + eps) if norm_by_std else scores[i] - mu
+    a = _broadcast(out, m)
+    return a, a
+
+
+def grpo_passk(rewards, mask, index, norm_by_std=True, eps=1e-6):
+    r, m = to_rows(rewards), to_rows(mask)
+    scores = [sum(row) for row in r]
+    out = [0.0] * len(scores)
+    for members in _groups(index).values():
+        group = [scores[i] for i in members]
+        ordered = sorted(group, reverse=True)
+        gap = ordered[0] - ordered[1]
+        if norm_by_std:
+            gap = gap / (_std_unbiased(group) + eps)
+        best = members[group.index(ordered[0])]
+        out[best] = gap
+    a = _broadcast(out, m)
+    return a, a
+
+
+def rloo(rewards, mask, index):
+    r, m = to_rows(rewards), to_rows(mask)
+    scores = [sum(row) for row in r]
+    out = list(scores)
+    for members in _groups(index).values():
+        if len(members) > 1:
+            for i in members:
+                others = [scores[j] for j in members if j != i]
+                out[i] = scores[i] - _mean(others)
+    a = _broadcast(out, m)
+    return a, a
+
+
+def opo(rewards, mask, index):
+    r, m = to_rows(rewards), to_rows(mask)
+    scores = [sum(row) for row in r]
+    lengths = [sum(row) for row in m]
+    out = [0.0] * len(scores)
+    for members in _groups(index).values():
+        if len(members) == 1:
+            baseline = 0.0
+        else:
+            baseline = sum(lengths[j] * scores[j] for j in members) / sum(lengths[j] for j in members)
+        for i in members:
+            out[i] = scores[i] - baseline
+    a = _broadcast(out, m)
+    return a, a
+
+
+def gpg(rewards, mask, index, f_norm=1.0):
+    r, m = to_rows(rewards), to_rows(mask)
+    scores = [sum(row) for row in r]
+    nonzero = sum(1 for s in scores if s != 0)
+    alpha = len(scores) / max(nonzero, 1)
+    out = [0.0] * len(scores)
+    for members in _groups(index).values():
+        mu = 0.0 if len(members) == 1 else _mean([scores[j] for j in members])
+        for i in members:
+            out[i] = alpha * (scores[i] - mu) / f_norm
+    a = _broadcast(out, m)
+    return a, a
+
+
+def reinforce_plus_plus(rewards, mask, gamma):
+    """G_t = sum_{t <= t' < e} gamma^(t'-t) r_t', e = first masked position after t."""
+    r, m = to_rows(rewards), to_rows(mask)
+    returns = [[0.0] * len(row) for row in r]
+    for i in range(len(r)):
+        T = len(r[i])
+        for t in range(T):
+            if not m[i][t]:
+                continue
+            end = next((u for u in range(t + 1, T) if not m[i][u]), T)
+            returns[i][t] = sum(gamma ** (u - t) * r[i][u] for u in range(t, end))
+    return whiten(returns, m), np.array(returns)
+
+
+def reinforce_plus_plus_baseline(rewards, mask, index):
+    r, m = to_rows(rewards), to_rows(mask)
+    scores = [sum(row) for row in r]
+    centred = [0.0] * len(scores)
+    for members in _groups(index).values():
+        mu = 0.0 if len(members) == 1 else _mean([scores[j] for j in members])
+        for i in members:
+            centred[i] = scores[i] - mu
+    a = whiten(_broadcast(centred, m).tolist(), m)
+    return a, a
+
+
+def remax(rewards, mask, baselines):
+    r, m, b = to_rows(rewards), to_rows(mask), to_list(baselines)
+    returns, adv = [], []
+    for i in range(len(r)):
+        T = len(r[i])
+        g = [sum(r[i][u] for u in range(t, T) if m[i][u]) if m[i][t] else 0.0 for t in range(T)]
+        returns.append(g)
+        adv.append([g[t] - b[i] if m[i][t] else 0.0 for t in range(T)])
+    return np.array(adv), np.array(returns)
+
+
+# ------------------------------------------------------------------ KL, aggregation
+
+
+def kl(logp, ref, kind):
+    out = []
+    for row_p, row_r in zip(to_rows(logp), to_rows(ref)):
+        new_row = []
+        for p, q in zip(row_p, row_r):
+            d = p - q
+            if kind in ("kl", "k1"):
+                new_row.append(d)
+            elif kind == "abs":
+                new_row.append(abs(d))
+            elif kind in ("mse", "k2"):
+                new_row.append(0.5 * d * d)
+            else:
+                x = min(max(q - p, -20.0), 20.0)
+                new_row.append(min(max(math.exp(x) - x - 1.0, -10.0), 10.0))
+        out.append(new_row)
+    return np.array(out)
+
+
+def agg(loss_mat, mask, mode):
+    l, m = to_rows(loss_mat), to_rows(mask)
+    if mode == "token-mean":
+        num = sum(l[i][t] for i in range(len(l)) for t in range(len(l[i])) if m[i][t])
+        return num / sum(sum(row) for row in m)
+    if mode == "seq-mean-token-sum-norm":
+        return sum(l[i][t] for i in range(len(l)) for t in range(len(l[i])) if m[i][t]) / len(m[0])
+    per_seq = []
+    for i in range(len(l)):
+        n = sum(m[i])
+        if n == 0:
+            continue  # fully masked rows are excluded from sequence means
+        s = sum(l[i][t] for t in range(len(l[i])) if m[i][t])
+        per_seq.append(s if mode == "seq-mean-token-sum" else s / n)
+    return sum(per_seq) / len(per_seq)
+
+
+def _masked_mean(mat, m):
+    vals = [mat[i][t] for i in range(len(m)) for t in range(len(m[i])) if m[i][t]]
+    return sum(vals) / len(vals)
+
+
+# ------------------------------------------------------------------ policy losses
+
+
+def vanilla(old, logp, adv, mask, mode, low, high, c):
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    losses, clip_hi, clip_lo, neg_kl = [], [], [], []
+    for i in range(len(p)):
+        rows = ([], [], [], [])
+        for t in range(len(p[i])):
+            d = min(max(p[i][t] - o[i][t], -20.0), 20.0)
+            ratio = math.exp(d)
+            l1 = -a[i][t] * ratio
+            l2 = -a[i][t] * min(max(ratio, 1 - low), 1 + high)
+            c1 = max(l1, l2)
+            l3 = -a[i][t] * c
+            rows[0].append(min(c1, l3) if a[i][t] < 0 else c1)
+            rows[1].append(1.0 if l2 > l1 else 0.0)
+            rows[2].append(1.0 if (c1 > l3 and a[i][t] < 0) else 0.0)
+            rows[3].append(-d)
+        for acc, row in zip((losses, clip_hi, clip_lo, neg_kl), rows):
+            acc.append(row)
+    metrics = {"pg_clipfrac": _masked_mean(clip_hi, m), "pg_clipfrac_lower": _masked_mean(clip_lo, m),
+               "ppo_kl": _masked_mean(neg_kl, m)}
+    return agg(losses, m, mode), metrics
+
+
+def gspo(old, logp, adv, mask, mode, low, high):
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    losses, clipped = [], []
+    for i in range(len(p)):
+        valid = [t for t in range(len(p[i])) if m[i][t]]
+        log_s = sum(p[i][t] - o[i][t] for t in valid) / max(len(valid), 1)
+        s = math.exp(min(log_s, 10.0))
+        s_clip = min(max(s, 1 - low), 1 + high)
+        losses.append([max(-a[i][t] * s, -a[i][t] * s_clip) for t in range(len(p[i]))])
+        clipped.append([1.0 if -a[i][t] * s_clip > -a[i][t] * s else 0.0 for t in range(len(p[i]))])
+    kl_rows = [[o[i][t] - p[i][t] for t in range(len(p[i]))] for i in range(len(p))]
+    metrics = {"pg_clipfrac": _masked_mean(clipped, m), "pg_clipfrac_lower": 0.0, "ppo_kl": _masked_mean(kl_rows, m)}
+    return agg(losses, m, mode), metrics
+
+
+def geo_mean(old, logp, adv, mask, low, high):
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    seq_losses, hi, lo = [], [], []
+    for i in range(len(p)):
+        log_sum, adv_sum, n = 0.0, 0.0, 0.0
+        hi_row, lo_row = [], []
+        for t in range(len(p[i])):
+            d = p[i][t] - o[i][t]
+            d_clamped = min(max(d, -low), high)
+            if a[i][t] > 0:
+                d_used = min(d, d_clamped)
+            elif a[i][t] < 0:
+                d_used = max(d, d_clamped)
+            else:
+                d_used = 0.0
+            hi_row.append(1.0 if (d != d_clamped and a[i][t] > 0) else 0.0)
+            lo_row.append(1.0 if (d != d_clamped and a[i][t] < 0) else 0.0)
+            if m[i][t]:
+                log_sum += d_used
+                adv_sum += a[i][t]
+                n += 1
+        seq_losses.append(-(adv_sum / (n + 1e-8)) * math.exp(log_sum / (n + 1e-8)))
+        hi.append(hi_row)
+        lo.append(lo_row)
+    kl_rows = [[o[i][t] - p[i][t] for t in range(len(p[i]))] for i in range(len(p))]
+    metrics = {"pg_clipfrac": _masked_mean(hi, m), "pg_clipfrac_lower": _masked_mean(lo, m),
+               "ppo_kl": _masked_mean(kl_rows, m)}
+    return sum(seq_losses) / len(seq_losses), metrics
+
+
+def gpg_loss(logp, adv, mask, mode):
+    p, a = to_rows(logp), to_rows(adv)
+    losses = [[-p[i][t] * a[i][t] for t in range(len(p[i]))] for i in range(len(p))]
+    return agg(losses, mask, mode), {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": 0.0}
+
+
+def cispo(old, logp, adv, mask, mode, low, high):
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    losses, clipped, kl_rows = [], [], []
+    for i in range(len(p)):
+        l_row, c_row, k_row = [], [], []
+        for t in range(len(p[i])):
+            d = min(max(p[i][t] - o[i][t], -20.0), 20.0)
+            ratio = math.exp(d)
+            w = min(max(ratio, 1 - low), 1 + high)
+            l_row.append(-w * a[i][t] * p[i][t])
+            c_row.append(1.0 if w != ratio else 0.0)
+            k_row.append(-d)
+        losses.append(l_row)
+        clipped.append(c_row)
+        kl_rows.append(k_row)
+    metrics = {"pg_clipfrac": _masked_mean(clipped, m), "pg_clipfrac_lower": 0.0, "ppo_kl": _masked_mean(kl_rows, m)}
+    return agg(losses, m, mode), metrics
+
+
+# ------------------------------------------------------------------ random inputs
+
+
+def random_batch(seed, group_sizes=(3, 2, 1, 4), response_len=7, dtype=None):
+    """Right-padded random batch: rewards, mask, values, index, lengths (float64 torch).
+
+    Lengths differ per row (1..response_len); padding positions hold random junk so a
+    leak from padding would show up in comparisons.
+    """
+    import torch
+
+    dtype = dtype or torch.float64
+    gen = torch.Generator().manual_seed(seed)
+    batch = sum(group_sizes)
+    lengths = torch.randint(1, response_len + 1, (batch,), generator=gen)
+    lengths[0] = response_len  # at least one full-length row
+    positions = torch.arange(response_len).unsqueeze(0)
+    mask = (positions < lengths.unsqueeze(1)).to(dtype)
+    rewards = torch.randn(batch, response_len, generator=gen, dtype=dtype)
+    values = torch.randn(batch, response_len, generator=gen, dtype=dtype)
+    index = np.array([f"prompt-{g}" for g, size in enumerate(group_sizes) for _ in range(size)], dtype=object)
+    return rewards, mask, values, index, lengths

@@ -1,0 +1,299 @@
+"""Tests for rlcore.algos.advantage: hand-worked values, properties, reference agreement."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from numpy.testing import assert_allclose
+
+from rlcore.algos.advantage import ESTIMATORS, compute_advantage
+
+from . import reference_impl as ref
+
+F64 = torch.float64
+EPS = 1e-6
+GROUP_ESTIMATORS = ["grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"]
+
+
+def outcome_rewards(scores, lengths, response_len):
+    """Put each score on the last valid token; return (rewards, mask)."""
+    rewards = torch.zeros(len(scores), response_len, dtype=F64)
+    mask = torch.zeros(len(scores), response_len, dtype=F64)
+    for i, (s, n) in enumerate(zip(scores, lengths)):
+        mask[i, :n] = 1.0
+        rewards[i, n - 1] = s
+    return rewards, mask
+
+
+def run(estimator, rewards, mask, **kw):
+    return compute_advantage(estimator, token_level_rewards=rewards, response_mask=mask, **kw)
+
+
+# ----------------------------------------------------------------- hand-worked
+
+
+def test_grpo_hand_worked_group_1_0_0():
+    rewards, mask = outcome_rewards([1.0, 0.0, 0.0], [3, 2, 1], 3)
+    adv, ret = run("grpo", rewards, mask, index=["q", "q", "q"])
+    # mean = 1/3; unbiased var = ((2/3)^2 + 2 * (1/3)^2) / 2 = 1/3; std = sqrt(1/3)
+    std = math.sqrt(1.0 / 3.0)
+    hi, lo = (2.0 / 3.0) / (std + EPS), (-1.0 / 3.0) / (std + EPS)
+    expected = [[hi, hi, hi], [lo, lo, 0.0], [lo, 0.0, 0.0]]
+    assert_allclose(adv.numpy(), expected, atol=1e-12)
+    assert_allclose(ret.numpy(), expected, atol=1e-12)
+    assert abs(hi - 1.1547) < 1e-3 and abs(lo + 0.57735) < 1e-4
+
+
+def test_dr_grpo_does_not_divide_by_std():
+    rewards, mask = outcome_rewards([1.0, 0.0, 0.0], [2, 2, 2], 2)
+    adv, _ = run("grpo", rewards, mask, index=np.array([7, 7, 7]), norm_adv_by_std_in_grpo=False)
+    assert_allclose(adv[:, 0].numpy(), [2.0 / 3.0, -1.0 / 3.0, -1.0 / 3.0], atol=1e-12)
+
+
+def test_rloo_hand_worked():
+    rewards, mask = outcome_rewards([1.0, 0.0, 0.0, 5.0], [1, 1, 1, 1], 1)
+    adv, _ = run("rloo", rewards, mask, index=["a", "a", "a", "solo"])
+    # 1 - mean(0, 0) = 1; 0 - mean(1, 0) = -0.5; a group of one keeps its score
+    assert_allclose(adv[:, 0].numpy(), [1.0, -0.5, -0.5, 5.0], atol=1e-12)
+
+
+def test_opo_length_weighted_baseline():
+    rewards, mask = outcome_rewards([1.0, 0.0], [2, 4], 4)
+    adv, _ = run("opo", rewards, mask, index=["g", "g"])
+    # baseline = (2 * 1 + 4 * 0) / (2 + 4) = 1/3
+    assert_allclose(adv.numpy(), [[2 / 3, 2 / 3, 0, 0], [-1 / 3] * 4], atol=1e-12)
+
+
+def test_gpg_alpha_and_group_mean():
+    rewards, mask = outcome_rewards([1.0, 0.0, 1.0, 1.0], [1, 1, 1, 1], 1)
+    adv, _ = run("gpg", rewards, mask, index=[0, 0, 1, 1])
+    # 3 non-zero scores in a batch of 4 -> alpha = 4/3; group means 0.5 and 1
+    assert_allclose(adv[:, 0].numpy(), [4 / 3 * 0.5, 4 / 3 * -0.5, 0.0, 0.0], atol=1e-12)
+
+
+def test_grpo_passk_only_best_gets_gap():
+    rewards, mask = outcome_rewards([1.0, 0.0, 0.5, 0.2, 0.9], [2, 2, 2, 2, 2], 2)
+    index = ["a", "a", "a", "b", "b"]
+    adv, _ = run("grpo_passk", rewards, mask, index=index)
+    # group a: gap 1 - 0.5 = 0.5, std of [1, 0, .5] = 0.5; group b: gap 0.7, std = 0.7 / sqrt(2)
+    expected_a = 0.5 / (0.5 + EPS)
+    expected_b = 0.7 / (0.7 / math.sqrt(2.0) + EPS)
+    assert_allclose(adv[:, 0].numpy(), [expected_a, 0.0, 0.0, 0.0, expected_b], atol=1e-9)
+    raw, _ = run("grpo_passk", rewards, mask, index=index, norm_adv_by_std_in_grpo=False)
+    assert_allclose(raw[:, 1].numpy(), [0.5, 0.0, 0.0, 0.0, 0.7], atol=1e-12)
+
+
+def test_grpo_passk_rejects_group_of_one():
+    rewards, mask = outcome_rewards([1.0, 0.0, 1.0], [1, 1, 1], 1)
+    with pytest.raises(ValueError, match="at least 2"):
+        run("grpo_passk", rewards, mask, index=["a", "a", "b"])
+
+
+def test_remax_hand_worked():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 2.0, 9.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=F64)
+    adv, ret = run("remax", rewards, mask, reward_baselines=torch.tensor([0.25, 1.0], dtype=F64))
+    # row 1: the 9.0 sits on padding and is ignored; returns = [2.5, 2.0]
+    assert_allclose(ret.numpy(), [[1, 1, 1], [2.5, 2.0, 0]], atol=1e-12)
+    assert_allclose(adv.numpy(), [[0.75, 0.75, 0.75], [1.5, 1.0, 0]], atol=1e-12)
+
+
+def test_reinforce_plus_plus_hand_worked():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 5.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=F64)
+    adv, ret = run("reinforce_plus_plus", rewards, mask, gamma=0.5)
+    # returns: row0 = [0.25, 0.5, 1]; row1 = [0.5, 1] (the padded 5.0 is cut off)
+    assert_allclose(ret.numpy(), [[0.25, 0.5, 1.0], [0.5, 1.0, 0.0]], atol=1e-12)
+    # valid returns mean = 3.25 / 5 = 0.65; unbiased var = 0.45 / 4 = 0.1125
+    scale = 1.0 / math.sqrt(0.1125 + 1e-8)
+    expected = [[-0.4 * scale, -0.15 * scale, 0.35 * scale], [-0.15 * scale, 0.35 * scale, 0.0]]
+    assert_allclose(adv.numpy(), expected, atol=1e-9)
+
+
+def test_gae_hand_worked_two_tokens():
+    rewards = torch.tensor([[0.0, 1.0]], dtype=F64)
+    values = torch.tensor([[0.5, 0.2]], dtype=F64)
+    mask = torch.ones(1, 2, dtype=F64)
+    adv, ret = run("gae", rewards, mask, values=values, gamma=1.0, lam=1.0)
+    # A1 = 1 + 0 - 0.2 = 0.8; A0 = (0 + 0.2 - 0.5) + 0.8 = 0.5; returns = A + V = [1, 1]
+    assert_allclose(ret.numpy(), [[1.0, 1.0]], atol=1e-12)
+    # whiten [0.5, 0.8]: mean 0.65, unbiased var = 2 * 0.15^2 / 1 = 0.045
+    scale = 1.0 / math.sqrt(0.045 + 1e-8)
+    assert_allclose(adv.numpy(), [[-0.15 * scale, 0.15 * scale]], atol=1e-9)
+
+
+def test_gae_skips_masked_hole_like_removing_it():
+    rewards = torch.tensor([[0.0, 7.0, 1.0]], dtype=F64)
+    values = torch.tensor([[0.5, 9.0, 0.2]], dtype=F64)
+    mask = torch.tensor([[1.0, 0.0, 1.0]], dtype=F64)
+    adv, ret = run("gae", rewards, mask, values=values, gamma=0.9, lam=0.8)
+    # same as the two-token sequence r=[0,1], V=[.5,.2]: A1 = .8, A0 = 0.9*.2 - .5 + .72*.8 = 0.256
+    assert_allclose(ret.numpy(), [[0.256 + 0.5, 0.0, 1.0]], atol=1e-12)
+    d = (0.8 - 0.256) / 2
+    scale = 1.0 / math.sqrt(2 * d * d + 1e-8)
+    assert_allclose(adv.numpy(), [[-d * scale, 0.0, d * scale]], atol=1e-9)
+
+
+# -------------------------------------------------------------------- properties
+
+
+def test_grpo_zero_mean_per_group_and_group_of_one():
+    rewards, mask, _, index, _ = ref.random_batch(seed=3)
+    adv, _ = run("grpo", rewards, mask, index=index)
+    scalar = adv[:, 0]  # every row has at least one valid token
+    for key in set(index.tolist()):
+        members = [i for i, k in enumerate(index.tolist()) if k == key]
+        if len(members) > 1:
+            assert abs(float(scalar[members].sum())) < 1e-9
+    # verl convention: a group of one has mean 0 and std 1, so A = score / (1 + eps),
+    # which is 0 exactly when the score is 0.
+    solo = [i for i, k in enumerate(index.tolist()) if index.tolist().count(k) == 1][0]
+    assert_allclose(float(scalar[solo]), float(rewards[solo].sum()) / (1 + EPS), atol=1e-12)
+    zero_rewards, zero_mask = outcome_rewards([0.0, 1.0, 0.0], [2, 2, 2], 2)
+    adv0, _ = run("grpo", zero_rewards, zero_mask, index=["solo", "pair", "pair"])
+    assert_allclose(adv0[0].numpy(), [0.0, 0.0], atol=0)
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS.names()))
+def test_masked_tokens_are_exactly_zero(estimator):
+    rewards, mask, values, _, _ = ref.random_batch(seed=11, group_sizes=(3, 2, 2, 3))
+    index = ["a"] * 3 + ["b"] * 2 + ["c"] * 2 + ["d"] * 3
+    adv, ret = run(estimator, rewards, mask, index=index, values=values, reward_baselines=rewards[:, 0], gamma=0.9)
+    pad = mask == 0
+    assert pad.any()
+    assert torch.all(adv[pad] == 0) and torch.all(ret[pad] == 0)
+    assert adv.shape == rewards.shape and ret.shape == rewards.shape
+
+
+@pytest.mark.parametrize("estimator", ["gae", "reinforce_plus_plus", "remax"])
+def test_token_estimators_ignore_padding_inputs(estimator):
+    rewards, mask, values, _, _ = ref.random_batch(seed=5)
+    baselines = torch.linspace(-1, 1, rewards.shape[0], dtype=F64)
+    before = run(estimator, rewards, mask, values=values, reward_baselines=baselines, gamma=0.95, lam=0.9)
+    pad = mask == 0
+    after = run(
+        estimator, rewards.masked_fill(pad, 123.0), mask, values=values.masked_fill(pad, -77.0),
+        reward_baselines=baselines, gamma=0.95, lam=0.9,
+    )
+    for x, y in zip(before, after):
+        assert torch.equal(x, y)
+
+
+def test_missing_required_inputs_name_the_argument():
+    rewards, mask, _, _, _ = ref.random_batch(seed=0)
+    with pytest.raises(ValueError, match="values"):
+        run("gae", rewards, mask)
+    with pytest.raises(ValueError, match="reward_baselines"):
+        run("remax", rewards, mask)
+    for estimator in GROUP_ESTIMATORS:
+        with pytest.raises(ValueError, match="index"):
+            run(estimator, rewards, mask)
+
+
+def test_unknown_estimator_lists_allowed_names():
+    rewards, mask, _, _, _ = ref.random_batch(seed=0)
+    with pytest.raises(KeyError) as info:
+        run("ppo_magic", rewards, mask)
+    for name in ("gae", "grpo", "rloo", "remax"):
+        assert name in str(info.value)
+
+
+def test_duplicate_estimator_name_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        ESTIMATORS.register("grpo")(lambda **kw: None)
+    assert ESTIMATORS.get("grpo").__name__ == "grpo_advantage"
+
+
+def test_all_spec_estimators_registered():
+    assert set(ESTIMATORS.names()) >= {
+        "gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+        "remax", "opo", "gpg",
+    }
+
+
+def test_index_types_are_equivalent():
+    rewards, mask, _, index, _ = ref.random_batch(seed=8)
+    as_str, _ = run("grpo", rewards, mask, index=index)
+    codes = {k: n for n, k in enumerate(dict.fromkeys(index.tolist()))}
+    as_int_list, _ = run("grpo", rewards, mask, index=[codes[k] for k in index.tolist()])
+    as_int_np, _ = run("grpo", rewards, mask, index=np.array([codes[k] for k in index.tolist()]))
+    assert torch.equal(as_str, as_int_list) and torch.equal(as_str, as_int_np)
+
+
+def test_index_length_mismatch_raises():
+    rewards, mask, _, _, _ = ref.random_batch(seed=0)
+    with pytest.raises(ValueError, match="index"):
+        run("grpo", rewards, mask, index=["a", "b"])
+
+
+# ---------------------------------------------------------- reference agreement
+
+SEEDS = [0, 1, 2]
+
+
+def _reference(estimator, rewards, mask, values, index, baselines, gamma, lam, norm):
+    if estimator == "gae":
+        return ref.gae(rewards, values, mask, gamma, lam)
+    if estimator == "grpo":
+        return ref.grpo(rewards, mask, index, norm)
+    if estimator == "grpo_passk":
+        return ref.grpo_passk(rewards, mask, index, norm)
+    if estimator == "rloo":
+        return ref.rloo(rewards, mask, index)
+    if estimator == "opo":
+        return ref.opo(rewards, mask, index)
+    if estimator == "gpg":
+        return ref.gpg(rewards, mask, index)
+    if estimator == "reinforce_plus_plus":
+        return ref.reinforce_plus_plus(rewards, mask, gamma)
+    if estimator == "reinforce_plus_plus_baseline":
+        return ref.reinforce_plus_plus_baseline(rewards, mask, index)
+    if estimator == "remax":
+        return ref.remax(rewards, mask, baselines)
+    raise AssertionError(estimator)
+
+
+# norm_adv_by_std_in_grpo only affects grpo / grpo_passk
+CASES = [
+    (e, n) for e in sorted(ESTIMATORS.names()) for n in ((True, False) if e in ("grpo", "grpo_passk") else (True,))
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("estimator,norm", CASES)
+def test_matches_reference(estimator, seed, norm):
+    sizes = (3, 2, 2, 4) if estimator == "grpo_passk" else (3, 2, 1, 4)
+    rewards, mask, values, index, _ = ref.random_batch(seed=seed, group_sizes=sizes)
+    baselines = rewards[:, 0] * 0.5
+    gamma, lam = 0.9, 0.8
+    adv, ret = run(
+        estimator, rewards, mask, index=index, values=values, reward_baselines=baselines,
+        gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm,
+    )
+    exp_adv, exp_ret = _reference(estimator, rewards, mask, values, index, baselines, gamma, lam, norm)
+    assert_allclose(adv.numpy(), exp_adv, atol=1e-5, rtol=1e-5)
+    assert_allclose(ret.numpy(), exp_ret, atol=1e-5, rtol=1e-5)
+
+
+def test_outcome_scores_with_ties_match_reference():
+    """Binary rewards produce ties in groups (passk gap 0, grpo std 0 groups)."""
+    rewards, mask = outcome_rewards([1, 1, 0, 0, 0, 1, 1, 1], [3, 1, 2, 3, 3, 2, 1, 3], 3)
+    index = ["a", "a", "a", "b", "b", "c", "c", "c"]
+    for estimator, fn in (("grpo", ref.grpo), ("grpo_passk", ref.grpo_passk)):
+        adv, _ = run(estimator, rewards, mask, index=index)
+        assert_allclose(adv.numpy(), fn(rewards, mask, index)[0], atol=1e-5)
+    adv, _ = run("grpo", rewards, mask, index=index)
+    assert torch.all(adv[3:8] == 0)  # all-equal groups get exactly 0
+
+
+def test_float32_inputs_work():
+    rewards, mask, values, index, _ = ref.random_batch(seed=4, dtype=torch.float32)
+    adv, ret = run("gae", rewards, mask, values=values, gamma=0.99, lam=0.95)
+    assert adv.dtype == torch.float32
+    exp_adv, exp_ret = ref.gae(rewards, values, mask, 0.99, 0.95)
+    assert_allclose(adv.numpy(), exp_adv, atol=1e-4)
+    adv, _ = run("grpo", rewards, mask.bool(), index=index)
+    assert adv.dtype == torch.float32
