@@ -17,7 +17,7 @@ setup: $(STAMP)
 # dvc needs a git repository; a fresh export without one gets a local one.
 run: $(STAMP)
 	@git rev-parse --git-dir >/dev/null 2>&1 || git init -q
-	$(VENV)/bin/dvc repro
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -38,7 +38,7 @@ def actor_group(cfg: Config, pool: ResourcePool, model_path: str | Path, roles: 
     return wg
 
 
-def critic_group(cfg: Config, pool: ResourcePool, model_path: str | Path, *, total_steps: int, share: int) -> WorkerGroup:
+def critic_group(cfg: Config, pool: ResourcePool, model_path: str | Path, *, share: int) -> WorkerGroup:
     c = cfg.critic
     wg = WorkerGroup(CriticWorker, pool, name="critic", share=share, timeout_s=cfg.ray.timeout_s,
                      model_path=str(model_path), dtype=cfg.model.dtype,

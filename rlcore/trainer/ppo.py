@@ -10,6 +10,7 @@ rewards and advantages (``rlcore.algos``).
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,21 +85,21 @@ def keep_informative_groups(batch: Batch, n: int) -> Batch:
 class RoundRunner:
     """Owns the worker groups and running state of one round; ``step`` is one RL step."""
 
-    def __init__(self, cfg: Config, *, init_dir: str, tokenizer, prompts: Batch, total_steps: int, seed: int):
+    def __init__(self, cfg: Config, *, init_dir: str, tokenizer, prompts: Batch, seed: int,
+                 groups: tuple[WorkerGroup, WorkerGroup | None] | None = None):
+        """Start a resource pool and the worker groups from ``init_dir``, or reuse ``groups``
+        (an actor/rollout/ref group and, for critic estimators, a critic group)."""
         self.cfg, self.tok, self.prompts, self.seed = cfg, tokenizer, prompts, seed
         a, alg = cfg.actor, cfg.algorithm
         self.needs_ref = a.use_kl_loss or alg.use_kl_in_reward
         self.use_critic = alg.adv_estimator in CRITIC_ESTIMATORS
-        self.pool = start_pool(cfg)
-        share = 2 if self.use_critic else 1
-        roles = ("actor", "rollout") + (("ref",) if self.needs_ref else ())
-        optim = {"lr": a.lr, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps}
-        self.actor: WorkerGroup = actor_group(cfg, self.pool, init_dir, roles, optim=optim, share=share)
-        self.critic: WorkerGroup | None = None
-        if self.use_critic:
-            critic_dir = Path(init_dir) / "critic"
-            self.critic = critic_group(cfg, self.pool, critic_dir if critic_dir.is_dir() else init_dir,
-                                       total_steps=total_steps, share=share)
+        self.pool = None
+        if groups is None:
+            self.pool = start_pool(cfg)
+            groups = self._start_groups(init_dir)
+        self.actor, self.critic = groups[0], groups[1] if self.use_critic else None
+        if self.use_critic and self.critic is None:
+            raise ValueError(f"estimator {alg.adv_estimator!r} needs a critic worker group")
         c = alg.kl_ctrl
         self.kl_ctrl = make_kl_controller(c.type, kl_coef=c.kl_coef, target_kl=c.target_kl, horizon=c.horizon)
         self.sampler = PromptSampler(len(prompts), seed)
@@ -115,6 +116,18 @@ class RoundRunner:
         self.critic_meta = {"ppo_epochs": cr.ppo_epochs, "mini_batch_size": a.ppo_mini_batch_size * n // w,
                             "micro_batch_size": cr.micro_batch_size, "cliprange_value": cr.cliprange_value,
                             "grad_clip": cr.grad_clip}
+
+    def _start_groups(self, init_dir: str) -> tuple[WorkerGroup, WorkerGroup | None]:
+        a = self.cfg.actor
+        share = 2 if self.use_critic else 1  # colocated groups split each bundle's CPUs
+        roles = ("actor", "rollout") + (("ref",) if self.needs_ref else ())
+        optim = {"lr": a.lr, "weight_decay": a.weight_decay, "warmup_steps": a.warmup_steps}
+        actor = actor_group(self.cfg, self.pool, init_dir, roles, optim=optim, share=share)
+        if not self.use_critic:
+            return actor, None
+        critic_dir = Path(init_dir) / "critic"
+        return actor, critic_group(self.cfg, self.pool, critic_dir if critic_dir.is_dir() else init_dir,
+                                   share=share)
 
     # ------------------------------------------------------------------ steps
     def _generate(self, prompts: Batch, step_seed: int, greedy: bool = False) -> Batch:
@@ -237,6 +250,9 @@ class RoundRunner:
             self.critic.save(str(Path(out_dir) / "critic"))
 
     def close(self) -> None:
+        """Stop the worker groups and pool this runner started (borrowed groups stay up)."""
+        if self.pool is None:
+            return
         for wg in (self.actor, self.critic):
             if wg is not None:
                 wg.shutdown()
@@ -248,9 +264,9 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     """Train one round from ``init_dir``; save the policy (and critic) to ``out_dir``."""
     rnd = cfg.ppo.rounds[round_name]
     prompts = prompt_batch(read_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
-    seed = cfg.seed + 1000 * (list(cfg.ppo.rounds).index(round_name) + 1)
-    runner = RoundRunner(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts, total_steps=rnd.steps,
-                         seed=seed)
+    # a round's seed depends on its own name only, so adding a round leaves earlier ones cached
+    seed = cfg.seed + zlib.crc32(round_name.encode()) % 100_000
+    runner = RoundRunner(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts, seed=seed)
     log = StepLog(tracker, plot_csv)
     start = time.perf_counter()
     for step in (bar := tqdm(range(rnd.steps), desc=f"ppo {round_name}", unit="step")):

@@ -154,11 +154,11 @@ class ActorRolloutRefWorker(RankWorker):
         entropy = agg_loss(ent, rmask, agg)
         loss = pg - cfg["entropy_coeff"] * entropy
         metrics = {f"actor/{k}": float(v) for k, v in m.items()}
-        metrics.update({"actor/pg_loss": float(pg), "actor/entropy": float(entropy)})
+        metrics.update({"actor/pg_loss": float(pg.detach()), "actor/entropy": float(entropy.detach())})
         if cfg["use_kl_loss"]:
             kl = agg_loss(kl_penalty(lp, part["ref_log_probs"].to(self.device), cfg["kl_loss_type"]), rmask, agg)
             loss = loss + cfg["kl_loss_coef"] * kl
-            metrics["actor/kl_loss"] = float(kl)
+            metrics["actor/kl_loss"] = float(kl.detach())
         return loss, metrics
 
     @register(Dispatch.DP_COMPUTE)

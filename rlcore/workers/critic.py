@@ -63,7 +63,7 @@ class CriticWorker(RankWorker):
                                                 rmask, cliprange_value=cfg["cliprange_value"])
                     weight = float(rmask.sum()) / max(global_tokens, 1.0) * self.world_size
                     (loss * weight).backward()
-                    rows.append({"critic/vf_loss": float(loss), "critic/vf_clipfrac": float(clipfrac),
+                    rows.append({"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac),
                                  "critic/vpred_mean": float((vpreds * rmask).sum() / rmask.sum().clamp(min=1))})
                 rows.append({"critic/grad_norm": clipped_step(self.critic, self.opt, self.sched, cfg["grad_clip"])})
         return Batch(meta={"metrics": distributed.all_reduce_mean(mean_metrics(rows), self.device)})

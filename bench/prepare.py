@@ -1,0 +1,74 @@
+"""Build once, reuse after: the task data, the tiny base model and its SFT checkpoint.
+
+Both systems start RL from the same SFT folder (same weights, same tokenizer), because a
+random tiny model never earns a reward. Everything lands in ``bench/_work`` (gitignored)
+and is reused when present.
+
+    .venv/bin/python -m bench.prepare
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from rlcore.config import Config
+from rlcore.data.schema import write_rows
+from rlcore.data.splits import build_splits
+from rlcore.engine.tiny_model import materialize_tiny
+
+from bench.settings import WORK_DIR, paths, rl_config
+
+STAMP = "bench_ready.json"
+
+
+def build_data(cfg: Config, out: Path) -> None:
+    t = cfg.task
+    splits = build_splits(task=t.name, seed=cfg.seed, n_sft=t.n_sft, n_rl=t.n_rl, n_test=t.n_test,
+                          min_digits=t.min_digits, max_digits=t.max_digits, ops=tuple(t.ops))
+    for name, rows in splits.items():
+        write_rows(rows, out / f"{name}.parquet")
+
+
+def run_sft_once(cfg: Config, base: Path, data: Path, out: Path) -> dict:
+    """SFT on rlcore's own FSDP2 workers (a private Ray instance, shut down afterwards)."""
+    import ray
+
+    from rlcore.engine.model import load_tokenizer
+    from rlcore.tracking import NullTracker
+    from rlcore.trainer.sft import run_sft
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        metrics = run_sft(cfg, base_model=base, tokenizer=load_tokenizer(base), data_path=str(data),
+                          out_dir=str(tmp), tracker=NullTracker())
+    finally:
+        ray.shutdown()
+    tmp.rename(out)
+    return metrics
+
+
+def ensure_prepared() -> dict:
+    """Return the info of the prepared work folder, building what is missing."""
+    p = paths()
+    stamp = p["sft"] / STAMP
+    if stamp.is_file():
+        return json.loads(stamp.read_text())
+    cfg = rl_config()
+    start = time.perf_counter()
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    build_data(cfg, p["data"])
+    base = materialize_tiny(p["base"], seed=cfg.seed, **cfg.model.tiny.model_dump())
+    shutil.rmtree(p["sft"], ignore_errors=True)
+    metrics = run_sft_once(cfg, base, p["sft_data"], p["sft"])
+    info = {"base_model": str(base), "sft_metrics": metrics, "sft_steps": cfg.sft.steps,
+            "prepare_s": round(time.perf_counter() - start, 1)}
+    stamp.write_text(json.dumps(info, indent=2))
+    return info
+
+
+if __name__ == "__main__":
+    print(json.dumps(ensure_prepared(), indent=2))

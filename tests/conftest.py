@@ -1,0 +1,42 @@
+"""Shared fixtures: one private Ray instance and one tiny model folder per test session.
+
+Both are lazy: a test module that asks for neither never starts Ray or builds a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# A model small enough that a forward pass is a millisecond on CPU.
+TINY_SHAPE = dict(arch="llama", hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                  max_position_embeddings=64)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A private two-CPU Ray instance (never a running `ray start` cluster), shut down at the end."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A Hugging Face folder (weights + char tokenizer) of a one-layer Llama."""
+    from rlcore.engine.tiny_model import materialize_tiny
+
+    return materialize_tiny(tmp_path_factory.mktemp("tiny"), seed=0, **TINY_SHAPE)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from rlcore.engine.model import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)

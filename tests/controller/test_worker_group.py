@@ -1,0 +1,99 @@
+"""Tests for rlcore.controller: dispatch modes, the process group, and resource pools.
+
+One two-rank group of a toy worker serves the whole module (actor start-up dominates).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+import torch
+import torch.distributed as dist
+
+from rlcore.controller import Dispatch, ResourcePool, WorkerGroup, register
+from rlcore.protocol import Batch
+from rlcore.workers.rank import RankWorker
+
+
+class ToyWorker(RankWorker):
+    """Reports who it is and what it was given; does no model work."""
+
+    @register(Dispatch.DP_COMPUTE)
+    def square_rows(self, batch: Batch) -> Batch:
+        n = len(batch)
+        return Batch({"sq": batch["x"] ** 2, "rank": torch.full((n,), self.rank), "x": batch["x"]},
+                     {"name": batch["name"]})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def echo(self, value, *, scale: int = 1):
+        self.last = value * scale
+        return {"rank": self.rank, "value": value * scale}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def all_reduce_rank(self) -> float:
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return float(t.item())
+
+    @register(Dispatch.ONE_TO_ALL)
+    def group_info(self) -> dict:
+        return {"rank": dist.get_rank(), "world": dist.get_world_size(), "backend": dist.get_backend(),
+                "threads": torch.get_num_threads()}
+
+    def last_value(self):  # not registered: reachable only through the actor handle
+        return self.last
+
+
+@pytest.fixture(scope="module")
+def group(ray_local):
+    pool = ResourcePool(2, 1.0, False, 60)
+    wg = WorkerGroup(ToyWorker, pool, name="toy", timeout_s=60)
+    yield wg
+    wg.shutdown()
+    pool.release()
+
+
+def test_dp_compute_splits_by_rank_in_order(group):
+    n = 6
+    batch = Batch({"x": torch.arange(n, dtype=torch.float32) - 2.5}, {"name": [f"r{i}" for i in range(n)]})
+    out = group.square_rows(batch)
+    # Rank r gets the r-th contiguous half and the pieces come back in rank order.
+    assert out["rank"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert out["x"].tolist() == batch["x"].tolist()
+    assert out["name"].tolist() == ["r0", "r1", "r2", "r3", "r4", "r5"]
+    assert torch.equal(out["sq"], batch["x"] ** 2)
+
+
+def test_dp_compute_refuses_a_batch_that_does_not_split(group):
+    with pytest.raises(ValueError, match="3 into 2"):
+        group.square_rows(Batch({"x": torch.zeros(3)}, {"name": ["a", "b", "c"]}))
+
+
+def test_one_to_all_sends_the_same_arguments_and_returns_rank_0(group):
+    assert group.echo(21, scale=2) == {"rank": 0, "value": 42}
+    assert ray.get([w.last_value.remote() for w in group.workers]) == [42, 42]
+
+
+def test_workers_form_one_gloo_group(group):
+    assert group.all_reduce_rank() == 3.0
+    # Every rank took part and saw the same sum (the group method only shows rank 0's).
+    assert ray.get([w.all_reduce_rank.remote() for w in group.workers]) == [3.0, 3.0]
+    infos = ray.get([w.group_info.remote() for w in group.workers])
+    assert [(i["rank"], i["world"], i["backend"]) for i in infos] == [(0, 2, "gloo"), (1, 2, "gloo")]
+    assert [i["threads"] for i in infos] == [1, 1]  # one CPU per bundle -> one torch thread
+
+
+def test_pool_that_cannot_fit_fails_naming_the_resources(group):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        ResourcePool(8, 1.0, False, 2)
+    assert time.monotonic() - start < 15
+    msg = str(info.value)
+    assert "8 bundles" in msg and "'CPU': 1.0" in msg and "resources.n_workers" in msg
+    # The failed placement group is removed, not left pending in the cluster.
+    from ray.util import placement_group_table
+
+    pending = [pg for pg in placement_group_table().values() if pg["state"] == "PENDING"]
+    assert not pending

@@ -1,0 +1,196 @@
+"""Tests for rlcore.config: defaults, params.yaml loading, and one-line errors that name the key.
+
+The stage CLI tests run ``python -m stages.ppo`` the way DVC does and check that bad input
+stops it quickly, with the key on stderr.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from rlcore.algos.advantage import ESTIMATORS
+from rlcore.config import Config, ConfigError, load_config, parse_config
+
+from .conftest import REPO_ROOT
+
+
+def defaults_raw() -> dict[str, Any]:
+    """The default config as the plain mapping a params.yaml would hold."""
+    return Config().model_dump(mode="json")
+
+
+def write_params(path: Path, raw: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def with_value(raw: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    return raw
+
+
+def leaves(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; ppo.rounds entries count as leaves (their keys are names)."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and key != "ppo.rounds":
+            out.update(leaves(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_error(tmp_path: Path, dotted: str, value: Any) -> str:
+    path = write_params(tmp_path / "params.yaml", with_value(defaults_raw(), dotted, value))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return str(info.value)
+
+
+# ------------------------------------------------------------------ defaults and loading
+def test_default_config_validates_when_given_explicitly():
+    # Pydantic does not validate defaults; passing them as input runs every validator on them.
+    assert parse_config(defaults_raw()) == Config()
+
+
+def test_empty_params_file_gives_the_defaults(tmp_path):
+    assert load_config(write_params(tmp_path / "p.yaml", {})) == Config()
+
+
+def test_params_yaml_values_are_loaded_unchanged_and_the_rest_are_defaults():
+    raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    loaded = leaves(load_config(REPO_ROOT / "params.yaml").model_dump(mode="json"))
+    default = leaves(defaults_raw())
+    written = leaves(raw)
+    for key, value in loaded.items():
+        if key in written:
+            assert value == written[key], key
+        else:
+            assert value == default[key], key
+
+
+def test_params_yaml_lists_every_knob():
+    """params.yaml is the one file a user edits: every config key appears in it."""
+    written = leaves(yaml.safe_load((REPO_ROOT / "params.yaml").read_text()))
+    missing = sorted(set(leaves(defaults_raw())) - set(written))
+    assert not missing, f"params.yaml does not list: {missing}"
+
+
+def test_overrides_set_dotted_keys(tmp_path):
+    path = write_params(tmp_path / "p.yaml", {})
+    cfg = load_config(path, {"algorithm.adv_estimator": "rloo", "sft.lr": 0.5})
+    assert cfg.algorithm.adv_estimator == "rloo" and cfg.sft.lr == 0.5
+    assert cfg.actor == Config().actor
+
+
+def _section_models(model: type[BaseModel], seen: set) -> None:
+    for f in model.model_fields.values():
+        for arg in (f.annotation, *getattr(f.annotation, "__args__", ())):
+            if isinstance(arg, type) and issubclass(arg, BaseModel) and arg not in seen:
+                seen.add(arg)
+                _section_models(arg, seen)
+
+
+def test_every_field_of_every_section_has_a_docstring():
+    sections: set = set()
+    _section_models(Config, sections)
+    assert len(sections) >= 14  # the 13 top-level sections and the nested ones (tiny, kl_ctrl, dapo, rounds)
+    undocumented = [f"{m.__name__}.{name}" for m in sections for name, f in m.model_fields.items()
+                    if not (f.description or "").strip()]
+    undocumented += [f"Config.{name}" for name, f in Config.model_fields.items()
+                     if f.annotation not in sections and not f.description]
+    assert not undocumented
+
+
+# ------------------------------------------------------------------ one-line errors
+def assert_one_line(msg: str, *needles: str) -> None:
+    assert "\n" not in msg, msg
+    for n in needles:
+        assert n in msg, f"{n!r} not in {msg!r}"
+
+
+def test_unknown_estimator_lists_allowed_names(tmp_path):
+    msg = config_error(tmp_path, "algorithm.adv_estimator", "foo")
+    assert_one_line(msg, "algorithm.adv_estimator", "'foo'", *ESTIMATORS.names())
+
+
+def test_negative_batch_size(tmp_path):
+    assert_one_line(config_error(tmp_path, "sft.batch_size", -4), "sft.batch_size", "-4")
+
+
+def test_unknown_key(tmp_path):
+    assert_one_line(config_error(tmp_path, "actor.lrr", 0.1), "actor.lrr", "unknown key")
+
+
+def test_wrong_type(tmp_path):
+    assert_one_line(config_error(tmp_path, "sft.steps", "many"), "sft.steps", "'many'", "integer")
+
+
+def test_params_file_names_itself(tmp_path):
+    msg = config_error(tmp_path, "sft.batch_size", -4)
+    assert msg.startswith(str(tmp_path / "params.yaml"))
+
+
+def test_fewer_samples_than_k_names_the_key_and_value(tmp_path):
+    raw = with_value(with_value(defaults_raw(), "evaluate.k", 8), "evaluate.n_samples", 4)
+    with pytest.raises(ConfigError) as info:
+        load_config(write_params(tmp_path / "params.yaml", raw))
+    assert_one_line(str(info.value), "evaluate.n_samples", "4", "8")
+
+
+def test_batch_size_not_divisible_by_workers_names_both_keys_and_stays_short(tmp_path):
+    msg = config_error(tmp_path, "sft.batch_size", 63)
+    assert_one_line(msg, "sft.batch_size", "63", "resources.n_workers")
+    # One readable line, not a dump of the whole params mapping.
+    assert "'tracking'" not in msg and len(msg) < 300, msg
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml.*not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+# ------------------------------------------------------------------ stage CLI
+def run_ppo_stage(params: Path, data: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    cmd = [sys.executable, "-m", "stages.ppo", "--params", str(params), "--round", "r1",
+           "--init", str(tmp_path / "init"), "--data", data, "--out", str(tmp_path / "out"),
+           "--metrics", str(tmp_path / "m.json")]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.parametrize(
+    "dotted, value, needle",
+    [("algorithm.adv_estimator", "foo", "algorithm.adv_estimator"),
+     ("ppo.train_batch_size", -32, "ppo.train_batch_size")],
+)
+def test_stage_fails_fast_on_bad_params(tmp_path, dotted, value, needle):
+    params = write_params(tmp_path / "bad.yaml", with_value(defaults_raw(), dotted, value))
+    proc, seconds = run_ppo_stage(params, str(tmp_path / "data.parquet"), tmp_path)
+    assert proc.returncode != 0
+    assert seconds < 10
+    assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_stage_fails_fast_on_a_missing_data_file(tmp_path):
+    raw = with_value(defaults_raw(), "tracking.enabled", False)
+    params = write_params(tmp_path / "good.yaml", raw)
+    missing = str(tmp_path / "no_such_dir" / "rl_train.parquet")
+    proc, seconds = run_ppo_stage(params, missing, tmp_path)
+    assert proc.returncode != 0 and seconds < 10
+    assert missing in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

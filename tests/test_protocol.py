@@ -1,0 +1,99 @@
+"""Tests for rlcore.protocol.Batch: splitting, gathering, repeating and joining rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlcore.protocol import Batch
+
+
+def make_batch(n: int = 6) -> Batch:
+    """Row i holds x = [i, 10 i], y = i / 2, a string name and a dict (kept as an object)."""
+    return Batch(
+        {"x": torch.stack([torch.arange(n), 10 * torch.arange(n)], dim=1), "y": torch.arange(n) / 2},
+        {"name": [f"row{i}" for i in range(n)], "info": [{"i": i} for i in range(n)]},
+        {"seed": 7},
+    )
+
+
+def rows(batch: Batch) -> list[tuple]:
+    """Every field of every row, as plain python, for order-sensitive comparison."""
+    return [
+        (batch["x"][i].tolist(), float(batch["y"][i]), batch["name"][i], dict(batch["info"][i]))
+        for i in range(len(batch))
+    ]
+
+
+def test_chunk_gives_contiguous_equal_pieces_and_concat_restores_the_batch():
+    batch = make_batch(6)
+    pieces = batch.chunk(3)
+    assert [len(p) for p in pieces] == [2, 2, 2]
+    assert [p["name"].tolist() for p in pieces] == [["row0", "row1"], ["row2", "row3"], ["row4", "row5"]]
+    assert all(p.meta == {"seed": 7} for p in pieces)
+    back = Batch.concat(pieces)
+    assert rows(back) == rows(batch)
+    assert back.meta == {"seed": 7}
+    # Non-tensor rows stay python objects (a dict is not flattened into an array).
+    assert back["info"].dtype == object and back["info"][4] == {"i": 4}
+
+
+def test_chunk_refuses_a_size_that_does_not_divide():
+    with pytest.raises(ValueError, match="7 into 2"):
+        make_batch(7).chunk(2)
+
+
+def test_split_keeps_a_short_last_piece():
+    pieces = make_batch(5).split(2)
+    assert [p["name"].tolist() for p in pieces] == [["row0", "row1"], ["row2", "row3"], ["row4"]]
+
+
+def test_repeat_keeps_groups_together():
+    batch = make_batch(2).repeat(3)
+    assert batch["name"].tolist() == ["row0"] * 3 + ["row1"] * 3
+    assert batch["x"].tolist() == [[0, 0]] * 3 + [[1, 10]] * 3
+    assert batch["y"].tolist() == [0.0, 0.0, 0.0, 0.5, 0.5, 0.5]
+
+
+def test_select_any_order_with_repeats():
+    batch = make_batch(4)
+    picked = batch.select([3, 0, 3])
+    assert rows(picked) == [rows(batch)[3], rows(batch)[0], rows(batch)[3]]
+    # Works with numpy and tensor indices alike.
+    assert rows(batch.select(np.array([2, 1]))) == rows(batch.select(torch.tensor([2, 1])))
+
+
+def test_union_joins_fields_and_refuses_a_conflicting_tensor():
+    a = make_batch(3)
+    b = Batch({"reward": torch.tensor([1.0, 0.0, 1.0]), "y": a["y"].clone()}, {"uid": ["u0", "u1", "u2"]},
+              {"step": 2})
+    both = a.union(b)
+    assert set(both.tensors) == {"x", "y", "reward"} and set(both.non_tensors) == {"name", "info", "uid"}
+    assert both["reward"].tolist() == [1.0, 0.0, 1.0] and both["uid"].tolist() == ["u0", "u1", "u2"]
+    assert both.meta == {"seed": 7, "step": 2}
+    clash = Batch({"y": torch.tensor([9.0, 9.0, 9.0])})
+    with pytest.raises(ValueError, match="'y'"):
+        a.union(clash)
+
+
+def test_union_refuses_different_sizes():
+    with pytest.raises(ValueError, match="size 3 and 2"):
+        make_batch(3).union(make_batch(2))
+
+
+@pytest.mark.parametrize(
+    "tensors, non_tensors",
+    [
+        ({"a": torch.zeros(3), "b": torch.zeros(2)}, {}),
+        ({"a": torch.zeros(3)}, {"n": ["x", "y"]}),
+    ],
+)
+def test_fields_of_different_lengths_are_refused(tensors, non_tensors):
+    with pytest.raises(ValueError, match="disagree on batch size"):
+        Batch(tensors, non_tensors)
+
+
+def test_missing_field_names_the_available_ones():
+    with pytest.raises(KeyError, match="'nope'.*name"):
+        make_batch(2)["nope"]
