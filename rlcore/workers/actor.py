@@ -20,7 +20,7 @@ from rlcore.engine.logprob import response_log_probs
 from rlcore.engine.model import DTYPES, load_causal_lm, load_tokenizer
 from rlcore.protocol import Batch
 from rlcore.rollout import ENGINES, SamplingParams
-from rlcore.workers.optim import clipped_step, make_optimizer
+from rlcore.workers.optim import clipped_step, make_optimizer, micro_weight, minibatch_updates
 from rlcore.workers.rank import RankWorker
 
 
@@ -113,13 +113,6 @@ class ActorRolloutRefWorker(RankWorker):
         return Batch({"ref_log_probs": out["log_probs"]})
 
     # ---------------------------------------------------------------- updates
-    def _micro_weight(self, part: Batch, mini: Batch, global_tokens: float, agg_mode: str) -> float:
-        """Scale of a micro-batch loss so the summed, rank-averaged gradient equals the
-        gradient of the loss aggregated over the whole global mini-batch."""
-        if agg_mode == "token-mean":
-            return float(part["response_mask"].sum()) / max(global_tokens, 1.0) * self.world_size
-        return len(part) / len(mini)
-
     @register(Dispatch.DP_COMPUTE)
     def train_sft(self, batch: Batch) -> Batch:
         """One SFT optimizer step: mean negative log-likelihood of response tokens."""
@@ -132,7 +125,8 @@ class ActorRolloutRefWorker(RankWorker):
                                        part["responses"].to(self.device))
             rmask = part["response_mask"].to(self.device).float()
             nll = -(lp * rmask).sum() / rmask.sum().clamp(min=1)
-            (nll * self._micro_weight(part, batch, global_tokens, "token-mean")).backward()
+            (nll * micro_weight(float(rmask.sum()), len(part), len(batch), global_tokens, "token-mean",
+                                self.world_size)).backward()
             total += float(nll.detach()) * float(rmask.sum())
         lr = self.sched.get_last_lr()[0]
         grad_norm = clipped_step(self.actor, self.opt, self.sched, float(batch.meta["grad_clip"]))
@@ -165,19 +159,17 @@ class ActorRolloutRefWorker(RankWorker):
     def update_actor(self, batch: Batch) -> Batch:
         """PPO epochs over mini-batches of this rank's shard; meta['actor'] holds the loss settings."""
         cfg = batch.meta["actor"]
-        gen = torch.Generator().manual_seed(int(batch.meta["seed"]) * 7919 + self.rank)
-        rows = []
-        for _ in range(cfg["ppo_epochs"]):
-            shuffled = batch.select(torch.randperm(len(batch), generator=gen))
-            for mini in shuffled.split(cfg["mini_batch_size"]):
-                global_tokens = distributed.all_reduce_sum(float(mini["response_mask"].sum()), self.device)
-                for part in mini.split(cfg["micro_batch_size"]):
-                    loss, m = self._actor_loss(part, cfg)
-                    (loss * self._micro_weight(part, mini, global_tokens, cfg["loss_agg_mode"])).backward()
-                    rows.append(m)
-                lr = self.sched.get_last_lr()[0]
-                rows.append({"actor/grad_norm": clipped_step(self.actor, self.opt, self.sched, cfg["grad_clip"]),
-                             "actor/lr": lr})
+
+        def optimizer_step() -> dict[str, float]:
+            lr = self.sched.get_last_lr()[0]
+            return {"actor/grad_norm": clipped_step(self.actor, self.opt, self.sched, cfg["grad_clip"]), "actor/lr": lr}
+
+        rows = minibatch_updates(
+            batch, epochs=cfg["ppo_epochs"], mini_batch_size=cfg["mini_batch_size"],
+            micro_batch_size=cfg["micro_batch_size"], agg_mode=cfg["loss_agg_mode"],
+            generator=torch.Generator().manual_seed(int(batch.meta["seed"]) * 7919 + self.rank),
+            world_size=self.world_size, global_sum=lambda x: distributed.all_reduce_sum(x, self.device),
+            micro_loss=lambda part: self._actor_loss(part, cfg), optimizer_step=optimizer_step)
         self.rollout_stale = True
         metrics = distributed.all_reduce_mean(mean_metrics(rows), self.device)
         return Batch(meta={"metrics": metrics})

@@ -14,7 +14,7 @@ from rlcore.engine.logprob import response_values
 from rlcore.engine.model import DTYPES, load_value_model
 from rlcore.protocol import Batch
 from rlcore.workers.actor import mean_metrics, sequences
-from rlcore.workers.optim import clipped_step, make_optimizer
+from rlcore.workers.optim import clipped_step, make_optimizer, minibatch_updates
 from rlcore.workers.rank import RankWorker
 
 
@@ -49,23 +49,25 @@ class CriticWorker(RankWorker):
     def update_critic(self, batch: Batch) -> Batch:
         """Clipped value regression on ``returns``; meta['critic'] holds the settings."""
         cfg = batch.meta["critic"]
-        gen = torch.Generator().manual_seed(int(batch.meta["seed"]) * 104729 + self.rank)
-        rows = []
-        for _ in range(cfg["ppo_epochs"]):
-            shuffled = batch.select(torch.randperm(len(batch), generator=gen))
-            for mini in shuffled.split(cfg["mini_batch_size"]):
-                global_tokens = distributed.all_reduce_sum(float(mini["response_mask"].sum()), self.device)
-                for part in mini.split(cfg["micro_batch_size"]):
-                    ids, mask = sequences(part)
-                    rmask = part["response_mask"].to(self.device)
-                    vpreds = response_values(self.critic, ids.to(self.device), mask.to(self.device), rmask.shape[1])
-                    loss, clipfrac = value_loss(vpreds, part["returns"].to(self.device), part["values"].to(self.device),
-                                                rmask, cliprange_value=cfg["cliprange_value"])
-                    weight = float(rmask.sum()) / max(global_tokens, 1.0) * self.world_size
-                    (loss * weight).backward()
-                    rows.append({"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac),
-                                 "critic/vpred_mean": float((vpreds * rmask).sum() / rmask.sum().clamp(min=1))})
-                rows.append({"critic/grad_norm": clipped_step(self.critic, self.opt, self.sched, cfg["grad_clip"])})
+
+        def micro_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+            ids, mask = sequences(part)
+            rmask = part["response_mask"].to(self.device)
+            vpreds = response_values(self.critic, ids.to(self.device), mask.to(self.device), rmask.shape[1])
+            loss, clipfrac = value_loss(vpreds, part["returns"].to(self.device), part["values"].to(self.device),
+                                        rmask, cliprange_value=cfg["cliprange_value"])
+            vmean = (vpreds.detach() * rmask).sum() / rmask.sum().clamp(min=1)
+            return loss, {"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac),
+                          "critic/vpred_mean": float(vmean)}
+
+        rows = minibatch_updates(
+            batch, epochs=cfg["ppo_epochs"], mini_batch_size=cfg["mini_batch_size"],
+            micro_batch_size=cfg["micro_batch_size"], agg_mode="token-mean",
+            generator=torch.Generator().manual_seed(int(batch.meta["seed"]) * 104729 + self.rank),
+            world_size=self.world_size, global_sum=lambda x: distributed.all_reduce_sum(x, self.device),
+            micro_loss=micro_loss,
+            optimizer_step=lambda: {"critic/grad_norm": clipped_step(self.critic, self.opt, self.sched,
+                                                                     cfg["grad_clip"])})
         return Batch(meta={"metrics": distributed.all_reduce_mean(mean_metrics(rows), self.device)})
 
     @register(Dispatch.ONE_TO_ALL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -35,3 +36,36 @@ def clipped_step(model: torch.nn.Module, opt, sched, grad_clip: float) -> float:
     opt.zero_grad(set_to_none=True)
     sched.step()
     return norm
+
+
+def micro_weight(part_tokens: float, part_rows: int, mini_rows: int, global_tokens: float, agg_mode: str,
+                 world_size: int) -> float:
+    """Scale of a micro-batch loss so that the summed, rank-averaged (FSDP) gradient equals
+    the gradient of the loss aggregated over the whole global mini-batch.
+
+    token-mean weighs a micro-batch by its share of the mini-batch's tokens on all ranks;
+    the sequence-mean modes by its share of rows (ranks hold equal row counts).
+    """
+    if agg_mode == "token-mean":
+        return part_tokens / max(global_tokens, 1.0) * world_size
+    return part_rows / mini_rows
+
+
+def minibatch_updates(batch, *, epochs: int, mini_batch_size: int, micro_batch_size: int, agg_mode: str,
+                      generator: torch.Generator, world_size: int, global_sum: Callable[[float], float],
+                      micro_loss: Callable, optimizer_step: Callable[[], dict]) -> list[dict]:
+    """PPO-style updates: ``epochs`` shuffled passes, one optimizer step per mini-batch,
+    gradient accumulation over micro-batches. Returns the per-micro/per-step metric rows."""
+    rows = []
+    for _ in range(epochs):
+        shuffled = batch.select(torch.randperm(len(batch), generator=generator))
+        for mini in shuffled.split(mini_batch_size):
+            global_tokens = global_sum(float(mini["response_mask"].sum()))
+            for part in mini.split(micro_batch_size):
+                loss, metrics = micro_loss(part)
+                weight = micro_weight(float(part["response_mask"].sum()), len(part), len(mini), global_tokens,
+                                      agg_mode, world_size)
+                (loss * weight).backward()
+                rows.append(metrics)
+            rows.append(optimizer_step())
+    return rows
