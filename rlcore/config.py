@@ -73,7 +73,7 @@ class TinyModelConfig(_Section):
     @model_validator(mode="after")
     def _heads_divide(self) -> "TinyModelConfig":
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+            raise ValueError(f"model.tiny.hidden_size {self.hidden_size} is not divisible by model.tiny.num_heads {self.num_heads}")
         return self
 
 
@@ -120,9 +120,9 @@ class TaskConfig(_Section):
     @model_validator(mode="after")
     def _digit_range(self) -> "TaskConfig":
         if self.min_digits > self.max_digits:
-            raise ValueError(f"min_digits {self.min_digits} exceeds max_digits {self.max_digits}")
+            raise ValueError(f"task.min_digits {self.min_digits} exceeds task.max_digits {self.max_digits}")
         if self.name == "gsm8k" and not self.gsm8k_train_path:
-            raise ValueError("task gsm8k needs gsm8k_train_path (a local .jsonl or .parquet file)")
+            raise ValueError("task.name gsm8k needs task.gsm8k_train_path (a local .jsonl or .parquet file)")
         return self
 
 
@@ -337,7 +337,7 @@ class EvaluateConfig(_Section):
     @model_validator(mode="after")
     def _enough_samples(self) -> "EvaluateConfig":
         if self.n_samples < self.k:
-            raise ValueError(f"n_samples {self.n_samples} must be >= k {self.k}")
+            raise ValueError(f"evaluate.n_samples {self.n_samples} must be >= evaluate.k {self.k}")
         return self
 
 
@@ -389,6 +389,8 @@ def _format_error(err: ValidationError, source: str) -> str:
     if e["type"] == "extra_forbidden":
         return f"{source}: unknown key '{key}'"
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    if isinstance(e.get("input"), dict):  # a cross-field check: its message names the keys
+        return f"{source}: {msg}{more}"
     return f"{source}: {key} = {e.get('input')!r}: {msg}{more}"
 
 

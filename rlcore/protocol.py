@@ -87,7 +87,10 @@ class Batch:
             if k in tensors and not torch.equal(tensors[k], v):
                 raise ValueError(f"union: tensor {k!r} differs between batches")
             tensors[k] = v
-        non_tensors.update(other.non_tensors)
+        for k, v in other.non_tensors.items():
+            if k in non_tensors and not np.array_equal(non_tensors[k], v):
+                raise ValueError(f"union: field {k!r} differs between batches")
+            non_tensors[k] = v
         return Batch(tensors, non_tensors, {**self.meta, **other.meta})
 
     @staticmethod

@@ -13,9 +13,6 @@ from pathlib import Path
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.config import Config
-from rlcore.engine.model import load_tokenizer
-from rlcore.tracking import open_run
-from rlcore.trainer.evaluate import run_evaluate
 
 PARAMS = tuple(Config.model_fields)  # all of params.yaml: they label the pipeline run in MLflow
 
@@ -31,6 +28,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg, params = stage_config(args.params, PARAMS, "evaluate")
         for path, what in ((args.data, "test data"), (args.sft, "SFT model"), (args.final, "final model")):
             require_file(path, what)
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid
+        from rlcore.engine.model import load_tokenizer
+        from rlcore.tracking import open_run
+        from rlcore.trainer.evaluate import run_evaluate
         tokenizer = load_tokenizer(args.sft)
         tracker = open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT)
         metrics, table = run_evaluate(cfg, models={"sft": args.sft, "final": args.final}, tokenizer=tokenizer,

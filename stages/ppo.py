@@ -7,9 +7,6 @@
 from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
-from rlcore.engine.model import load_tokenizer
-from rlcore.tracking import open_run
-from rlcore.trainer.ppo import run_ppo_round
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "algorithm", "actor", "critic", "ppo")
 
@@ -28,6 +25,10 @@ def main(argv: list[str] | None = None) -> None:
             raise KeyError(f"--round {args.round!r} is not a key of ppo.rounds ({', '.join(cfg.ppo.rounds)})")
         require_file(args.data, "scored rl data")
         require_file(args.init, "initial model")
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid
+        from rlcore.engine.model import load_tokenizer
+        from rlcore.tracking import open_run
+        from rlcore.trainer.ppo import run_ppo_round
         tokenizer = load_tokenizer(args.init)
         tracker = open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round)
         metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,

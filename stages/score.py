@@ -7,9 +7,6 @@
 from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
-from rlcore.engine.model import load_tokenizer
-from rlcore.tracking import open_run
-from rlcore.trainer.score import run_score
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "score")
 
@@ -23,6 +20,10 @@ def main(argv: list[str] | None = None) -> None:
     with stage_errors("score"):
         cfg, params = stage_config(args.params, PARAMS, "score")
         require_file(args.data, "rl data")
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid
+        from rlcore.engine.model import load_tokenizer
+        from rlcore.tracking import open_run
+        from rlcore.trainer.score import run_score
         tokenizer = load_tokenizer(args.model)
         tracker = open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT)
         metrics = run_score(cfg, model_dir=args.model, tokenizer=tokenizer, data_path=args.data, out_path=args.out)

@@ -7,9 +7,6 @@
 from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
-from rlcore.engine.model import load_tokenizer, resolve_model_path
-from rlcore.tracking import open_run
-from rlcore.trainer.sft import run_sft
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "sft")
 
@@ -23,6 +20,10 @@ def main(argv: list[str] | None = None) -> None:
     with stage_errors("sft"):
         cfg, params = stage_config(args.params, PARAMS, "sft")
         require_file(args.data, "sft data")
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid
+        from rlcore.engine.model import load_tokenizer, resolve_model_path
+        from rlcore.tracking import open_run
+        from rlcore.trainer.sft import run_sft
         base = resolve_model_path(cfg.model.path, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
         tokenizer = load_tokenizer(base)
         tracker = open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT)

@@ -21,6 +21,9 @@ def ray_local():
     """A private two-CPU Ray instance (never a running `ray start` cluster), shut down at the end."""
     import ray
 
+    if ray.is_initialized():  # another module's code (start_ray) got there first: share it
+        yield ray
+        return
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     yield ray

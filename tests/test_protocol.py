@@ -77,6 +77,16 @@ def test_union_joins_fields_and_refuses_a_conflicting_tensor():
         a.union(clash)
 
 
+def test_union_refuses_a_conflicting_non_tensor_field():
+    # The docstring's promise covers every field: silently taking the other batch's uids
+    # would regroup responses under the wrong prompts.
+    a = make_batch(2)
+    same = Batch(non_tensors={"name": ["row0", "row1"]})
+    assert a.union(same)["name"].tolist() == ["row0", "row1"]
+    with pytest.raises(ValueError, match="'name'"):
+        a.union(Batch(non_tensors={"name": ["row1", "row0"]}))
+
+
 def test_union_refuses_different_sizes():
     with pytest.raises(ValueError, match="size 3 and 2"):
         make_batch(3).union(make_batch(2))

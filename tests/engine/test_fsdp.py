@@ -1,0 +1,136 @@
+"""FSDP2 across a two-rank Ray worker group equals plain single-process training.
+
+The group runs the real ``ActorRolloutRefWorker`` (roles ``("actor",)``): it shards the tiny
+model with ``distributed.shard``, takes two ``train_sft`` steps with each rank holding half of
+each batch, and saves. The test replays the same two steps on the unsharded model in this
+process with plain ``torch.optim.AdamW`` on the whole batch and a token-mean loss. Response
+lengths differ between the halves, so a rank-mean instead of a global token-mean (the
+``_micro_weight`` scaling) would give different gradients.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+
+from rlcore.controller import ResourcePool, WorkerGroup
+from rlcore.data.collate import encode_prompts, encode_responses
+from rlcore.engine import distributed
+from rlcore.engine.logprob import response_log_probs
+from rlcore.engine.model import load_causal_lm
+from rlcore.protocol import Batch
+from rlcore.workers.actor import ActorRolloutRefWorker
+
+LR = 1e-2
+WEIGHT_DECAY = 0.01
+GRAD_CLIP = 1.0
+MICRO = 2  # two micro-batches per rank per step: gradient accumulation is exercised too
+QUESTIONS = ["1+1=", "2+3=", "9+9=", "4+4=", "12+7=", "30+3=", "5+50=", "8+80="]
+ANSWERS = ["2", "5", "18", "8", "the answer is 19", "33 is it", "it is 55 ok", "88, i think"]
+
+
+class ProbeWorker(ActorRolloutRefWorker):
+    """The real worker plus two probes, called on each rank's handle (both are collectives or local)."""
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.cpu().clone() for k, v in distributed.full_state_dict(self.actor).items()}
+
+    def local_numel(self) -> int:
+        return sum(p.to_local().numel() for p in self.actor.parameters())
+
+
+def sft_batches(tokenizer) -> list[Batch]:
+    prompts, pmask = encode_prompts(tokenizer, [[{"role": "user", "content": q}] for q in QUESTIONS], 12, "test")
+    responses, rmask = encode_responses(tokenizer, ANSWERS, 20, "test")
+    first = Batch({"prompts": prompts, "prompt_mask": pmask, "responses": responses, "response_mask": rmask},
+                  meta={"micro_batch_size": MICRO, "grad_clip": GRAD_CLIP})
+    # Step 1: short answers on rank 0, long on rank 1; step 2 mixes them differently.
+    second = first.select([5, 0, 6, 4, 1, 2, 3, 7])
+    second.meta.update(first.meta)
+    return [first, second]
+
+
+@pytest.fixture(scope="module")
+def sharded_run(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+    batches = sft_batches(tiny_tokenizer)
+    out = tmp_path_factory.mktemp("fsdp") / "saved"
+    pool = ResourcePool(2, 1.0, False, 60)
+    wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=120, model_path=str(tiny_model_dir),
+                     roles=("actor",), optim={"lr": LR, "weight_decay": WEIGHT_DECAY, "warmup_steps": 0}, seed=0)
+    try:
+        wg.init_model()
+        states = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
+        numels = ray.get([w.local_numel.remote() for w in wg.workers], timeout=120)
+        metrics = [wg.train_sft(b).meta["metrics"] for b in batches]
+        wg.save(str(out))
+    finally:
+        wg.shutdown()
+        pool.release()
+    return {"batches": batches, "states": states, "numels": numels, "metrics": metrics,
+            "saved": load_file(str(out / "model.safetensors")), "saved_dir": out}
+
+
+def reference_training(model_dir, batches: list[Batch]):
+    """The same steps, unsharded, whole batch, token-mean NLL, torch AdamW; (model, [(loss, norm)])."""
+    model = load_causal_lm(model_dir).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.999))
+    stats = []
+    for b in batches:
+        ids = torch.cat([b["prompts"], b["responses"]], 1)
+        mask = torch.cat([b["prompt_mask"], b["response_mask"]], 1)
+        lp, _ = response_log_probs(model, ids, mask, b["responses"])
+        rmask = b["response_mask"].float()
+        loss = -(lp * rmask).sum() / rmask.sum()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        opt.step()
+        opt.zero_grad()
+        stats.append((loss.item(), norm.item()))
+    return model, stats
+
+
+def test_halves_have_uneven_token_counts(sharded_run):
+    # The premise of the weighting check: per-rank token counts differ a lot.
+    for b in sharded_run["batches"]:
+        halves = [int(h["response_mask"].sum()) for h in b.chunk(2)]
+        assert max(halves) >= 2 * min(halves), halves
+
+
+def test_parameters_are_really_sharded(sharded_run, tiny_model_dir):
+    total = sum(t.numel() for t in load_file(str(tiny_model_dir / "model.safetensors")).values())
+    n0, n1 = sharded_run["numels"]
+    assert n0 + n1 == total and max(n0, n1) < total
+
+
+def test_full_state_dict_equals_the_original_weights_on_every_rank(sharded_run, tiny_model_dir):
+    original = load_file(str(tiny_model_dir / "model.safetensors"))
+    for state in sharded_run["states"]:
+        assert set(state) == set(original)
+        for k, v in original.items():
+            assert torch.equal(state[k], v), k
+
+
+def test_sharded_sft_steps_equal_single_process_steps(sharded_run, tiny_model_dir):
+    model, stats = reference_training(tiny_model_dir, sharded_run["batches"])
+    for got, (loss, norm) in zip(sharded_run["metrics"], stats):
+        assert got["sft/loss"] == pytest.approx(loss, rel=1e-5)
+        assert got["sft/grad_norm"] == pytest.approx(norm, rel=1e-4)
+        assert got["sft/lr"] == pytest.approx(LR)
+    saved, original = sharded_run["saved"], load_file(str(tiny_model_dir / "model.safetensors"))
+    expected = model.state_dict()
+    assert set(saved) == set(original)
+    for k, v in saved.items():
+        assert (v - original[k]).abs().max() > LR / 2, f"{k} did not move"
+        torch.testing.assert_close(v, expected[k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_saved_folder_loads_as_a_model_with_its_tokenizer(sharded_run, tiny_tokenizer):
+    from rlcore.engine.model import load_tokenizer
+
+    folder = sharded_run["saved_dir"]
+    tok = load_tokenizer(folder)
+    assert tok.get_vocab() == tiny_tokenizer.get_vocab()
+    model = load_causal_lm(folder)
+    torch.testing.assert_close(model.lm_head.weight.detach(), sharded_run["saved"]["lm_head.weight"], atol=0, rtol=0)

@@ -1,0 +1,188 @@
+"""dvc.yaml agrees with the stage scripts, so DVC re-runs exactly what a change touches.
+
+* each stage's ``params`` list is its script's ``PARAMS`` (what ``stage_config`` lets it read);
+* every path its ``cmd`` passes is a declared dep (inputs) or out/metric/plot (outputs), and back;
+* every rlcore module a stage loads is under one of its declared deps, checked by importing the
+  stage (and the rlcore modules its main() imports) in a fresh interpreter and loading a config, then listing ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlcore.cli import DeclaredConfig
+from rlcore.config import Config
+
+from .conftest import REPO_ROOT
+
+STAGES = ["prepare", "sft", "score", "ppo", "evaluate"]
+INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final"}
+OUTPUT_FLAGS = {"--out", "--out-dir", "--samples"}  # declared under outs
+NON_PATH_FLAGS = {"--round"}
+
+
+def dvc_stages() -> dict[str, dict]:
+    """name -> stage body (the ``do`` part of a foreach stage)."""
+    raw = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    return {name: body.get("do", body) for name, body in raw.items()}
+
+
+def entries(items: list) -> list[str]:
+    """Paths of a deps/outs/metrics/plots list, whose items are strings or {path: options}."""
+    out = []
+    for item in items or []:
+        out.extend(item if isinstance(item, dict) else [item])
+    return out
+
+
+def cmd_args(stage: dict) -> tuple[str, dict[str, str]]:
+    """(module, {flag: value}) of ``python -m <module> --flag value ...``."""
+    words = shlex.split(stage["cmd"])
+    assert words[:2] == ["python", "-m"], stage["cmd"]
+    flags = words[3:]
+    assert len(flags) % 2 == 0 and all(f.startswith("--") for f in flags[::2]), stage["cmd"]
+    return words[2], dict(zip(flags[::2], flags[1::2]))
+
+
+def test_dvc_yaml_has_every_stage():
+    assert list(dvc_stages()) == STAGES
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_declared_params_are_the_sections_the_script_reads(name):
+    stage = dvc_stages()[name]
+    params = importlib.import_module(f"stages.{name}").PARAMS
+    assert len(set(params)) == len(params)
+    assert set(params) <= set(Config.model_fields)
+    if stage["params"] == [{"params.yaml": None}]:  # the whole file
+        assert set(params) == set(Config.model_fields), "a stage declaring all of params.yaml reads all of it"
+    else:
+        assert stage["params"] == list(params)
+
+
+def test_evaluate_declares_the_whole_params_file():
+    assert dvc_stages()["evaluate"]["params"] == [{"params.yaml": None}]
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_cmd_paths_are_declared_deps_and_outs(name):
+    stage = dvc_stages()[name]
+    module, args = cmd_args(stage)
+    assert module == f"stages.{name}"
+    deps = entries(stage.get("deps"))
+    outputs = {"outs": entries(stage.get("outs")), "metrics": entries(stage.get("metrics")),
+               "plots": entries(stage.get("plots"))}
+    assert f"stages/{name}.py" in deps
+    for flag, value in args.items():
+        if flag in INPUT_FLAGS:
+            assert value in deps, f"{name}: input {flag} {value} is not a dep"
+        elif flag in OUTPUT_FLAGS:
+            assert value in outputs["outs"], f"{name}: output {flag} {value} is not an out"
+        elif flag in ("--metrics", "--plots"):
+            assert value in outputs[flag[2:]], f"{name}: {flag} {value} is not declared under {flag[2:]}"
+        else:
+            assert flag in NON_PATH_FLAGS, f"{name}: unknown flag {flag}; classify it in this test"
+    # And back: every declared output, and every dep outside the code, is passed on the command line,
+    # so no path is hard-coded in a script.
+    passed = set(args.values())
+    for kind, paths in outputs.items():
+        for p in paths:
+            assert p in passed, f"{name}: {kind} {p} is not passed in cmd"
+    for d in deps:
+        if not d.startswith(("rlcore/", "stages/")):
+            assert d in passed, f"{name}: dep {d} is not passed in cmd"
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_declared_code_deps_exist(name):
+    for d in entries(dvc_stages()[name].get("deps")):
+        if d.startswith(("rlcore/", "stages/")):
+            assert (REPO_ROOT / d).exists(), f"{name}: dep {d} does not exist"
+
+
+# A fresh interpreter loads the heavy third-party libraries once, then forks one child per stage:
+# the child imports the stage and validates a full config (validators import registries lazily),
+# and reports the files of the rlcore modules it ended up with.
+MODULES_SCRIPT = r"""
+import ast, importlib, json, os, sys
+import numpy, pandas, pyarrow.parquet, pydantic, yaml, torch, torch.distributed.fsdp, ray  # noqa: F401
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+names, raw = sys.argv[1].split(","), json.loads(sys.argv[2])
+result = {}
+for name in names:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            stage = importlib.import_module("stages." + name)
+            # stages import their trainer inside main(), after validating params: load those too
+            for node in ast.walk(ast.parse(open(stage.__file__).read())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlcore"):
+                    importlib.import_module(node.module)
+            from rlcore.config import parse_config
+            parse_config(raw)
+            files = sorted({m.__file__ for k, m in list(sys.modules.items())
+                            if (k == "rlcore" or k.startswith("rlcore.")) and getattr(m, "__file__", None)})
+            payload = json.dumps(files)
+        except BaseException as err:
+            payload = json.dumps({"error": repr(err)})
+        with os.fdopen(w, "w") as f:
+            f.write(payload)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        result[name] = json.loads(f.read())
+    os.waitpid(pid, 0)
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded_rlcore_files() -> dict[str, list[str]]:
+    raw = Config().model_dump(mode="json")  # explicit values, so every validator runs
+    proc = subprocess.run([sys.executable, "-c", MODULES_SCRIPT, ",".join(STAGES), json.dumps(raw)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, files in result.items():
+        assert isinstance(files, list), f"{name}: {files}"
+    return result
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_declared_deps_cover_every_rlcore_module_the_stage_loads(name, loaded_rlcore_files):
+    deps = [d for d in entries(dvc_stages()[name].get("deps")) if d.startswith("rlcore/")]
+    files = [Path(f).resolve().relative_to(REPO_ROOT) for f in loaded_rlcore_files[name]]
+    assert any(str(f) == "rlcore/config.py" for f in files)  # the check itself saw the config load
+    uncovered = []
+    for f in files:
+        if str(f) == "rlcore/__init__.py" and not (REPO_ROOT / f).read_text().strip():
+            continue  # the empty package marker carries no behaviour
+        if not any(str(f) == d or str(f).startswith(d.rstrip("/") + "/") for d in deps):
+            uncovered.append(str(f))
+    assert not uncovered, f"dvc.yaml stage {name} loads {uncovered} but does not declare them as deps"
+
+
+def test_changing_the_algorithm_does_not_rerun_data_sft_or_scoring():
+    stages = dvc_stages()
+    for name in ("prepare", "sft", "score"):
+        declared = stages[name]["params"]
+        assert "algorithm" not in declared and {"params.yaml": None} not in declared, name
+    assert "algorithm" in stages["ppo"]["params"]
+
+
+def test_a_stage_cannot_read_a_section_it_does_not_declare():
+    view = DeclaredConfig(Config(), ("seed", "task"), "prepare")
+    assert view.seed == 42 and view.task == Config().task
+    with pytest.raises(AttributeError, match="prepare.*'algorithm'.*declared: seed, task"):
+        view.algorithm
