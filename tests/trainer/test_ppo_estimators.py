@@ -27,9 +27,15 @@ from rlcore.trainer.ppo import RoundRunner, keep_informative_groups, overlong_pe
 from rlcore.protocol import Batch
 
 LENGTH_SOURCE = "test_hash"
-if LENGTH_SOURCE not in REWARD_FNS:
-    # a deterministic, almost tie-free reward of the text: every group has a spread
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hash_reward():
+    """A deterministic, almost tie-free reward of the text (every group has a spread),
+    registered only while this module runs so other tests see the real registry."""
     REWARD_FNS.register(LENGTH_SOURCE)(lambda text, gt: (zlib.crc32(text.encode()) % 1000) / 1000)
+    yield
+    REWARD_FNS._items.pop(LENGTH_SOURCE)
 
 
 @pytest.fixture(scope="module")
