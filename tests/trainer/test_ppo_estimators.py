@@ -102,7 +102,7 @@ def test_dapo_dynamic_sampling_and_overlong(tiny, groups):
     runner = RoundRunner(cfg, init_dir=str(folder), tokenizer=tok, prompts=prompts, seed=2,
                          groups=groups)
     m = runner.step(0)
-    assert 1 <= m["rollout/sample_tries"] <= 3
+    assert m["rollout/sample_tries"] in (1, 2, 3)
     assert m["rollout/groups_kept"] == 4  # the hash reward leaves no group uniform
     assert "actor/kl_ref" not in m  # no KL term: the reference is not consulted
 
