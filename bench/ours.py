@@ -10,13 +10,19 @@ Each of the 2 worker ranks runs torch with 1 thread (rlcore's resources.cpus_per
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import time
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from bench import wire  # noqa: E402
+from bench import patches, wire  # noqa: E402
 from bench.settings import RL_SEED, paths, rl_config  # noqa: E402
+
+
+def ours_overrides() -> dict:
+    """Extra rlcore config keys for our side only (``run_bench --ours-set``), JSON in BENCH_OURS_SET."""
+    return json.loads(os.environ.get("BENCH_OURS_SET") or "{}")
 
 
 def build_runner(total_steps: int):
@@ -25,7 +31,7 @@ def build_runner(total_steps: int):
     from rlcore.engine.model import load_tokenizer
     from rlcore.trainer.ppo import RoundRunner
 
-    cfg, p = rl_config(), paths()
+    cfg, p = rl_config(ours_overrides()), paths()
     tok = load_tokenizer(p["sft"])
     prompts = prompt_batch(read_rows(p["rl_data"]), tok, cfg.task.max_prompt_length, str(p["rl_data"]))
     kwargs = {"total_steps": total_steps} if "total_steps" in inspect.signature(RoundRunner).parameters else {}
@@ -43,12 +49,69 @@ def step_record(step: int, m: dict[str, float], wall: float) -> dict:
     }
 
 
+def _noop(worker) -> None:
+    """Runs inside a worker rank (``__ray_call__``): nothing, for the bare round-trip time."""
+
+
+def _swallow(worker, batch) -> None:
+    """Runs inside a worker rank: receive a Batch, send nothing back."""
+
+
+def _echo(worker, batch):
+    """Runs inside a worker rank: send the Batch straight back."""
+    return batch
+
+
+def step_sized_batch(runner):
+    """A Batch with the fields and sizes of one step's update_actor input (random contents)."""
+    import numpy as np
+    import torch
+
+    from rlcore.protocol import Batch
+
+    cfg = runner.cfg
+    prompts = runner.prompts.select(np.arange(cfg.ppo.train_batch_size)).repeat(cfg.rollout.n)
+    rows, width = len(prompts), cfg.task.max_response_length
+    floats = ("rollout_log_probs", "old_log_probs", "ref_log_probs", "token_level_rewards", "advantages", "returns")
+    return prompts.union(Batch({"responses": torch.randint(0, 100, (rows, width)),
+                                "response_mask": torch.ones(rows, width, dtype=torch.long),
+                                "acc": torch.zeros(rows), "scores": torch.zeros(rows),
+                                **{k: torch.randn(rows, width) for k in floats}}))
+
+
+def ray_probe(runner, reps: int) -> dict[str, float]:
+    """Median seconds of one call to all ranks (as WorkerGroup._call makes it, chunking included):
+    empty, carrying one step's Batch in, and carrying it in and back out."""
+    import statistics
+
+    import ray
+
+    workers, batch = runner.actor.workers, step_sized_batch(runner)
+
+    def timed(fn, with_batch: bool) -> float:
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            args = [(c,) for c in batch.chunk(len(workers))] if with_batch else [()] * len(workers)
+            ray.get([w.__ray_call__.remote(fn, *a) for w, a in zip(workers, args)])
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return {"empty_call_s": timed(_noop, False), "batch_in_s": timed(_swallow, True),
+            "batch_in_out_s": timed(_echo, True), "calls_per_step": 3}
+
+
 def main() -> None:
     t0 = time.perf_counter()
+    applied = patches.apply_controller()
     runner = build_runner(total_steps=10_000)
-    wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid())
+    wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), patches=applied,
+              overrides=ours_overrides(), resources=runner.cfg.resources.model_dump(mode="json"))
     step = 0
-    while (cmd := wire.next_command())[0] == "run":
+    while (cmd := wire.next_command())[0] in ("run", "probe"):
+        if cmd[0] == "probe":
+            wire.emit("probe", **ray_probe(runner, cmd[1]))
+            continue
         for _ in range(cmd[1]):
             start = time.perf_counter()
             m = runner.step(step)

@@ -1,8 +1,10 @@
 """Build once, reuse after: the task data, the tiny base model and its SFT checkpoint.
 
 Both systems start RL from the same SFT folder (same weights, same tokenizer), because a
-random tiny model never earns a reward. Everything lands in ``bench/_work`` (gitignored)
-and is reused when present.
+random tiny model never earns a reward. Everything lands in ``bench/_work`` (gitignored):
+``data-<hash>`` and ``sft-<hash>``, the hashes covering the params each was built from, so
+a params.yaml change builds a new one and everything else is reused. SFT runs on rlcore's
+own workers and takes a few minutes.
 
     .venv/bin/python -m bench.prepare
 """
@@ -19,7 +21,7 @@ from rlcore.data.schema import write_rows
 from rlcore.data.splits import build_splits
 from rlcore.engine.tiny_model import materialize_tiny
 
-from bench.settings import WORK_DIR, paths, rl_config
+from bench.settings import fixture_config, paths
 
 STAMP = "bench_ready.json"
 
@@ -52,20 +54,22 @@ def run_sft_once(cfg: Config, base: Path, data: Path, out: Path) -> dict:
 
 
 def ensure_prepared() -> dict:
-    """Return the info of the prepared work folder, building what is missing."""
-    p = paths()
+    """Return the info of the SFT fixture, building the data and the checkpoint if missing."""
+    p, cfg = paths(), fixture_config()
+    if not (p["data"] / STAMP).is_file():
+        build_data(cfg, p["data"])
+        (p["data"] / STAMP).write_text(json.dumps(cfg.model_dump(mode="json")["task"], indent=2))
     stamp = p["sft"] / STAMP
     if stamp.is_file():
         return json.loads(stamp.read_text())
-    cfg = rl_config()
     start = time.perf_counter()
-    WORK_DIR.mkdir(parents=True, exist_ok=True)
-    build_data(cfg, p["data"])
     base = materialize_tiny(p["base"], seed=cfg.seed, **cfg.model.tiny.model_dump())
     shutil.rmtree(p["sft"], ignore_errors=True)
     metrics = run_sft_once(cfg, base, p["sft_data"], p["sft"])
+    dumped = cfg.model_dump(mode="json")
     info = {"base_model": str(base), "sft_metrics": metrics, "sft_steps": cfg.sft.steps,
-            "prepare_s": round(time.perf_counter() - start, 1)}
+            "prepare_s": round(time.perf_counter() - start, 1),
+            "built_from": {k: dumped[k] for k in ("seed", "model", "task", "sft")}}
     stamp.write_text(json.dumps(info, indent=2))
     return info
 

@@ -10,6 +10,8 @@ rlcore Config from :func:`rl_config`, ``bench.trl_side`` builds its GRPOConfig f
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +29,18 @@ OVERRIDES: dict[str, Any] = {
     "actor.ppo_mini_batch_size": 32,  # == ppo.train_batch_size
 }
 RL_SEED = 1234  # prompt order and sampling seed of the RL phase (both systems take the same prompt order)
+# The SFT checkpoint is a fixture (both systems start from it), not what is measured: its length is
+# pinned so a first run (which builds it) stays within the 15-minute budget whatever params.yaml says.
+FIXTURE_OVERRIDES: dict[str, Any] = {"sft.steps": 1000}
+# What the SFT checkpoint depends on (the RL split's size is not among them: it does not change the SFT split).
+SFT_KEYS = ("seed", "model", "sft", "task.name", "task.min_digits", "task.max_digits", "task.ops", "task.n_sft",
+            "task.n_test", "task.max_prompt_length", "task.max_response_length")
+DATA_KEYS = ("seed", "task")
 
 
-def rl_config() -> Config:
-    """The rlcore Config of the benchmark (params.yaml + OVERRIDES)."""
-    cfg = load_config(PARAMS, OVERRIDES)
+def rl_config(extra: dict[str, Any] | None = None) -> Config:
+    """The rlcore Config of the benchmark (params.yaml + OVERRIDES + ``extra``, e.g. from --ours-set)."""
+    cfg = load_config(PARAMS, {**OVERRIDES, **(extra or {})})
     assert cfg.actor.ppo_mini_batch_size == cfg.ppo.train_batch_size, "one optimizer step per RL step"
     return cfg
 
@@ -62,12 +71,30 @@ def shared(cfg: Config) -> dict[str, Any]:
     }
 
 
+def fixture_config() -> Config:
+    """The config the data, base model and SFT checkpoint are built from."""
+    return load_config(PARAMS, {**OVERRIDES, **FIXTURE_OVERRIDES})
+
+
+def fixture_key(cfg: Config, keys: tuple[str, ...]) -> str:
+    """Short hash of the dotted ``keys`` of ``cfg``: a params.yaml change there builds a new fixture."""
+    data = cfg.model_dump(mode="json")
+    picked = {}
+    for key in keys:
+        node = data
+        for part in key.split("."):
+            node = node[part]
+        picked[key] = node
+    return hashlib.sha256(json.dumps(picked, sort_keys=True).encode()).hexdigest()[:10]
+
+
 def paths() -> dict[str, Path]:
+    cfg = fixture_config()
+    data = WORK_DIR / f"data-{fixture_key(cfg, DATA_KEYS)}"
     return {
-        "data": WORK_DIR / "data",
-        "rl_data": WORK_DIR / "data" / "rl_train.parquet",
-        "sft_data": WORK_DIR / "data" / "sft_train.parquet",
-        "base": WORK_DIR / "base",
-        "sft": WORK_DIR / "sft",
-        "profile": WORK_DIR / "profile",
+        "data": data,
+        "rl_data": data / "rl_train.parquet",
+        "sft_data": data / "sft_train.parquet",
+        "base": WORK_DIR / "base",  # materialize_tiny keys its folders by shape and seed
+        "sft": WORK_DIR / f"sft-{fixture_key(cfg, SFT_KEYS)}",
     }

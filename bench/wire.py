@@ -1,6 +1,6 @@
 """The line protocol between ``bench.run_bench`` (parent) and one system's process (child).
 
-The parent writes commands on the child's stdin (``run K``, ``quit``); the child answers
+The parent writes commands on the child's stdin (``run K``, ``probe N`` (ours only), ``quit``); the child answers
 on stdout with lines starting with ``@@bench `` followed by JSON. Anything else a child
 prints (Ray, transformers, TRL) is only logged by the parent.
 """
@@ -21,7 +21,7 @@ def emit(kind: str, **data: Any) -> None:
 
 
 def next_command() -> tuple[str, int]:
-    """Child side: block until the parent sends ``run K`` (-> ("run", K)) or ``quit`` / EOF."""
+    """Child side: block until the parent sends ``VERB N`` (-> (VERB, N)) or ``quit`` / EOF."""
     line = sys.stdin.readline()
     if not line or line.strip() == "quit":
         return "quit", 0

@@ -1,0 +1,66 @@
+"""A/B of our side alone: rlcore as it is (A) against rlcore with bench.patches and/or config
+overrides (B), two ours children alternating in blocks, so each change is measured paired.
+
+    .venv/bin/python -m bench.ab --patches trim_prompt_pad
+    .venv/bin/python -m bench.ab --ours-set resources.n_workers=1 --ours-set resources.cpus_per_worker=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from bench import report
+from bench.children import Child
+from bench.monitor import LoadMeter
+from bench.prepare import ensure_prepared
+from bench.run_bench import alternate, ours_env, parse_sets, renice
+from bench.settings import WORK_DIR
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--patches", default="", help="comma-separated bench.patches names for B")
+    p.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE", help="rlcore config for B")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--block", type=int, default=3)
+    p.add_argument("--nice", type=int, default=None)
+    p.add_argument("--quiet-wait", type=float, default=60.0)
+    return p.parse_args(argv)
+
+
+def phase_means(records: list[dict]) -> dict[str, float]:
+    return {k: round(statistics.mean(r["phases"][k] for r in records), 4) for k in records[0]["phases"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    renice(args.nice)
+    ensure_prepared()
+    envs = {"A": ours_env({}, ""), "B": ours_env(parse_sets(args.ours_set), args.patches)}
+    kids: dict[str, Child] = {}
+    try:
+        for name, env in envs.items():
+            kids[name] = Child(f"ab_{name}", "bench.ours", env=env)
+            kids[name].expect("ready")
+        for child in kids.values():
+            child.run(args.warmup)
+        measured, waited = alternate(kids, args.steps, args.block, LoadMeter([c.pid for c in kids.values()]),
+                                     args.quiet_wait)
+    finally:
+        for child in kids.values():
+            child.close()
+    used, clean = report.choose_steps(measured)
+    med = {n: statistics.median(r["wall_s"] for r in used[n]) for n in kids}
+    out = {"B": {"patches": args.patches, "overrides": parse_sets(args.ours_set)}, "clean_only": clean,
+           "steps_used": {n: len(used[n]) for n in kids}, "median_s": med, "B_over_A": med["B"] / med["A"],
+           "phases": {n: phase_means(used[n]) for n in kids}, "quiet_wait_s": waited}
+    tag = args.patches.replace(",", "+") or "config"
+    (WORK_DIR / f"ab_{tag}.json").write_text(json.dumps({**out, "records": measured}, indent=1))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Numbers from step records, and the markdown written to stdout and bench/RESULTS.md.
+
+FLOPs: N = parameters that do matmuls (all but the input embedding, a lookup). A step
+costs 6*N*T for the policy forward+backward plus 2*N*T for each forward-only pass over
+the same T tokens (the reference; neither system recomputes old log-probs with one pass
+per step), T = prompt + completion tokens of the step (padding not counted). Generation
+and attention-score FLOPs are left out (sequences are at most 22 tokens).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+SYSTEMS = ("ours", "trl")
+CLEAN_CORES = 0.3  # a step is "clean" when other processes used less than this many cores during it
+MIN_CLEAN = 5
+
+
+def clean(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("foreign_load", 0.0) < CLEAN_CORES]
+
+
+def choose_steps(measured: dict[str, list[dict]]) -> tuple[dict[str, list[dict]], bool]:
+    """The clean steps of each system when both have at least MIN_CLEAN, else all measured steps."""
+    picked = {n: clean(r) for n, r in measured.items()}
+    if all(len(r) >= MIN_CLEAN for r in picked.values()):
+        return picked, True
+    return measured, False
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    pos = (len(s) - 1) * q
+    lo, hi = int(pos), min(int(pos) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(measured: list[dict], used: list[dict], all_steps: list[dict], n_params: int, fwd_only_passes: int,
+              peak_flops: float) -> dict[str, float]:
+    """Timing figures over the ``used`` steps; rewards over all steps (warm-up included)."""
+    walls = [r["wall_s"] for r in used]
+    wall_total = sum(walls)
+    train_tokens = sum(r["train_tokens"] for r in used)
+    flops = (6 + 2 * fwd_only_passes) * n_params * train_tokens
+    last = all_steps[-min(5, len(all_steps)):]
+    return {
+        "steps": len(used), "measured": len(measured),
+        "median_all_s": statistics.median(r["wall_s"] for r in measured),
+        "load": statistics.mean(r.get("foreign_load", 0.0) for r in used),
+        "median_s": statistics.median(walls), "p25_s": quantile(walls, 0.25), "p75_s": quantile(walls, 0.75),
+        "min_s": min(walls), "max_s": max(walls),
+        "rollout_tok_s": sum(r["rollout_tokens"] for r in used) / max(sum(r["gen_s"] for r in used), 1e-9),
+        "train_tok_s": train_tokens / wall_total,
+        "flop_s": flops / wall_total, "mfu": flops / wall_total / peak_flops,
+        "reward_first": all_steps[0]["reward"], "reward_last5": statistics.mean(r["reward"] for r in last),
+        "reward_mean": statistics.mean(r["reward"] for r in all_steps), "reward_last5_n": len(last),
+    }
+
+
+def fmt_row(label: str, ours: str, trl: str, ratio: str) -> str:
+    return f"| {label} | {ours} | {trl} | {ratio} |"
+
+
+def with_se(summary: dict, completions_per_step: int) -> str:
+    """Mean reward of the last steps with its binomial standard error (rewards are 0/1)."""
+    p, n = summary["reward_last5"], summary["reward_last5_n"] * completions_per_step
+    return f"{p:.3f} ± {(p * (1 - p) / n) ** 0.5:.3f}"
+
+
+def results_table(s: dict[str, dict], mem: dict[str, dict], total_steps: int, completions: int) -> list[str]:
+    o, t = s["ours"], s["trl"]
+    r = lambda a, b: f"{b / a:.2f}" if a else "n/a"  # noqa: E731  TRL/ours
+    mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
+    return [
+        "| metric | ours (rlcore) | TRL | TRL/ours |", "|---|---|---|---|",
+        fmt_row("**seconds per RL step, median**", f"**{o['median_s']:.3f}**", f"**{t['median_s']:.3f}**",
+                f"**{r(o['median_s'], t['median_s'])}**"),
+        fmt_row("spread: p25-p75 (min-max)", f"{o['p25_s']:.3f}-{o['p75_s']:.3f} ({o['min_s']:.3f}-{o['max_s']:.3f})",
+                f"{t['p25_s']:.3f}-{t['p75_s']:.3f} ({t['min_s']:.3f}-{t['max_s']:.3f})", ""),
+        fmt_row("steps these figures use (of those measured)", f"{o['steps']} of {o['measured']}",
+                f"{t['steps']} of {t['measured']}", ""),
+        fmt_row("other processes' CPU during those steps (cores)", f"{o['load']:.2f}", f"{t['load']:.2f}", ""),
+        fmt_row("median over all measured steps, noisy ones included", f"{o['median_all_s']:.3f}",
+                f"{t['median_all_s']:.3f}", r(o["median_all_s"], t["median_all_s"])),
+        fmt_row("rollout tokens/s (completion tokens / rollout time)", f"{o['rollout_tok_s']:,.0f}",
+                f"{t['rollout_tok_s']:,.0f}", r(o["rollout_tok_s"], t["rollout_tok_s"])),
+        fmt_row("training tokens/s (prompt+completion tokens / step time)", f"{o['train_tok_s']:,.0f}",
+                f"{t['train_tok_s']:,.0f}", r(o["train_tok_s"], t["train_tok_s"])),
+        fmt_row("achieved training FLOP/s (fraction of matmul peak)",
+                f"{o['flop_s'] / 1e9:.2f} G ({o['mfu']:.2%})", f"{t['flop_s'] / 1e9:.2f} G ({t['mfu']:.2%})",
+                r(o["flop_s"], t["flop_s"])),
+        fmt_row("peak RSS, whole process tree", mib(mem["total"]["ours"]), mib(mem["total"]["trl"]),
+                r(mem["total"]["ours"], mem["total"]["trl"])),
+        fmt_row("peak RSS, compute processes only", mib(mem["compute"]["ours"]), mib(mem["compute"]["trl"]),
+                r(mem["compute"]["ours"], mem["compute"]["trl"])),
+        fmt_row("reward (acc) at step 0", f"{o['reward_first']:.3f}", f"{t['reward_first']:.3f}", ""),
+        fmt_row(f"mean reward, last 5 of {total_steps} steps (± 1 s.e.)", with_se(o, completions),
+                with_se(t, completions), ""),
+        fmt_row(f"mean reward over all {total_steps} steps", f"{o['reward_mean']:.3f}", f"{t['reward_mean']:.3f}", ""),
+    ]
+
+
+def phase_table(records: dict[str, list[dict]]) -> list[str]:
+    """Mean seconds per phase over the measured steps, as each system times them."""
+    lines = ["| system | phase | mean s/step | share |", "|---|---|---|---|"]
+    for name in SYSTEMS:
+        recs = records[name]
+        mean = {k: statistics.mean(r["phases"].get(k, 0.0) for r in recs) for k in recs[0]["phases"]}
+        step = mean.pop("step")
+        for k, v in sorted(mean.items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {name} | {k} | {v:.3f} | {v / step:.0%} |")
+        rest = step - sum(mean.values())
+        lines.append(f"| {name} | rest of step (untimed) | {rest:.3f} | {rest / step:.0%} |")
+    return lines
+
+
+def profile_tables(prof: dict[str, Any]) -> list[str]:
+    step = prof["phases"].get("step", 0.0)
+    lines = [f"One profiled step: {step:.3f} s (rlcore `timing_s/step`, mean over the profiled steps).", "",
+             "| where | s/step | share |", "|---|---|---|"]
+    lines += [f"| {k} | {v:.3f} | {v / step:.0%} |" for k, v in prof["split"].items()]
+    probe = prof.get("ray_probe")
+    if probe:
+        lo, hi = probe["calls_per_step"] * probe["empty_call_s"], probe["calls_per_step"] * probe["batch_in_out_s"]
+        lines += ["", f"Ray measured directly (median of 20 group calls to both ranks via `__ray_call__`): empty "
+                  f"call {probe['empty_call_s'] * 1e3:.1f} ms, carrying one step's full Batch in "
+                  f"{probe['batch_in_s'] * 1e3:.1f} ms, in and back out {probe['batch_in_out_s'] * 1e3:.1f} ms. "
+                  f"With {probe['calls_per_step']} group calls per step (generate, ref, update) Ray costs between "
+                  f"{lo:.3f} and {hi:.3f} s per step ({lo / step:.0%}-{hi / step:.0%})."]
+    lines += ["", "Phase wall times of the profiled steps (rlcore `timing_s/*`, mean per step):", "",
+              "| phase | s/step |", "|---|---|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in sorted(prof["phases"].items(), key=lambda kv: -kv[1])]
+    lines += ["", "py-spy buckets, seconds per step (main thread of each process; worker idle time left out):", "",
+              "| process | bucket | s/step |", "|---|---|---|"]
+    for proc, buckets in prof["buckets"].items():
+        for k, v in sorted(buckets.items(), key=lambda kv: -kv[1]):
+            if not k.startswith(("idle", "between")) and v >= 0.001:
+                lines.append(f"| {proc} | {k} | {v:.3f} |")
+    return lines

@@ -1,0 +1,175 @@
+"""rlcore vs TRL GRPO on this machine: same model, prompts, reward and settings, alternating.
+
+    make bench                                          # installs the `bench` extra, then runs this
+    .venv/bin/python -m bench.run_bench                 # full run (default: 2 warm-up + 20 measured steps)
+    .venv/bin/python -m bench.run_bench --steps 2 --warmup 1 --no-profile --out /tmp/r.md   # quick check
+
+The first run builds a fixture in bench/_work (data, tiny model, SFT checkpoint; ~5 min),
+later runs reuse it. Each system runs in its own child process (``bench.ours``, ``bench.trl_side``);
+they take turns in blocks of ``--block`` steps, alternating who goes first, so drift and
+other load on the machine hit both. Writes the report to stdout and ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import yaml
+
+from bench import machine, report
+from bench.children import Child
+from bench.monitor import LoadMeter, MemoryMonitor
+from bench.prepare import ensure_prepared
+from bench.profile import profile_ours, pyspy_available
+from bench.settings import BENCH_DIR, REPO_ROOT, WORK_DIR, paths, rl_config, shared
+from bench.text import render
+
+QUIET_WAIT_PER_BLOCK_S = 15.0
+FWD_ONLY_PASSES = 1  # the reference forward; both skip the old-log-prob forward with one pass per step
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--steps", type=int, default=20, help="measured RL steps per system (after warm-up)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up steps per system, not measured")
+    p.add_argument("--block", type=int, default=4, help="steps a system runs before the other takes its turn")
+    p.add_argument("--profile-steps", type=int, default=3, help="extra steps of ours run under py-spy")
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--quiet-wait", type=float, default=120.0,
+                   help="total seconds the run may wait, before blocks, for other processes to go quiet")
+    p.add_argument("--nice", type=int, default=None,
+                   help="niceness increment for the run, inherited by both systems' processes (default: -10 as "
+                        "root, to shield them from other load on the machine; 0 otherwise)")
+    p.add_argument("--out", default=str(BENCH_DIR / "RESULTS.md"))
+    p.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra rlcore config for our side only, e.g. resources.n_workers=1 (experiments)")
+    p.add_argument("--patches", default="", help="comma-separated bench.patches names for our side (experiments)")
+    return p.parse_args(argv)
+
+
+def parse_sets(items: list[str]) -> dict:
+    """["a.b=1", "c=x"] -> {"a.b": 1, "c": "x"} (values parsed as YAML)."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def count_params(model_dir: Path) -> dict[str, int]:
+    from safetensors import safe_open
+
+    total = embed = 0
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        for k in f.keys():
+            n = f.get_slice(k).get_shape()
+            size = 1
+            for d in n:
+                size *= d
+            total += size
+            embed += size if "embed_tokens" in k else 0
+    return {"total": total, "matmul": total - embed}
+
+
+def alternate(kids: dict[str, Child], steps: int, block: int, meter: LoadMeter, quiet_budget: float):
+    """Measured blocks: A, B / B, A / ... (in ``kids`` order). Each step record gets ``foreign_load``: the
+    cores other processes used while it ran. Returns the records and the seconds spent waiting
+    for the machine to go quiet before blocks."""
+    records = {name: [] for name in kids}
+    i, left, waited = 0, steps, 0.0
+
+    def mark(rec: dict) -> None:
+        rec["foreign_load"] = meter.stop()
+        meter.start()
+
+    names = list(kids)
+    while left > 0:
+        k = min(block, left)
+        for name in (names if i % 2 == 0 else names[::-1]):
+            waited += meter.wait_quiet(min(QUIET_WAIT_PER_BLOCK_S, quiet_budget - waited))
+            meter.start()
+            records[name] += kids[name].run(k, on_step=mark)
+        i, left = i + 1, left - k
+    return records, waited
+
+
+def renice(nice: int | None) -> None:
+    """Raise this process's priority (inherited by both systems): -10 as root unless told otherwise."""
+    os.nice(nice if nice is not None else (-10 if os.geteuid() == 0 else 0))
+
+
+def describe_run(args: argparse.Namespace) -> dict:
+    """Everything about the run that is known before any system starts (and the matmul peak)."""
+    info = {"machine": machine.describe(), "versions": machine.versions(), "shared": shared(rl_config()),
+            "params": count_params(paths()["sft"]), "prepare": ensure_prepared(), "args": vars(args),
+            "ours_overrides": parse_sets(args.ours_set),
+            "fixture": str(paths()["sft"].relative_to(REPO_ROOT))}
+    idle = LoadMeter([])
+    idle.start()
+    info["peak_flops"] = machine.matmul_flops()
+    info["load_during_matmul"] = idle.stop()
+    return info
+
+
+def ours_env(overrides: dict, patches: str) -> dict[str, str]:
+    """Environment of an ours child. Ray starts its workers 15 nice levels below the driver's priority;
+    RAY_worker_niceness=0 levels them, so every compute process of both systems runs at one priority."""
+    return {"BENCH_OURS_SET": json.dumps(overrides), "BENCH_PATCHES": patches, "RAY_worker_niceness": "0"}
+
+
+def start_children(info: dict, total: int, mem: MemoryMonitor, kids: dict[str, Child]) -> None:
+    """Start ours, then TRL (one at a time, so their set-ups do not compete) and wait until both are ready."""
+    info["setup_s"] = {}
+    for name, module, env in (("ours", "bench.ours", ours_env(info["ours_overrides"], info["args"]["patches"])),
+                              ("trl", "bench.trl_side", {"BENCH_TOTAL_STEPS": str(total)})):
+        kids[name] = Child(name, module, env=env)
+        mem.add(name, kids[name].pid)
+        info[f"{name}_ready"] = kids[name].expect("ready")
+        info["setup_s"][name] = info[f"{name}_ready"]["setup_s"]
+
+
+def run(args: argparse.Namespace) -> dict:
+    started = time.perf_counter()
+    renice(args.nice)
+    info = describe_run(args)
+    info["nice"] = os.nice(0)
+    total = args.warmup + args.steps
+    mem, kids, prof = MemoryMonitor(), {}, None
+    try:
+        start_children(info, total, mem, kids)
+        meter = LoadMeter([c.pid for c in kids.values()])
+        warm = {n: kids[n].run(args.warmup) if args.warmup else [] for n in ("ours", "trl")}
+        measured, info["quiet_wait_s"] = alternate(kids, args.steps, args.block, meter, args.quiet_wait)
+        kids["trl"].close()  # nothing else runs while ours is profiled
+        if not args.no_profile and pyspy_available():
+            prof = profile_ours(kids["ours"], args.profile_steps, WORK_DIR / "profile")
+            prof["ray_probe"] = kids["ours"].probe(reps=20)
+    finally:
+        for c in kids.values():
+            c.close()
+        mem.stop()
+    n = info["params"]["matmul"]
+    used, info["clean_only"] = report.choose_steps(measured)
+    info["summary"] = {name: report.summarize(measured[name], used[name], warm[name] + measured[name], n,
+                                              FWD_ONLY_PASSES, info["peak_flops"]) for name in kids}
+    info.update(memory={"total": mem.peak_total, "compute": mem.peak_compute}, profile=prof,
+                records={n: warm[n] + measured[n] for n in kids}, measured=measured, total_steps=total,
+                wall_s=time.perf_counter() - started)
+    return info
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    info = run(args)
+    text = render(info)
+    print(text)
+    Path(args.out).write_text(text)
+    (WORK_DIR / "last_run.json").write_text(json.dumps(info, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

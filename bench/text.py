@@ -1,0 +1,184 @@
+"""The markdown report (stdout and bench/RESULTS.md) from the info dict of ``bench.run_bench``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bench import report
+
+TARGET = 2.0
+
+DIFFERENCES = """\
+- **Parallelism.** Ours: a controller process plus 2 Ray worker ranks (FSDP2 over gloo), each with
+  1 torch thread; every step's Batch goes controller -> ranks -> controller through Ray. TRL: one
+  process, torch with 2 threads, no vLLM, model and reference in the same process.
+- **Prompts.** The same RL prompts in the same order: TRL's dataset is laid out in the order
+  rlcore's `PromptSampler` takes them (same seed) and `shuffle_dataset=False`. Sampling RNGs differ,
+  so the completions (and rewards) differ from step to step; the distribution is the same.
+- **Advantages.** Both (r - group mean) / (unbiased group std + eps); eps is 1e-6 in rlcore, 1e-4
+  in TRL (fixed in TRL).
+- **Policy loss.** Both token-mean over all completion tokens of the step (rlcore `token-mean`,
+  TRL `loss_type="dapo"`), clip 0.2. rlcore's `vanilla` loss adds dual-clip (c=3) for negative
+  advantages; TRL has none. With one pass per step the ratio is 1 (TRL: exactly, it uses the
+  detached current log-probs; rlcore: up to float error, it reuses the sampler's log-probs), so
+  clipping does not act in either.
+- **KL.** Both k3 (`e^x - x - 1`, x = logp_ref - logp) times the same coefficient, added to the
+  per-token loss; rlcore clamps x to [-20, 20] and k3 to [-10, 10] (verl), TRL does not clamp.
+- **Optimizer.** Both AdamW (0.9, 0.999, eps 1e-8), weight decay 0, constant LR without warm-up,
+  grad-norm clip 1.0. TRL uses its default `adamw_torch_fused`; rlcore `torch.optim.AdamW` on DTensors.
+- **Generation.** rlcore: its own KV-cache decode loop (`rollout.engine: hf`) on a full copy of the
+  weights that is refreshed (all-gathered) after every update. TRL: `model.generate(do_sample=True)`
+  on the training model. Both stop at EOS or max length; TRL's `top_k=0` and rlcore's `top_k: 0`
+  both mean no top-k filter.
+- **Padding.** rlcore pads every prompt to max_prompt_length and every response to
+  max_response_length; TRL pads to the longest in the batch. Token counts never include padding.
+- **Prompt length.** TRL 1.x has no `max_prompt_length`; every prompt here is shorter than
+  rlcore's limit, so neither truncates.
+- **Entropy.** Both compute the entropy in the training forward (for logging; coefficient 0)."""
+
+
+def kv_table(d: dict[str, Any], head: tuple[str, str] = ("key", "value")) -> list[str]:
+    return [f"| {head[0]} | {head[1]} |", "|---|---|"] + [f"| {k} | {v} |" for k, v in d.items()]
+
+
+def headline(s: dict[str, dict]) -> str:
+    ratio = s["trl"]["median_s"] / s["ours"]["median_s"]
+    verdict = "reached" if ratio >= TARGET else "**not reached**"
+    faster = "ours is faster" if ratio > 1 else "TRL is faster"
+    return (f"**TRL/ours seconds per RL step (median): {ratio:.2f}** ({faster}); target >= {TARGET:.1f}: "
+            f"{verdict}.")
+
+
+def steps_note(info: dict) -> str:
+    if info["clean_only"]:
+        return (f"Timing rows use the *clean* steps only: those during which other processes on the machine used "
+                f"< {report.CLEAN_CORES} cores (each system had at least {report.MIN_CLEAN}).")
+    return (f"**Noisy run:** fewer than {report.MIN_CLEAN} clean steps (other processes < {report.CLEAN_CORES} "
+            "cores) for a system, so the timing rows use every measured step; they are less trustworthy.")
+
+
+def experiment_note(info: dict) -> list[str]:
+    """Non-default runs say so at the top: these numbers are not the project's configuration."""
+    sets, patches = info["ours_overrides"], info["args"]["patches"]
+    if not sets and not patches:
+        return []
+    return [f"**Experiment, not the default configuration:** ours ran with config overrides {sets or '{}'} "
+            f"and bench.patches [{patches}].", ""]
+
+
+def step_rows(info: dict) -> list[str]:
+    rec, warm = info["records"], info["args"]["warmup"]
+    lines = ["Other load = cores used by other processes while the step ran.", "",
+             "| step | ours s | ours reward | ours other load | TRL s | TRL reward | TRL other load |",
+             "|---|---|---|---|---|---|---|"]
+    load = lambda r: f"{r['foreign_load']:.2f}" if "foreign_load" in r else "-"  # noqa: E731
+    for i, (o, t) in enumerate(zip(rec["ours"], rec["trl"])):
+        tag = " (warm-up)" if i < warm else ""
+        lines.append(f"| {i}{tag} | {o['wall_s']:.3f} | {o['reward']:.3f} | {load(o)} | {t['wall_s']:.3f} | "
+                     f"{t['reward']:.3f} | {load(t)} |")
+    return lines
+
+
+def where_time_goes(info: dict) -> list[str]:
+    lines = ["Phases as each system times them (mean over the measured steps). Ours: rlcore's",
+             "`timing_s/*` (controller wall time per phase, Ray round trips included; gen = weight sync +",
+             "sampling + reward scoring). TRL: timers around its `_generate` + `_calculate_rewards` (gen:",
+             "tokenise, sample, decode, score) and `_get_per_token_logps_and_entropies` (ref forward, policy",
+             "forward under grad); the rest of TRL's step is backward, optimizer, advantages and logging.",
+             "", *report.phase_table(info["measured"])]
+    prof = info.get("profile")
+    if not prof:
+        lines += ["", "(No profile in this run: --no-profile, or py-spy is not installed.)"]
+    if prof:
+        lines += ["", f"### Profile of {prof['steps']} of our steps (py-spy, 100 Hz, non-blocking)", "",
+                  *report.profile_tables(prof), "",
+                  "Raw py-spy stacks: `bench/_work/profile/{controller,worker0,worker1}.txt` (workers in pid",
+                  "order). A phase's wall time minus the ranks' compute buckets for it is Ray dispatch, Batch",
+                  "(de)serialisation and transfer, and one rank waiting for the other in a collective."]
+    return lines
+
+
+def settings_section(info: dict) -> list[str]:
+    sh, p, res = info["shared"], info["params"], info["ours_ready"]["resources"]
+    per_step = sh["completions_per_step"]
+    trl_cfg = {"num_generations": sh["generations_per_prompt"], "per_device_train_batch_size": per_step,
+               "generation_batch_size": per_step, "gradient_accumulation_steps": 1,
+               "num_iterations": sh["optimisation_passes_per_step"],
+               "max_completion_length": sh["max_response_length"], "temperature": sh["temperature"],
+               "top_p / top_k": f"{sh['top_p']} / {sh['top_k']}", "learning_rate": sh["learning_rate"],
+               "lr_scheduler_type": "constant", "beta": sh["kl_coef"], "epsilon": sh["clip_ratio"],
+               "loss_type": "dapo", "scale_rewards": "group", "max_grad_norm": sh["grad_clip"],
+               "use_vllm / use_cpu / bf16": "False / True / False", "gradient_checkpointing": False,
+               "shuffle_dataset": False, "torch threads": 2}
+    return ["Shared by both (from `params.yaml` + `bench/settings.py` OVERRIDES):", "", *kv_table(sh), "",
+            f"Model: the built-in tiny Llama (char-level tokenizer; shape from `model.tiny`: "
+            f"{tiny_shape(info)}), SFT'd once by rlcore ({info['prepare'].get('sft_steps')} steps, pinned in "
+            f"`bench/settings.py`) and saved to `{info['fixture']}`; both systems load that folder. "
+            f"{p['total']:,} parameters, {p['matmul']:,} excluding the input embedding (N in the FLOP formula).", "",
+            "TRL `GRPOConfig` (see `bench/trl_side.py`):", "", *kv_table(trl_cfg, ("field", "value")), "",
+            f"Ours: `RoundRunner` from `rlcore.trainer.ppo`, `resources.n_workers: {res['n_workers']}`, "
+            f"`cpus_per_worker: {res['cpus_per_worker']}` (= torch threads per rank), "
+            "`actor.ppo_mini_batch_size` = `ppo.train_batch_size` (one optimizer step per RL step), "
+            "`rollout.engine: hf`, `actor.recompute_log_prob: false`."]
+
+
+def tiny_shape(info: dict) -> str:
+    tiny = info["prepare"].get("built_from", {}).get("model", {}).get("tiny", {})
+    return ", ".join(f"{k}={v}" for k, v in tiny.items()) or "see params.yaml"
+
+
+def command(info: dict) -> str:
+    args = info["args"]
+    cmd = f"python -m bench.run_bench --steps {args['steps']} --warmup {args['warmup']} --block {args['block']}"
+    cmd += "".join(f" --ours-set {k}={v}" for k, v in info["ours_overrides"].items())
+    return cmd + (f" --patches {args['patches']}" if args["patches"] else "")
+
+
+def results_section(info: dict) -> list[str]:
+    s, args = info["summary"], info["args"]
+    flop_note = (f"Matmul peak: {info['peak_flops'] / 1e9:.0f} GFLOP/s (fp32 1024x1024 GEMM, 2 threads, best of "
+                 f"2 s; other load during it: {info['load_during_matmul']:.2f} cores). Training FLOPs per step = "
+                 f"(6 + 2) x N x T: policy forward+backward plus the reference forward over the step's T prompt+"
+                 f"completion tokens.")
+    return ["## Results", "",
+            f"{args['steps']} measured steps per system after {args['warmup']} warm-up steps, in alternating blocks "
+            f"of {args['block']}. TRL/ours > 1 means ours is better for times and memory, < 1 for rates.", "",
+            *report.results_table(s, info["memory"], info["total_steps"], info["shared"]["completions_per_step"]),
+            "", steps_note(info), "", flop_note, ""]
+
+
+def reproduce_section(info: dict) -> list[str]:
+    return ["## How to reproduce", "",
+            "```", "make bench                       # installs the `bench` extra (TRL), then runs the default",
+            command(info),
+            "python -m bench.run_bench --steps 2 --warmup 1 --no-profile --out /tmp/r.md   # quick check",
+            "python -m bench.ab --patches trim_prompt_pad     # A/B of one rlcore change on our side", "```", "",
+            f"The first run also builds the data and the SFT checkpoint (`{info['fixture']}`; a few minutes); a "
+            "change to the seed/model/task/sft params builds new ones, deleting them rebuilds them. "
+            "Child logs: `bench/_work/logs/`; all numbers of the last run: `bench/_work/last_run.json`.", "",
+            "Other processes on the machine slow both systems (TRL's 2 OpenMP threads suffer most when a core "
+            "is taken). Three things keep that out of the comparison: every process of both systems runs at "
+            f"niceness {info['nice']} (`--nice`; Ray's workers, which Ray starts 15 levels lower by default, are "
+            "levelled with `RAY_worker_niceness=0`); the run waits before each block, up to 15 s and "
+            f"`--quiet-wait` s in all (this run: {info['quiet_wait_s']:.0f} s), for other processes to use < 0.3 "
+            "cores; and only steps during which other processes used < 0.3 cores count when each system has "
+            "at least 5 of them.", ""]
+
+
+def render(info: dict) -> str:
+    lines = [
+        "# rlcore vs TRL: GRPO on the tiny arithmetic task", "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `{command(info)}` in {info['wall_s']:.0f} s "
+        f"(setup: ours {info['setup_s']['ours']:.0f} s, TRL {info['setup_s']['trl']:.0f} s, not in the step times).",
+        "", headline(info["summary"]), "", *experiment_note(info),
+        *results_section(info),
+        "## Where the time goes", "", *where_time_goes(info), "",
+        "## Machine", "", *kv_table(info["machine"]), "",
+        "## Versions", "", *kv_table(info["versions"], ("package", "version")), "",
+        "## Settings", "", *settings_section(info), "",
+        "## Remaining differences between the two setups", "", DIFFERENCES, "",
+        *reproduce_section(info),
+        "## Per-step data", "", *step_rows(info), "",
+    ]
+    return "\n".join(lines)
