@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     out = {"B": {"patches": args.patches, "overrides": parse_sets(args.ours_set)}, "clean_only": clean,
            "steps_used": {n: len(used[n]) for n in kids}, "median_s": med, "B_over_A": med["B"] / med["A"],
            "phases": {n: phase_means(used[n]) for n in kids}, "quiet_wait_s": waited}
-    tag = args.patches.replace(",", "+") or "config"
+    changes = [*filter(None, args.patches.split(",")), *(f"{k}={v}" for k, v in parse_sets(args.ours_set).items())]
+    tag = "+".join(changes) or "A-A"
     (WORK_DIR / f"ab_{tag}.json").write_text(json.dumps({**out, "records": measured}, indent=1))
     print(json.dumps(out, indent=1))
 

@@ -26,12 +26,21 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def is_compute(proc: psutil.Process, root_pid: int) -> bool:
-    """The controller itself or a Ray worker process (its title starts with ``ray::``, idle ones included)."""
+RAY_DAEMONS = {"ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE"}
+
+
+def is_ray_worker(proc: psutil.Process) -> bool:
+    """A Ray actor process doing our work: its title is ``ray::<Class>[.<method>]``, not a Ray daemon."""
     try:
-        return proc.pid == root_pid or proc.name().startswith("ray::") or "default_worker.py" in " ".join(proc.cmdline())
+        name = proc.name()
     except psutil.Error:
         return False
+    return name.startswith("ray::") and name.split(".")[0] not in RAY_DAEMONS
+
+
+def is_compute(proc: psutil.Process, root_pid: int) -> bool:
+    """The controller itself or one of its Ray worker ranks."""
+    return proc.pid == root_pid or is_ray_worker(proc)
 
 
 def rss_sum(procs: list[psutil.Process]) -> int:
@@ -98,7 +107,8 @@ class LoadMeter:
     def _busy() -> float:
         """CPU seconds the machine spent on anything, including time the hypervisor gave away (steal)."""
         t = psutil.cpu_times()
-        return t.user + t.system + t.nice + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0)
+        extra = sum(getattr(t, name, 0.0) for name in ("irq", "softirq", "steal"))
+        return t.user + t.system + t.nice + extra
 
     def start(self) -> None:
         self._sys0, self._own0, self._wall0 = self._busy(), self._own(), time.perf_counter()

@@ -86,19 +86,24 @@ def ray_probe(runner, reps: int) -> dict[str, float]:
 
     import ray
 
-    workers, batch = runner.actor.workers, step_sized_batch(runner)
+    from rlcore.protocol import Batch
 
-    def timed(fn, with_batch: bool) -> float:
+    workers, full = runner.actor.workers, step_sized_batch(runner)
+    tensors_only = Batch(dict(full.tensors))
+    as_numpy = Batch({k: v.numpy() for k, v in full.tensors.items()})  # what zero-copy transport would cost
+
+    def timed(fn, batch) -> float:
         times = []
         for _ in range(reps):
             start = time.perf_counter()
-            args = [(c,) for c in batch.chunk(len(workers))] if with_batch else [()] * len(workers)
+            args = [(c,) for c in batch.chunk(len(workers))] if batch is not None else [()] * len(workers)
             ray.get([w.__ray_call__.remote(fn, *a) for w, a in zip(workers, args)])
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    return {"empty_call_s": timed(_noop, False), "batch_in_s": timed(_swallow, True),
-            "batch_in_out_s": timed(_echo, True), "calls_per_step": 3}
+    return {"empty_call_s": timed(_noop, None), "batch_in_s": timed(_swallow, full),
+            "batch_in_out_s": timed(_echo, full), "tensors_only_in_s": timed(_swallow, tensors_only),
+            "numpy_in_s": timed(_swallow, as_numpy), "calls_per_step": 3}
 
 
 def main() -> None:

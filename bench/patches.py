@@ -1,10 +1,12 @@
 """rlcore changes tried out by monkeypatching inside the benchmark's own processes.
 
-rlcore itself is not edited. ``BENCH_PATCHES`` (comma-separated names below) is read by
-``bench.ours`` (controller) and, through the environment Ray workers inherit, by every
-worker rank, which applies the patches when it is constructed.
+rlcore itself is not edited. ``BENCH_PATCHES`` (comma-separated names of WORKER_PATCHES,
+set from ``--patches``) is read by ``bench.ours`` (the controller) and, through the
+environment Ray workers inherit, by every worker rank, which applies the patches when it is
+constructed. Each patch is the experiment behind one recommendation in bench/EXPERIMENTS.md.
 
-    BENCH_PATCHES=unshard_sync,keep_unsharded .venv/bin/python -m bench.run_bench --steps 6
+    .venv/bin/python -m bench.ab --patches trim_prompt_pad              # paired A/B, ours only
+    .venv/bin/python -m bench.run_bench --patches unshard_sync,keep_unsharded --out /tmp/r.md
 """
 
 from __future__ import annotations
@@ -120,9 +122,34 @@ def _entropy_no_grad() -> None:
     logprob.entropy_from_logits = lambda logits: plain(logits.detach())
 
 
+def _rebuild_batch(arrays: dict, tensors: dict, non_tensors: dict, meta: dict):
+    """Unpickle side of numpy_transport: numpy arrays (read-only views of Ray's buffers) -> tensors."""
+    import numpy as np
+
+    from rlcore.protocol import Batch
+
+    return Batch({**{k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}, **tensors}, non_tensors, meta)
+
+
+def _batch_reduce(self):
+    """Pickle a Batch's tensors as numpy arrays, which Ray sends out-of-band (zero-copy) instead of
+    through torch's pickler; dtypes numpy lacks (bfloat16) and grad-requiring tensors stay tensors."""
+    arrays = {k: v.numpy() for k, v in self.tensors.items()
+              if isinstance(v, torch.Tensor) and v.dtype != torch.bfloat16 and not v.requires_grad}
+    tensors = {k: v for k, v in self.tensors.items() if k not in arrays}
+    return _rebuild_batch, (arrays, tensors, self.non_tensors, self.meta)
+
+
+def _numpy_transport() -> None:
+    from rlcore import protocol
+
+    protocol.Batch.__reduce__ = _batch_reduce
+
+
 WORKER_PATCHES = {"unshard_sync": _unshard_sync, "keep_unsharded": _keep_unsharded, "foreach_adam": _foreach_adam,
                   "trim_prompt_pad": _trim_prompt_pad, "logits_to_keep": _logits_to_keep,
-                  "entropy_no_grad": _entropy_no_grad}
+                  "entropy_no_grad": _entropy_no_grad, "numpy_transport": _numpy_transport}
+CONTROLLER_PATCHES = {"numpy_transport"}  # also applied in the controller (both ends of the transfer)
 
 
 class PatchedWorker(ActorRolloutRefWorker):
@@ -141,4 +168,6 @@ def apply_controller() -> list[str]:
         from rlcore.trainer import common
 
         common.ActorRolloutRefWorker = PatchedWorker
+        for name in CONTROLLER_PATCHES.intersection(names):
+            WORKER_PATCHES[name]()
     return names

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import psutil
 
+from bench.monitor import is_ray_worker
+
 RATE = 100  # samples per second per process
-RAY_DAEMONS = {"ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE"}
 WORKER_METHODS = ("generate", "compute_log_prob", "compute_ref_log_prob", "update_actor")
 
 # (bucket, substrings of which one must be on the stack), checked in order, innermost meaning first.
@@ -59,15 +60,7 @@ def pyspy_available() -> bool:
 
 
 def worker_pids(root: int) -> list[int]:
-    out = []
-    for p in psutil.Process(root).children(recursive=True):
-        try:
-            name = p.name()
-            if name.startswith("ray::") and name.split(".")[0] not in RAY_DAEMONS:
-                out.append(p.pid)
-        except psutil.Error:
-            pass
-    return sorted(out)
+    return sorted(p.pid for p in psutil.Process(root).children(recursive=True) if is_ray_worker(p))
 
 
 def read_raw(path: Path) -> list[tuple[list[str], int]]:
@@ -173,5 +166,6 @@ def decompose(phases: dict[str, float], buckets: dict[str, dict[str, float]]) ->
         "Ray dispatch, transfer, rank imbalance": max(ray, 0.0),
         "rewards (controller)": rewards,
     }
-    out["other controller work (advantages, metrics, Batch ops)"] = max(phases.get("step", 0.0) - sum(out.values()), 0.0)
+    rest = phases.get("step", 0.0) - sum(out.values())
+    out["other controller work (advantages, metrics, Batch ops)"] = max(rest, 0.0)
     return out

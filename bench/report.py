@@ -117,7 +117,9 @@ def phase_table(records: dict[str, list[dict]]) -> list[str]:
 
 def profile_tables(prof: dict[str, Any]) -> list[str]:
     step = prof["phases"].get("step", 0.0)
-    lines = [f"One profiled step: {step:.3f} s (rlcore `timing_s/step`, mean over the profiled steps).", "",
+    lines = [f"One profiled step: {step:.3f} s (rlcore `timing_s/step`, mean over the profiled steps; py-spy's "
+             f"own CPU use on this 2-core machine makes profiled steps slower than measured ones, so read the "
+             f"shares rather than the seconds).", "",
              "| where | s/step | share |", "|---|---|---|"]
     lines += [f"| {k} | {v:.3f} | {v / step:.0%} |" for k, v in prof["split"].items()]
     probe = prof.get("ray_probe")
@@ -125,7 +127,9 @@ def profile_tables(prof: dict[str, Any]) -> list[str]:
         lo, hi = probe["calls_per_step"] * probe["empty_call_s"], probe["calls_per_step"] * probe["batch_in_out_s"]
         lines += ["", f"Ray measured directly (median of 20 group calls to both ranks via `__ray_call__`): empty "
                   f"call {probe['empty_call_s'] * 1e3:.1f} ms, carrying one step's full Batch in "
-                  f"{probe['batch_in_s'] * 1e3:.1f} ms, in and back out {probe['batch_in_out_s'] * 1e3:.1f} ms. "
+                  f"{probe['batch_in_s'] * 1e3:.1f} ms (its tensors alone: {probe['tensors_only_in_s'] * 1e3:.1f} ms; "
+                  f"the same arrays as numpy, which Ray ships zero-copy: {probe['numpy_in_s'] * 1e3:.1f} ms), in and "
+                  f"back out {probe['batch_in_out_s'] * 1e3:.1f} ms. "
                   f"With {probe['calls_per_step']} group calls per step (generate, ref, update) Ray costs between "
                   f"{lo:.3f} and {hi:.3f} s per step ({lo / step:.0%}-{hi / step:.0%})."]
     lines += ["", "Phase wall times of the profiled steps (rlcore `timing_s/*`, mean per step):", "",

@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import yaml
 
 from bench import machine, report
-from bench.children import Child
+from bench.children import Child, ChildError
 from bench.monitor import LoadMeter, MemoryMonitor
 from bench.prepare import ensure_prepared
 from bench.profile import profile_ours, pyspy_available
@@ -132,6 +134,17 @@ def start_children(info: dict, total: int, mem: MemoryMonitor, kids: dict[str, C
         info["setup_s"][name] = info[f"{name}_ready"]["setup_s"]
 
 
+def profile_and_probe(ours: Child, steps: int) -> dict | None:
+    """The py-spy profile and the Ray probe; a failure here costs the profile, not the measurements."""
+    try:
+        prof = profile_ours(ours, steps, WORK_DIR / "profile")
+        prof["ray_probe"] = ours.probe(reps=20)
+        return prof
+    except (ChildError, OSError, subprocess.SubprocessError) as err:
+        print(f"bench: profile failed, reporting without it: {err}", file=sys.stderr)
+        return None
+
+
 def run(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     renice(args.nice)
@@ -146,8 +159,7 @@ def run(args: argparse.Namespace) -> dict:
         measured, info["quiet_wait_s"] = alternate(kids, args.steps, args.block, meter, args.quiet_wait)
         kids["trl"].close()  # nothing else runs while ours is profiled
         if not args.no_profile and pyspy_available():
-            prof = profile_ours(kids["ours"], args.profile_steps, WORK_DIR / "profile")
-            prof["ray_probe"] = kids["ours"].probe(reps=20)
+            prof = profile_and_probe(kids["ours"], args.profile_steps)
     finally:
         for c in kids.values():
             c.close()
