@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-import torch
 
 from rlcore.config import Config
 from rlcore.controller import ResourcePool, WorkerGroup, start_ray
@@ -97,8 +96,3 @@ def timer(store: dict[str, float], name: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     store[f"timing_s/{name}"] = time.perf_counter() - start
-
-
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed)
