@@ -320,6 +320,9 @@ class PPOConfig(_Section):
     """DAPO recipe tricks."""
     log_samples: int = Field(8, ge=0)
     """Responses logged as a table each round."""
+    val_every: int = Field(0, ge=0)
+    """Greedy pass@1 on the held-out test split every N steps and after the last (``val/*`` metrics); 0 = off.
+    Reported only: nothing is selected on it."""
 
 
 class EvaluateConfig(_Section):

@@ -1,7 +1,8 @@
 """ppo@<round>: one RL round (estimator, losses and KL from params.yaml) from the previous model.
 
     python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet \
-        --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv
+        --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv \
+        --val-data data/processed/test.parquet
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
+    p.add_argument("--val-data", default=None, help="held-out prompts for ppo.val_every (reported only)")
     args = p.parse_args(argv)
     with stage_errors(f"ppo@{args.round}"):
         cfg, params = stage_config(args.params, PARAMS, "ppo")
@@ -25,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
             raise KeyError(f"--round {args.round!r} is not a key of ppo.rounds ({', '.join(cfg.ppo.rounds)})")
         require_file(args.data, "scored rl data")
         require_file(args.init, "initial model")
+        if args.val_data and cfg.ppo.val_every:
+            require_file(args.val_data, "validation data")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
         from rlcore.tracking import open_run
@@ -32,7 +36,8 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = load_tokenizer(args.init)
         tracker = open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round)
         metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
-                                data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots)
+                                data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots,
+                                val_path=args.val_data)
     write_json(args.metrics, metrics)
     tracker.log_metrics(metrics)
     tracker.close()

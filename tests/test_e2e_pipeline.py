@@ -27,7 +27,8 @@ TINY = {
     "score": {"n": 4, "filter_trivial": False},
     "rollout": {"n": 4},
     "ppo": {"train_batch_size": 4, "rounds": {"r1": {"init": "models/sft", "steps": 2},
-                                              "r2": {"init": "models/ppo/r1", "steps": 1}}},
+                                              "r2": {"init": "models/ppo/r1", "steps": 1}},
+            "val_every": 1},
     "actor": {"ppo_mini_batch_size": 2},
     "evaluate": {"final_round": "r2", "k": 2, "n_samples": 2, "table_rows": 4},
     "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
@@ -85,6 +86,19 @@ def test_repro_writes_every_declared_output(workdir, first_run):
     assert ev["test/n_prompts"] == 16
     steps = (root / "plots/ppo_r1.csv").read_text().splitlines()
     assert len(steps) == 1 + 2 and "rollout/acc" in steps[0]  # header + one row per step
+    assert "val/greedy_pass@1" in steps[0]
+
+
+def test_round_validation_agrees_with_evaluate(workdir, first_run):
+    """ppo.val_every runs greedy decoding on the test split inside the round: before r1's first
+    step it sees the SFT weights, after r2's last step the final weights, so it must agree with
+    what the separate evaluate stage measures on the saved models."""
+    root, _ = workdir
+    ev = json.loads((root / "metrics/eval.json").read_text())
+    r1 = json.loads((root / "metrics/ppo_r1.json").read_text())
+    r2 = json.loads((root / "metrics/ppo_r2.json").read_text())
+    assert r1["ppo/val_greedy_pass@1_first"] == ev["sft/greedy_pass@1"]
+    assert r2["ppo/val_greedy_pass@1_last"] == ev["final/greedy_pass@1"]
 
 
 def test_second_repro_does_nothing(workdir, first_run):

@@ -49,12 +49,19 @@ def critic_group(cfg: Config, pool: ResourcePool, model_path: str | Path, *, sha
 
 def generate(wg: WorkerGroup, prompts: Batch, *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
              top_k: int = 0, greedy: bool = False, seed: int, micro_batch_size: int) -> Batch:
-    """Prompts (already repeated for groups) -> prompts plus responses, mask and log-probs."""
+    """Prompts (already repeated for groups) -> prompts plus responses, mask and log-probs.
+
+    A batch that does not split evenly over the ranks is padded with copies of its first
+    rows for the call and trimmed after, so any number of prompts works."""
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             greedy=greedy)
-    req = Batch(dict(prompts.tensors), meta={"sampling": vars(params), "seed": seed,
+    tensors = Batch(dict(prompts.tensors))
+    pad = -len(tensors) % wg.world_size
+    if pad:
+        tensors = Batch.concat([tensors, tensors.select(np.arange(pad) % len(tensors))])
+    req = Batch(dict(tensors.tensors), meta={"sampling": vars(params), "seed": seed,
                                              "micro_batch_size": micro_batch_size})
-    return prompts.union(wg.generate(req))
+    return prompts.union(wg.generate(req).slice(0, len(prompts)))
 
 
 def rule_rewards(tokenizer, batch: Batch) -> np.ndarray:

@@ -197,6 +197,13 @@ class RoundRunner:
                     m.update(self.actor.update_actor(batch).meta["metrics"])
         return {**m, **adv_m, **self._rollout_metrics(batch, t), **t}
 
+    def validate(self, prompts: Batch) -> dict[str, float]:
+        """Greedy pass@1 of the current policy (the rollout copy holds the latest weights) on ``prompts``."""
+        gen = self._generate(prompts, self.seed, greedy=True)
+        acc = rule_rewards(self.tok, gen)
+        return {"val/greedy_pass@1": float(acc.mean()),
+                "val/response_length": gen["response_mask"].sum(-1).float().mean().item()}
+
     def _add_greedy_baseline(self, batch: Batch, step: int) -> Batch:
         """ReMax: the reward of one greedy response per prompt is every sample's baseline."""
         n = self.cfg.rollout.n
@@ -260,23 +267,40 @@ class RoundRunner:
 
 
 def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, data_path: str, out_dir: str,
-                  tracker, plot_csv: str | None = None) -> dict[str, float]:
-    """Train one round from ``init_dir``; save the policy (and critic) to ``out_dir``."""
+                  tracker, plot_csv: str | None = None, val_path: str | None = None) -> dict[str, float]:
+    """Train one round from ``init_dir``; save the policy (and critic) to ``out_dir``.
+
+    With ``ppo.val_every`` > 0 and ``val_path``, the greedy pass@1 on those prompts is logged
+    before the first step, every ``val_every`` steps and after the last."""
     rnd = cfg.ppo.rounds[round_name]
     prompts = prompt_batch(read_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
+    every = cfg.ppo.val_every if val_path else 0
+    val = prompt_batch(read_rows(val_path), tokenizer, cfg.task.max_prompt_length, val_path) if every else None
     # a round's seed depends on its own name only, so adding a round leaves earlier ones cached
     seed = cfg.seed + zlib.crc32(round_name.encode()) % 100_000
     runner = RoundRunner(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts, seed=seed)
     log = StepLog(tracker, plot_csv)
     start = time.perf_counter()
+    val_rows: list[dict[str, float]] = []
+    if every:
+        val_rows.append(runner.validate(val))
+        tracker.log_metrics(val_rows[-1], step=0)
     for step in (bar := tqdm(range(rnd.steps), desc=f"ppo {round_name}", unit="step")):
         metrics = runner.step(step)
+        if every and ((step + 1) % every == 0 or step + 1 == rnd.steps):
+            val_rows.append(runner.validate(val))
+            metrics.update(val_rows[-1])  # logged at the step whose update it follows
         bar.set_postfix(acc=f"{metrics['rollout/acc']:.3f}", len=f"{metrics['rollout/response_length']:.1f}")
         log.log(step, metrics)
     runner.save(out_dir)
     runner.close()
     tail = log.rows[-min(10, len(log.rows)):]
+    out_val = {}
+    if val_rows:
+        out_val = {"ppo/val_greedy_pass@1_first": val_rows[0]["val/greedy_pass@1"],
+                   "ppo/val_greedy_pass@1_last": val_rows[-1]["val/greedy_pass@1"]}
     return {
+        **out_val,
         "ppo/acc_first_step": log.rows[0]["rollout/acc"],
         "ppo/acc_last10": float(np.mean([r["rollout/acc"] for r in tail])),
         "ppo/reward_last10": float(np.mean([r["rollout/reward_mean"] for r in tail])),

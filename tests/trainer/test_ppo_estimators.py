@@ -123,3 +123,16 @@ def test_keep_informative_groups_drops_uniform_groups():
     batch = Batch({"scores": torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), "id": torch.arange(6)})
     kept = keep_informative_groups(batch, 2)  # groups: [1,1] [0,1] [0,0] -> keep the middle one
     assert kept["id"].tolist() == [2, 3]
+
+
+def test_validate_scores_each_prompt_whatever_the_batch_size(tiny, groups):
+    """Greedy validation of 7 prompts (not divisible over 2 ranks: padded and trimmed) equals
+    the mean of validating each prompt alone; the hash reward is nearly unique per response,
+    so a response paired with the wrong prompt or a padded row counted would show."""
+    folder, tok, prompts = tiny
+    runner = RoundRunner(config("grpo"), init_dir=str(folder), tokenizer=tok, prompts=prompts, seed=3, groups=groups)
+    seven = prompts.slice(0, 7)
+    whole = runner.validate(seven)
+    alone = [runner.validate(seven.slice(i, i + 1))["val/greedy_pass@1"] for i in range(7)]
+    assert whole["val/greedy_pass@1"] == pytest.approx(sum(alone) / 7, abs=1e-9)
+    assert 1 <= whole["val/response_length"] <= 5
