@@ -103,6 +103,9 @@ class TaskConfig(_Section):
     """Prompts in the RL split."""
     n_test: int = Field(256, ge=1)
     """Held-out test problems."""
+    sft_carry_error_rate: float = Field(0.0, ge=0.0, le=1.0)
+    """Imperfect demonstrator (arithmetic): share of carrying SFT problems whose demonstration is the
+    carry-free sum (58+67 -> 15). Rewards and the test split always use the true answer."""
     gsm8k_train_path: str | None = None
     """Local .jsonl/.parquet with question/answer rows (task gsm8k)."""
     gsm8k_test_path: str | None = None

@@ -23,10 +23,14 @@ def main(argv: list[str] | None = None) -> None:
         t = cfg.task
         splits = build_splits(task=t.name, seed=cfg.seed, n_sft=t.n_sft, n_rl=t.n_rl, n_test=t.n_test,
                               min_digits=t.min_digits, max_digits=t.max_digits, ops=tuple(t.ops),
-                              gsm8k_train_path=t.gsm8k_train_path, gsm8k_test_path=t.gsm8k_test_path)
+                              gsm8k_train_path=t.gsm8k_train_path, gsm8k_test_path=t.gsm8k_test_path,
+                              sft_carry_error_rate=t.sft_carry_error_rate)
         for name, rows in splits.items():
             write_rows(rows, Path(args.out_dir) / f"{name}.parquet")
-    write_json(args.metrics, {f"prepare/{name}_rows": len(rows) for name, rows in splits.items()})
+    metrics = {f"prepare/{name}_rows": len(rows) for name, rows in splits.items()}
+    wrong = sum(r["extra_info"]["answer"] != r["reward_model"]["ground_truth"] for r in splits["sft_train"])
+    metrics["prepare/sft_wrong_demonstrations"] = wrong
+    write_json(args.metrics, metrics)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,42 @@ def make_problem(
     return f"{a}{op}{b}", _apply(a, op, b)
 
 
+def carry_free_sum(a: int, b: int) -> int:
+    """``a + b`` with every carry forgotten: each digit is ``(a_i + b_i) mod 10`` (58+67 -> 15).
+
+    The classic mistake of a learner who adds column by column and never carries; equal
+    to ``a + b`` exactly when no column carries."""
+    out, place = 0, 1
+    while a or b:
+        out += (a % 10 + b % 10) % 10 * place
+        a, b, place = a // 10, b // 10, place * 10
+    return out
+
+
+def add_demonstrator_errors(rows: list[dict[str, Any]], rate: float, seed: int) -> tuple[list[dict[str, Any]], int]:
+    """An imperfect demonstrator: on each "+" problem that carries, with probability ``rate``
+    the demonstration (``extra_info.answer``) is the carry-free sum instead of the true sum.
+
+    Only the demonstration changes; ``reward_model.ground_truth`` stays the true answer, so a
+    verifiable reward still scores the truth. Returns the new rows and how many were changed.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"demonstrator error rate must be in [0, 1], got {rate}")
+    rng = np.random.default_rng(seed)
+    out, changed = [], 0
+    for row in rows:
+        parsed = _QUESTION_RE.fullmatch(row["extra_info"]["question"])
+        draw = rng.random()  # one draw per row, so the rate does not shift which rows are picked
+        if parsed and parsed.group(2) == "+":
+            a, b = int(parsed.group(1)), int(parsed.group(3))
+            wrong = carry_free_sum(a, b)
+            if wrong != a + b and draw < rate:
+                row = {**row, "extra_info": {**row["extra_info"], "answer": str(wrong)}}
+                changed += 1
+        out.append(row)
+    return out, changed
+
+
 def parse_question(
     question: str, *, min_digits: int, max_digits: int, ops: tuple[str, ...]
 ) -> tuple[int, str, int] | None:

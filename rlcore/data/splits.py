@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rlcore.algos.registry import Registry
-from rlcore.data.arithmetic import arithmetic_rows, available_problems
+from rlcore.data.arithmetic import add_demonstrator_errors, arithmetic_rows, available_problems
 from rlcore.data.gsm8k import gsm8k_rows
 
 SPLITS = ("sft_train", "rl_train", "test")
@@ -44,12 +44,15 @@ def _arithmetic_splits(
     min_digits: int,
     max_digits: int,
     ops: tuple[str, ...],
+    sft_carry_error_rate: float = 0.0,
     **_: Any,
 ) -> Splits:
     """Generates test first, then train splits that never contain a test question.
 
     ``sft_train`` and ``rl_train`` are disjoint too when the problem space holds all
     three; otherwise ``rl_train`` may repeat ``sft_train`` questions (never test ones).
+    With ``sft_carry_error_rate`` > 0 the SFT demonstrations come from an imperfect
+    demonstrator who forgets carries at that rate (see ``add_demonstrator_errors``).
     """
     config = {"min_digits": min_digits, "max_digits": max_digits, "ops": tuple(ops)}
     test = arithmetic_rows(n_test, seed=_split_seed(seed, "test"), split="test", **config)
@@ -64,6 +67,8 @@ def _arithmetic_splits(
     rl = arithmetic_rows(
         n_rl, seed=_split_seed(seed, "rl_train"), split="rl_train", exclude=rl_exclude, **config
     )
+    if sft_carry_error_rate:
+        sft, _ = add_demonstrator_errors(sft, sft_carry_error_rate, _split_seed(seed, "sft_train") + 1)
     return {"sft_train": sft, "rl_train": rl, "test": test}
 
 
@@ -113,6 +118,7 @@ def build_splits(
     ops: tuple[str, ...],
     gsm8k_train_path: str | None = None,
     gsm8k_test_path: str | None = None,
+    sft_carry_error_rate: float = 0.0,
 ) -> Splits:
     """Builds the ``sft_train``, ``rl_train`` and ``test`` splits of a task.
 
@@ -127,6 +133,7 @@ def build_splits(
         ops: Operators (arithmetic only).
         gsm8k_train_path: GSM8K train file (gsm8k only).
         gsm8k_test_path: GSM8K test file (gsm8k only).
+        sft_carry_error_rate: Share of carrying SFT demonstrations given carry-free (arithmetic only).
 
     Returns:
         ``{"sft_train": rows, "rl_train": rows, "test": rows}``, each split's rows having
@@ -150,4 +157,5 @@ def build_splits(
         ops=tuple(ops),
         gsm8k_train_path=gsm8k_train_path,
         gsm8k_test_path=gsm8k_test_path,
+        sft_carry_error_rate=sft_carry_error_rate,
     )
