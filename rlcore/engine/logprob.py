@@ -17,6 +17,16 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop the leading columns that are padding in every row, ``[batch, len]`` -> ``[batch, len - k]``.
+
+    Prompts are left-padded to a fixed width, usually wider than the batch's longest prompt;
+    a forward over the trimmed columns gives the same results (positions come from the mask).
+    """
+    start = int(attention_mask.any(0).int().argmax())  # the first used column; 0 if none is
+    return input_ids[:, start:], attention_mask[:, start:]
+
+
 def response_logits(model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
     """Logits predicting each response token: ``[batch, response_len, vocab]``."""
     out = model(input_ids=input_ids, attention_mask=attention_mask,

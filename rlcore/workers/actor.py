@@ -16,7 +16,7 @@ import torch
 from rlcore.algos.losses import agg_loss, kl_penalty, policy_loss
 from rlcore.controller import Dispatch, register
 from rlcore.engine import distributed
-from rlcore.engine.logprob import response_log_probs
+from rlcore.engine.logprob import response_log_probs, trim_left_padding
 from rlcore.engine.model import DTYPES, load_causal_lm, load_tokenizer
 from rlcore.protocol import Batch
 from rlcore.rollout import ENGINES, SamplingParams
@@ -25,10 +25,11 @@ from rlcore.workers.rank import RankWorker
 
 
 def sequences(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(prompt ; response) ids and attention mask, ``[batch, prompt_len + response_len]``."""
+    """(prompt ; response) ids and attention mask, ``[batch, prompt_len + response_len]``, less the
+    prompt columns that are padding in every row (``trim_left_padding``)."""
     ids = torch.cat([batch["prompts"], batch["responses"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
-    return ids, mask
+    return trim_left_padding(ids, mask)
 
 
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
