@@ -179,7 +179,7 @@ class ActorRolloutRefWorker(RankWorker):
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
         """Write a Hugging Face folder (weights + tokenizer) from rank 0."""
-        state = distributed.full_state_dict(self.actor)  # collective
+        state = distributed.checkpoint_state_dict(self.actor)  # collective
         if self.rank == 0:
             out = Path(path)
             out.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ class CriticWorker(RankWorker):
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
-        state = distributed.full_state_dict(self.critic)
+        state = distributed.checkpoint_state_dict(self.critic)
         if self.rank == 0:
             Path(path).mkdir(parents=True, exist_ok=True)
             self.critic.save_pretrained(path, state_dict={k: v.cpu().contiguous() for k, v in state.items()},

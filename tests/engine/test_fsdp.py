@@ -5,7 +5,8 @@ model with ``distributed.shard``, takes two ``train_sft`` steps with each rank h
 each batch, and saves. The test replays the same two steps on the unsharded model in this
 process with plain ``torch.optim.AdamW`` on the whole batch and a token-mean loss. Response
 lengths differ between the halves, so a rank-mean instead of a global token-mean (the
-``_micro_weight`` scaling) would give different gradients.
+``_micro_weight`` scaling) would give different gradients. The weight sync's
+``distributed.full_state_dict`` must equal the unsharded weights, before and after training.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from rlcore.controller import ResourcePool, WorkerGroup
 from rlcore.data.collate import encode_prompts, encode_responses
@@ -36,6 +40,18 @@ class ProbeWorker(ActorRolloutRefWorker):
 
     def full_state(self) -> dict[str, torch.Tensor]:
         return {k: v.cpu().clone() for k, v in distributed.full_state_dict(self.actor).items()}
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.cpu().clone() for k, v in distributed.checkpoint_state_dict(self.actor).items()}
+
+    def full_state_cost(self) -> dict[str, int | bool]:
+        """Collectives one full_state_dict issues, FSDP groups, and whether the model is sharded again after."""
+        group = dist.distributed_c10d._get_default_group()
+        before = group._get_sequence_number_for_group()  # counts the collectives issued on the group
+        distributed.full_state_dict(self.actor)
+        return {"collectives": group._get_sequence_number_for_group() - before,
+                "groups": sum(isinstance(m, FSDPModule) for m in self.actor.modules()),
+                "resharded": all(isinstance(p, DTensor) for p in self.actor.parameters())}
 
     def local_numel(self) -> int:
         return sum(p.to_local().numel() for p in self.actor.parameters())
@@ -64,12 +80,30 @@ def sharded_run(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
         states = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         numels = ray.get([w.local_numel.remote() for w in wg.workers], timeout=120)
         metrics = [wg.train_sft(b).meta["metrics"] for b in batches]
+        trained = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
+        costs = ray.get([w.full_state_cost.remote() for w in wg.workers], timeout=120)
         wg.save(str(out))
     finally:
         wg.shutdown()
         pool.release()
-    return {"batches": batches, "states": states, "numels": numels, "metrics": metrics,
-            "saved": load_file(str(out / "model.safetensors")), "saved_dir": out}
+    return {"batches": batches, "states": states, "numels": numels, "metrics": metrics, "trained": trained,
+            "costs": costs, "saved": load_file(str(out / "model.safetensors")), "saved_dir": out}
+
+
+@pytest.fixture(scope="module")
+def bf16_states(ray_local, tiny_model_dir):
+    """(full_state_dict, checkpoint_state_dict) of rank 0 of a group that computes in bfloat16."""
+    pool = ResourcePool(2, 1.0, False, 60)
+    wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=120, model_path=str(tiny_model_dir),
+                     roles=("actor",), dtype="bfloat16", optim={"lr": LR, "weight_decay": 0.0, "warmup_steps": 0})
+    try:
+        wg.init_model()
+        full = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
+        checkpoint = ray.get([w.checkpoint_state.remote() for w in wg.workers], timeout=120)
+    finally:
+        wg.shutdown()
+        pool.release()
+    return full[0], checkpoint[0]
 
 
 def reference_training(model_dir, batches: list[Batch]):
@@ -110,6 +144,30 @@ def test_full_state_dict_equals_the_original_weights_on_every_rank(sharded_run, 
         assert set(state) == set(original)
         for k, v in original.items():
             assert torch.equal(state[k], v), k
+
+
+def test_full_state_dict_after_training_equals_the_saved_weights(sharded_run):
+    for state in sharded_run["trained"]:
+        assert set(state) == set(sharded_run["saved"])
+        for k, v in sharded_run["saved"].items():
+            assert torch.equal(state[k], v), k
+
+
+def test_full_state_dict_gathers_once_per_fsdp_group_and_reshards(sharded_run):
+    for cost in sharded_run["costs"]:
+        assert cost["groups"] == 2  # the one decoder layer and the root
+        assert cost["collectives"] == cost["groups"]  # not one per parameter
+        assert cost["resharded"]
+
+
+def test_under_mixed_precision_the_sync_is_in_the_compute_dtype_and_the_checkpoint_in_float32(
+        bf16_states, tiny_model_dir):
+    full, checkpoint = bf16_states
+    original = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert set(full) == set(checkpoint) == set(original)
+    for k, v in original.items():
+        assert full[k].dtype == torch.bfloat16 and torch.equal(full[k], v.to(torch.bfloat16)), k
+        assert checkpoint[k].dtype == torch.float32 and torch.equal(checkpoint[k], v), k
 
 
 def test_sharded_sft_steps_equal_single_process_steps(sharded_run, tiny_model_dir):
