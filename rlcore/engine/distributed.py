@@ -40,14 +40,20 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
     return device
 
 
-def shard(model: torch.nn.Module, device: torch.device, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """FSDP2: shard each transformer block, then the root, over all ranks."""
+def shard(model: torch.nn.Module, device: torch.device, param_dtype: torch.dtype | None = None, *,
+          reshard_after_forward: bool = True) -> torch.nn.Module:
+    """FSDP2: shard each transformer block, then the root, over all ranks.
+
+    ``reshard_after_forward=False`` keeps each block's gathered weights from its forward until its
+    backward (see ``resources.reshard_after_forward``); the root keeps FSDP2's own default, which
+    never reshards it after forward.
+    """
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     block_names = set(getattr(model, "_no_split_modules", None) or [])
     for module in model.modules():
         if type(module).__name__ in block_names:
-            fully_shard(module, mesh=mesh, mp_policy=mp)
+            fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
 

@@ -40,7 +40,8 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 class ActorRolloutRefWorker(RankWorker):
     def __init__(self, rank: int, world_size: int, num_threads: int, *, model_path: str, roles: tuple[str, ...],
                  dtype: str = "float32", attn_implementation: str = "sdpa", rollout_engine: str | None = None,
-                 optim: dict[str, Any] | None = None, seed: int = 0):
+                 optim: dict[str, Any] | None = None, seed: int = 0, reshard_after_forward: bool = False,
+                 ref_reshard_after_forward: bool = False):
         super().__init__(rank, world_size, num_threads, seed)
         self.model_path = model_path
         self.roles = roles
@@ -48,6 +49,8 @@ class ActorRolloutRefWorker(RankWorker):
         self.attn = attn_implementation
         self.engine_name = rollout_engine
         self.optim = optim or {}
+        self.reshard_after_forward = reshard_after_forward
+        self.ref_reshard_after_forward = ref_reshard_after_forward
         self.rollout_stale = True
 
     def _load(self) -> torch.nn.Module:
@@ -58,7 +61,7 @@ class ActorRolloutRefWorker(RankWorker):
         mp = DTYPES[self.dtype] if self.dtype != "float32" else None
         tok = load_tokenizer(self.model_path)
         self.tokenizer = tok
-        self.actor = distributed.shard(self._load(), self.device, mp)
+        self.actor = distributed.shard(self._load(), self.device, mp, reshard_after_forward=self.reshard_after_forward)
         if "actor" in self.roles:
             self.actor.train()
             self.opt, self.sched = make_optimizer(self.actor, **self.optim)
@@ -67,7 +70,8 @@ class ActorRolloutRefWorker(RankWorker):
             self.engine = ENGINES.get(self.engine_name)(plain, eos_token_id=tok.eos_token_id,
                                                         pad_token_id=tok.pad_token_id)
         if "ref" in self.roles:
-            self.ref = distributed.shard(self._load().eval().requires_grad_(False), self.device, mp)
+            self.ref = distributed.shard(self._load().eval().requires_grad_(False), self.device, mp,
+                                         reshard_after_forward=self.ref_reshard_after_forward)
 
     # ---------------------------------------------------------------- rollout
     @register(Dispatch.DP_COMPUTE)

@@ -1,8 +1,9 @@
 """FSDP2 across a two-rank Ray worker group equals plain single-process training.
 
-The group runs the real ``ActorRolloutRefWorker`` (roles ``("actor",)``): it shards the tiny
-model with ``distributed.shard``, takes two ``train_sft`` steps with each rank holding half of
-each batch, and saves. The test replays the same two steps on the unsharded model in this
+The group runs the real ``ActorRolloutRefWorker`` (roles ``("actor", "ref")``): it shards the
+tiny model with ``distributed.shard``, takes two ``train_sft`` steps with each rank holding half
+of each batch, and saves; once with the actor resharded after forward and the reference not,
+once the other way round. The test replays the same two steps on the unsharded model in this
 process with plain ``torch.optim.AdamW`` on the whole batch and a token-mean loss. Response
 lengths differ between the halves, so a rank-mean instead of a global token-mean (the
 ``_micro_weight`` scaling) would give different gradients. The weight sync's
@@ -25,7 +26,7 @@ from rlcore.engine import distributed
 from rlcore.engine.logprob import response_log_probs
 from rlcore.engine.model import load_causal_lm
 from rlcore.protocol import Batch
-from rlcore.workers.actor import ActorRolloutRefWorker
+from rlcore.workers.actor import ActorRolloutRefWorker, sequences
 
 LR = 1e-2
 WEIGHT_DECAY = 0.01
@@ -56,6 +57,17 @@ class ProbeWorker(ActorRolloutRefWorker):
     def local_numel(self) -> int:
         return sum(p.to_local().numel() for p in self.actor.parameters())
 
+    def sharded_after_forward(self, batch: Batch) -> dict[str, bool]:
+        """Whether the actor's and the reference's blocks hold only their shards after a no-grad forward."""
+        ids, mask = sequences(batch)
+        out = {}
+        for name, model in (("actor", self.actor), ("ref", self.ref)):
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=mask)
+            blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+            out[name] = all(isinstance(p, DTensor) for b in blocks for p in b.parameters())
+        return out
+
 
 def sft_batches(tokenizer) -> list[Batch]:
     prompts, pmask = encode_prompts(tokenizer, [[{"role": "user", "content": q}] for q in QUESTIONS], 12, "test")
@@ -68,17 +80,21 @@ def sft_batches(tokenizer) -> list[Batch]:
     return [first, second]
 
 
-@pytest.fixture(scope="module")
-def sharded_run(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+@pytest.fixture(scope="module", params=[(True, False), (False, True)], ids=["actor-reshards", "ref-reshards"])
+def sharded_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+    """The group's run with (reshard_after_forward, ref_reshard_after_forward) = ``request.param``."""
     batches = sft_batches(tiny_tokenizer)
     out = tmp_path_factory.mktemp("fsdp") / "saved"
     pool = ResourcePool(2, 1.0, False, 60)
     wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=120, model_path=str(tiny_model_dir),
-                     roles=("actor",), optim={"lr": LR, "weight_decay": WEIGHT_DECAY, "warmup_steps": 0}, seed=0)
+                     roles=("actor", "ref"), optim={"lr": LR, "weight_decay": WEIGHT_DECAY, "warmup_steps": 0},
+                     seed=0, reshard_after_forward=request.param[0], ref_reshard_after_forward=request.param[1])
     try:
         wg.init_model()
         states = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         numels = ray.get([w.local_numel.remote() for w in wg.workers], timeout=120)
+        # Before training: without resharding, the actor starts its first step with gathered weights.
+        layouts = ray.get([w.sharded_after_forward.remote(batches[0]) for w in wg.workers], timeout=120)
         metrics = [wg.train_sft(b).meta["metrics"] for b in batches]
         trained = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         costs = ray.get([w.full_state_cost.remote() for w in wg.workers], timeout=120)
@@ -87,7 +103,8 @@ def sharded_run(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
         wg.shutdown()
         pool.release()
     return {"batches": batches, "states": states, "numels": numels, "metrics": metrics, "trained": trained,
-            "costs": costs, "saved": load_file(str(out / "model.safetensors")), "saved_dir": out}
+            "costs": costs, "saved": load_file(str(out / "model.safetensors")), "saved_dir": out,
+            "reshards": request.param, "layouts": layouts}
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +153,11 @@ def test_parameters_are_really_sharded(sharded_run, tiny_model_dir):
     total = sum(t.numel() for t in load_file(str(tiny_model_dir / "model.safetensors")).values())
     n0, n1 = sharded_run["numels"]
     assert n0 + n1 == total and max(n0, n1) < total
+
+
+def test_reshard_switches_reach_fsdp(sharded_run):
+    actor_reshards, ref_reshards = sharded_run["reshards"]
+    assert sharded_run["layouts"] == [{"actor": actor_reshards, "ref": ref_reshards}] * 2
 
 
 def test_full_state_dict_equals_the_original_weights_on_every_rank(sharded_run, tiny_model_dir):
