@@ -28,10 +28,11 @@ def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
 
 
 def response_logits(model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
-    """Logits predicting each response token: ``[batch, response_len, vocab]``."""
+    """Logits predicting each response token: ``[batch, response_len, vocab]``. Only the last
+    ``response_len + 1`` positions go through the LM head (``logits_to_keep``)."""
     out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False)
-    return out.logits[:, -response_len - 1 : -1]
+                position_ids=position_ids(attention_mask), use_cache=False, logits_to_keep=response_len + 1)
+    return out.logits[:, :-1]
 
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlcore.engine.logprob import position_ids, response_log_probs, trim_left_padding
+from rlcore.engine.logprob import position_ids, response_log_probs, response_logits, trim_left_padding
 from rlcore.engine.model import load_causal_lm
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.hf import HFRolloutEngine, filter_logits
@@ -124,6 +124,21 @@ def test_log_probs_do_not_depend_on_left_padding(model, prompts):
     for i, n in enumerate(lengths):
         expected = plain_response_log_probs(model, rows[i], responses[i, :n].tolist())
         torch.testing.assert_close(lp[i, :n], expected, atol=1e-5, rtol=0)
+
+
+def test_response_logits_equal_the_full_logits_slice_and_only_those_are_projected(model, prompts):
+    _, ids, pmask = prompts
+    seq, mask = torch.cat([ids, ids[:, :4]], 1), torch.cat([pmask, torch.ones_like(pmask[:, :4])], 1)
+    projected = []
+    hook = model.lm_head.register_forward_hook(lambda _, args, out: projected.append(out.shape[1]))
+    try:
+        with torch.no_grad():
+            got = response_logits(model, seq, mask, 4)
+            full = model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask)).logits
+    finally:
+        hook.remove()
+    assert projected == [5, seq.shape[1]]  # response_len + 1 positions, then the full forward's all
+    torch.testing.assert_close(got, full[:, -5:-1], atol=1e-6, rtol=0)
 
 
 def test_trim_left_padding_drops_only_leading_columns_that_no_row_uses():
