@@ -42,11 +42,13 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
 
 
 def response_log_probs(model, input_ids, attention_mask, responses, *, temperature: float = 1.0,
-                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[batch, response_len]`` of ``responses`` and optionally their entropy."""
+                       with_entropy: bool = False, entropy_grad: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[batch, response_len]`` of ``responses`` and optionally their entropy, off the
+    autograd graph unless ``entropy_grad`` (a logged-only entropy then costs backward nothing)."""
     logits = response_logits(model, input_ids, attention_mask, responses.shape[1]).float() / temperature
     log_probs = token_log_probs(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
     return log_probs, entropy
 
 

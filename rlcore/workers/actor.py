@@ -144,7 +144,7 @@ class ActorRolloutRefWorker(RankWorker):
         rmask = part["response_mask"].to(self.device)
         lp, ent = response_log_probs(self.actor, ids.to(self.device), mask.to(self.device),
                                      part["responses"].to(self.device), temperature=cfg["temperature"],
-                                     with_entropy=True)
+                                     with_entropy=True, entropy_grad=cfg["entropy_coeff"] != 0)
         agg = cfg["loss_agg_mode"]
         pg, m = policy_loss(cfg["policy_loss"], old_log_prob=part["old_log_probs"].to(self.device), log_prob=lp,
                             advantages=part["advantages"].to(self.device), response_mask=rmask,
