@@ -5,5 +5,5 @@
 run_bench (entry point) drives two child processes, ours.py (rlcore) and trl_side.py (TRL),
 over wire.py; settings.py holds the shared knobs, prepare.py the data and SFT fixture,
 monitor.py/machine.py/profile.py the measurements, report.py/text.py the markdown.
-ab.py and patches.py are the A/B tooling behind EXPERIMENTS.md.
+ab.py measures config changes on our side alone, paired (the method behind EXPERIMENTS.md).
 """

@@ -1,8 +1,10 @@
-"""A/B of our side alone: rlcore as it is (A) against rlcore with bench.patches and/or config
-overrides (B), two ours children alternating in blocks, so each change is measured paired.
+"""A/B of our side alone: rlcore as it is (A) against rlcore with config overrides (B).
 
-    .venv/bin/python -m bench.ab --patches trim_prompt_pad
+Two ours children alternate in blocks, so each change is measured paired.
+
+    .venv/bin/python -m bench.ab --ours-set resources.ref_reshard_after_forward=true
     .venv/bin/python -m bench.ab --ours-set resources.n_workers=1 --ours-set resources.cpus_per_worker=2
+    .venv/bin/python -m bench.ab --steps 12      # no overrides: A/A, the noise floor
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from bench.settings import WORK_DIR
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--patches", default="", help="comma-separated bench.patches names for B")
     p.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE", help="rlcore config for B")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     renice(args.nice)
     ensure_prepared()
-    envs = {"A": ours_env({}, ""), "B": ours_env(parse_sets(args.ours_set), args.patches)}
+    overrides = parse_sets(args.ours_set)
+    envs = {"A": ours_env({}), "B": ours_env(overrides)}
     kids: dict[str, Child] = {}
     try:
         for name, env in envs.items():
@@ -54,11 +56,10 @@ def main(argv: list[str] | None = None) -> None:
             child.close()
     used, clean = report.choose_steps(measured)
     med = {n: statistics.median(r["wall_s"] for r in used[n]) for n in kids}
-    out = {"B": {"patches": args.patches, "overrides": parse_sets(args.ours_set)}, "clean_only": clean,
+    out = {"B": {"overrides": overrides}, "clean_only": clean,
            "steps_used": {n: len(used[n]) for n in kids}, "median_s": med, "B_over_A": med["B"] / med["A"],
            "phases": {n: phase_means(used[n]) for n in kids}, "quiet_wait_s": waited}
-    changes = [*filter(None, args.patches.split(",")), *(f"{k}={v}" for k, v in parse_sets(args.ours_set).items())]
-    tag = "+".join(changes) or "A-A"
+    tag = "+".join(f"{k}={v}" for k, v in overrides.items()) or "A-A"
     (WORK_DIR / f"ab_{tag}.json").write_text(json.dumps({**out, "records": measured}, indent=1))
     print(json.dumps(out, indent=1))
 

@@ -16,7 +16,7 @@ import time
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from bench import patches, wire  # noqa: E402
+from bench import wire  # noqa: E402
 from bench.settings import RL_SEED, paths, rl_config  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def step_sized_batch(runner):
 
 def ray_probe(runner, reps: int) -> dict[str, float]:
     """Median seconds of one call to all ranks (as WorkerGroup._call makes it, chunking included):
-    empty, carrying one step's Batch in, and carrying it in and back out."""
+    empty, carrying one step's Batch in (and its tensors alone), and carrying it in and back out."""
     import statistics
 
     import ray
@@ -90,7 +90,6 @@ def ray_probe(runner, reps: int) -> dict[str, float]:
 
     workers, full = runner.actor.workers, step_sized_batch(runner)
     tensors_only = Batch(dict(full.tensors))
-    as_numpy = Batch({k: v.numpy() for k, v in full.tensors.items()})  # what zero-copy transport would cost
 
     def timed(fn, batch) -> float:
         times = []
@@ -103,15 +102,14 @@ def ray_probe(runner, reps: int) -> dict[str, float]:
 
     return {"empty_call_s": timed(_noop, None), "batch_in_s": timed(_swallow, full),
             "batch_in_out_s": timed(_echo, full), "tensors_only_in_s": timed(_swallow, tensors_only),
-            "numpy_in_s": timed(_swallow, as_numpy), "calls_per_step": 3}
+            "calls_per_step": 3}
 
 
 def main() -> None:
     t0 = time.perf_counter()
-    applied = patches.apply_controller()
     runner = build_runner(total_steps=10_000)
-    wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), patches=applied,
-              overrides=ours_overrides(), resources=runner.cfg.resources.model_dump(mode="json"))
+    wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),
+              resources=runner.cfg.resources.model_dump(mode="json"))
     step = 0
     while (cmd := wire.next_command())[0] in ("run", "probe"):
         if cmd[0] == "probe":

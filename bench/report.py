@@ -127,9 +127,8 @@ def profile_tables(prof: dict[str, Any]) -> list[str]:
         lo, hi = probe["calls_per_step"] * probe["empty_call_s"], probe["calls_per_step"] * probe["batch_in_out_s"]
         lines += ["", f"Ray measured directly (median of 20 group calls to both ranks via `__ray_call__`): empty "
                   f"call {probe['empty_call_s'] * 1e3:.1f} ms, carrying one step's full Batch in "
-                  f"{probe['batch_in_s'] * 1e3:.1f} ms (its tensors alone: {probe['tensors_only_in_s'] * 1e3:.1f} ms; "
-                  f"the same arrays as numpy, which Ray ships zero-copy: {probe['numpy_in_s'] * 1e3:.1f} ms), in and "
-                  f"back out {probe['batch_in_out_s'] * 1e3:.1f} ms. "
+                  f"{probe['batch_in_s'] * 1e3:.1f} ms (its tensors alone: {probe['tensors_only_in_s'] * 1e3:.1f} ms), "
+                  f"in and back out {probe['batch_in_out_s'] * 1e3:.1f} ms. "
                   f"With {probe['calls_per_step']} group calls per step (generate, ref, update) Ray costs between "
                   f"{lo:.3f} and {hi:.3f} s per step ({lo / step:.0%}-{hi / step:.0%})."]
     lines += ["", "Phase wall times of the profiled steps (rlcore `timing_s/*`, mean per step):", "",

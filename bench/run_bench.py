@@ -49,7 +49,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=str(BENCH_DIR / "RESULTS.md"))
     p.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rlcore config for our side only, e.g. resources.n_workers=1 (experiments)")
-    p.add_argument("--patches", default="", help="comma-separated bench.patches names for our side (experiments)")
     return p.parse_args(argv)
 
 
@@ -117,16 +116,17 @@ def describe_run(args: argparse.Namespace) -> dict:
     return info
 
 
-def ours_env(overrides: dict, patches: str) -> dict[str, str]:
+def ours_env(overrides: dict) -> dict[str, str]:
     """Environment of an ours child. Ray starts its workers 15 nice levels below the driver's priority;
-    RAY_worker_niceness=0 levels them, so every compute process of both systems runs at one priority."""
-    return {"BENCH_OURS_SET": json.dumps(overrides), "BENCH_PATCHES": patches, "RAY_worker_niceness": "0"}
+    RAY_worker_niceness=0 levels them, so every compute process of both systems runs at one priority
+    (rlcore's start_ray does so too, unless the environment says otherwise: pinned here)."""
+    return {"BENCH_OURS_SET": json.dumps(overrides), "RAY_worker_niceness": "0"}
 
 
 def start_children(info: dict, total: int, mem: MemoryMonitor, kids: dict[str, Child]) -> None:
     """Start ours, then TRL (one at a time, so their set-ups do not compete) and wait until both are ready."""
     info["setup_s"] = {}
-    for name, module, env in (("ours", "bench.ours", ours_env(info["ours_overrides"], info["args"]["patches"])),
+    for name, module, env in (("ours", "bench.ours", ours_env(info["ours_overrides"])),
                               ("trl", "bench.trl_side", {"BENCH_TOTAL_STEPS": str(total)})):
         kids[name] = Child(name, module, env=env)
         mem.add(name, kids[name].pid)

@@ -26,16 +26,20 @@ DIFFERENCES = """\
 - **KL.** Both k3 (`e^x - x - 1`, x = logp_ref - logp) times the same coefficient, added to the
   per-token loss; rlcore clamps x to [-20, 20] and k3 to [-10, 10] (verl), TRL does not clamp.
 - **Optimizer.** Both AdamW (0.9, 0.999, eps 1e-8), weight decay 0, constant LR without warm-up,
-  grad-norm clip 1.0. TRL uses its default `adamw_torch_fused`; rlcore `torch.optim.AdamW` on DTensors.
+  grad-norm clip 1.0. TRL uses its default `adamw_torch_fused`; rlcore `torch.optim.AdamW(foreach=True)`
+  on DTensors.
 - **Generation.** rlcore: its own KV-cache decode loop (`rollout.engine: hf`) on a full copy of the
   weights that is refreshed (all-gathered) after every update. TRL: `model.generate(do_sample=True)`
   on the training model. Both stop at EOS or max length; TRL's `top_k=0` and rlcore's `top_k: 0`
   both mean no top-k filter.
-- **Padding.** rlcore pads every prompt to max_prompt_length and every response to
-  max_response_length; TRL pads to the longest in the batch. Token counts never include padding.
+- **Padding.** rlcore's Batches pad every prompt to max_prompt_length and every response to
+  max_response_length, but every forward (and the generation prefill) drops the prompt columns
+  that are padding in every row, so it runs on the longest prompt of its micro-batch; TRL pads
+  to the longest in the batch. Token counts never include padding.
 - **Prompt length.** TRL 1.x has no `max_prompt_length`; every prompt here is shorter than
   rlcore's limit, so neither truncates.
-- **Entropy.** Both compute the entropy in the training forward (for logging; coefficient 0)."""
+- **Entropy.** Both compute the entropy in the training forward (for logging; coefficient 0);
+  rlcore keeps it off the autograd graph when its coefficient is 0."""
 
 
 def kv_table(d: dict[str, Any], head: tuple[str, str] = ("key", "value")) -> list[str]:
@@ -60,11 +64,10 @@ def steps_note(info: dict) -> str:
 
 def experiment_note(info: dict) -> list[str]:
     """Non-default runs say so at the top: these numbers are not the project's configuration."""
-    sets, patches = info["ours_overrides"], info["args"]["patches"]
-    if not sets and not patches:
+    sets = info["ours_overrides"]
+    if not sets:
         return []
-    return [f"**Experiment, not the default configuration:** ours ran with config overrides {sets or '{}'} "
-            f"and bench.patches [{patches}].", ""]
+    return [f"**Experiment, not the default configuration:** ours ran with config overrides {sets}.", ""]
 
 
 def step_rows(info: dict) -> list[str]:
@@ -119,6 +122,8 @@ def settings_section(info: dict) -> list[str]:
             "TRL `GRPOConfig` (see `bench/trl_side.py`):", "", *kv_table(trl_cfg, ("field", "value")), "",
             f"Ours: `RoundRunner` from `rlcore.trainer.ppo`, `resources.n_workers: {res['n_workers']}`, "
             f"`cpus_per_worker: {res['cpus_per_worker']}` (= torch threads per rank), "
+            f"`reshard_after_forward: {str(res['reshard_after_forward']).lower()}`, "
+            f"`ref_reshard_after_forward: {str(res['ref_reshard_after_forward']).lower()}`, "
             "`actor.ppo_mini_batch_size` = `ppo.train_batch_size` (one optimizer step per RL step), "
             "`rollout.engine: hf`, `actor.recompute_log_prob: false`."]
 
@@ -131,8 +136,7 @@ def tiny_shape(info: dict) -> str:
 def command(info: dict) -> str:
     args = info["args"]
     cmd = f"python -m bench.run_bench --steps {args['steps']} --warmup {args['warmup']} --block {args['block']}"
-    cmd += "".join(f" --ours-set {k}={v}" for k, v in info["ours_overrides"].items())
-    return cmd + (f" --patches {args['patches']}" if args["patches"] else "")
+    return cmd + "".join(f" --ours-set {k}={v}" for k, v in info["ours_overrides"].items())
 
 
 def results_section(info: dict) -> list[str]:
@@ -153,7 +157,8 @@ def reproduce_section(info: dict) -> list[str]:
             "```", "make bench                       # installs the `bench` extra (TRL), then runs the default",
             command(info),
             "python -m bench.run_bench --steps 2 --warmup 1 --no-profile --out /tmp/r.md   # quick check",
-            "python -m bench.ab --patches trim_prompt_pad     # A/B of one rlcore change on our side", "```", "",
+            "python -m bench.ab --ours-set resources.ref_reshard_after_forward=true   # A/B of one rlcore "
+            "setting on our side", "```", "",
             f"The first run also builds the data and the SFT checkpoint (`{info['fixture']}`; a few minutes); a "
             "change to the seed/model/task/sft params builds new ones, deleting them rebuilds them. "
             "Child logs: `bench/_work/logs/`; all numbers of the last run: `bench/_work/last_run.json`.", "",

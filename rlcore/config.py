@@ -136,6 +136,15 @@ class ResourcesConfig(_Section):
     """Logical CPUs per rank; also its torch thread count (rounded, at least 1)."""
     use_gpu: bool = False
     """One GPU per rank and the nccl backend (needs CUDA)."""
+    reshard_after_forward: bool = False
+    """FSDP2 for the models that train (actor, critic). True frees each block's gathered weights after
+    its forward and gathers them again for backward (ZeRO-3: a rank holds its shard plus one block).
+    False keeps them from forward to backward (ZeRO-2: one all-gather fewer per micro-batch, but a
+    full copy of the weights on every rank meanwhile); faster while the model fits on a rank."""
+    ref_reshard_after_forward: bool = False
+    """The same for the frozen reference model, which has no backward to free them. False gathers it on
+    its first forward and keeps a full copy on every rank from then on (no more all-gathers); True
+    re-gathers it block by block in every forward and holds only a shard."""
 
 
 class SFTConfig(_Section):

@@ -4,7 +4,7 @@ A Batch holds named tensors that share the leading batch dimension, per-sample
 non-tensor fields (numpy object arrays of the same length) and a ``meta`` dict for
 everything that is not per-sample (metrics, sampling settings). Worker groups split
 a Batch by data-parallel rank with :meth:`Batch.chunk` and gather the pieces with
-:meth:`Batch.concat`.
+:meth:`Batch.concat`. Pickling sends tensors as numpy arrays, which Ray moves out-of-band.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+
+# Tensor dtypes numpy can hold (not bfloat16 or the float8 types): these cross processes as arrays.
+_NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                 torch.float32, torch.float64, torch.complex64, torch.complex128}
 
 
 @dataclass
@@ -45,6 +49,13 @@ class Batch:
 
     def __contains__(self, key: str) -> bool:
         return key in self.tensors or key in self.non_tensors
+
+    def __reduce__(self):
+        """Pickle CPU tensors as numpy arrays: pickle protocol 5 (Ray) ships those out-of-band,
+        zero-copy, and an array of a chunk carries its own rows only (a pickled tensor view carries
+        its whole storage). Other tensors (bfloat16, on a GPU, requiring grad) pickle as tensors."""
+        tensors = {k: v.numpy() if _numpy_compatible(v) else v for k, v in self.tensors.items()}
+        return _rebuild_batch, (tensors, self.non_tensors, self.meta)
 
     def select(self, index: Sequence[int] | np.ndarray | torch.Tensor) -> "Batch":
         """Rows at ``index`` (any order, repeats allowed); meta is shared."""
@@ -104,6 +115,17 @@ class Batch:
             {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors},
             dict(first.meta),
         )
+
+
+def _numpy_compatible(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and not t.requires_grad
+
+
+def _rebuild_batch(tensors: dict[str, np.ndarray | torch.Tensor], non_tensors: dict[str, np.ndarray],
+                   meta: dict[str, Any]) -> Batch:
+    """Unpickle a Batch; ``np.array`` copies each array out of the (read-only) buffer it may view."""
+    return Batch({k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v for k, v in tensors.items()},
+                 non_tensors, meta)
 
 
 def _as_object_array(values: Any) -> np.ndarray:

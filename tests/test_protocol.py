@@ -1,6 +1,9 @@
-"""Tests for rlcore.protocol.Batch: splitting, gathering, repeating and joining rows."""
+"""Tests for rlcore.protocol.Batch: splitting, gathering, repeating and joining rows, and pickling."""
 
 from __future__ import annotations
+
+import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -107,3 +110,54 @@ def test_fields_of_different_lengths_are_refused(tensors, non_tensors):
 def test_missing_field_names_the_available_ones():
     with pytest.raises(KeyError, match="'nope'.*name"):
         make_batch(2)["nope"]
+
+
+# ------------------------------------------------------------------ pickling (how Batches cross Ray)
+def mixed_batch() -> Batch:
+    return Batch(
+        {"mask": torch.tensor([[True, False], [True, True], [False, False]]),
+         "ids": torch.tensor([[1, 2], [3, 4], [5, 6]]),
+         "logp": torch.tensor([[-0.5, -1.5], [-2.0, 0.0], [-0.25, -3.0]]),
+         "half": torch.tensor([[0.5, 1.0], [2.0, 3.0], [4.0, 8.0]], dtype=torch.bfloat16),
+         "param": torch.ones(3, 2, requires_grad=True)},
+        {"name": ["a", "b", "c"], "info": [{"i": 0}, {"i": 1}, {"i": 2}]},
+        {"seed": 7, "sampling": {"temperature": 0.5}},
+    )
+
+
+def round_trip(batch: Batch) -> tuple[Batch, list[bytes]]:
+    """Pickle protocol 5 as Ray uses it: out-of-band buffers, handed back read-only (Ray's object store).
+    Returns the rebuilt batch and the out-of-band buffers' bytes."""
+    buffers = []
+    data = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    raw = [bytes(b.raw()) for b in buffers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.from_numpy warns on a read-only array
+        return pickle.loads(data, buffers=[memoryview(r) for r in raw]), raw
+
+
+def test_pickle_round_trip_keeps_dtypes_values_non_tensors_and_meta():
+    batch = mixed_batch()
+    back, raw = round_trip(batch)
+    assert list(back.tensors) == list(batch.tensors)
+    for k, v in batch.tensors.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v.detach()), k
+    assert back["param"].requires_grad
+    assert back["name"].tolist() == ["a", "b", "c"] and back["info"][2] == {"i": 2}
+    assert back.meta == batch.meta
+    assert len(raw) == 3  # bool, int64 and float32 travel out-of-band; bfloat16 and the grad tensor do not
+
+
+def test_unpickled_tensors_are_writable_and_do_not_share_the_received_buffers():
+    back, raw = round_trip(mixed_batch())
+    before = [bytearray(r) for r in raw]  # copies
+    for k in ("mask", "ids", "logp"):
+        back[k].zero_()
+        assert not back[k].any(), k
+    assert [bytearray(r) for r in raw] == before
+
+
+def test_a_pickled_chunk_carries_only_its_rows():
+    big = Batch({"x": torch.zeros(1000, 100)})
+    piece = big.chunk(10)[0]
+    assert len(pickle.dumps(piece)) < 0.2 * len(pickle.dumps(big))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -15,6 +16,9 @@ def start_ray(address: str, num_cpus: int) -> str:
     if ray.is_initialized():
         return "ray: already initialised in this process"
     if address == "local":
+        # Ray starts its worker processes 15 nice levels below the driver; the ranks do the compute, so on
+        # a shared machine they would lose the CPU to everything else. A user's own setting wins.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         # address=None with RAY_ADDRESS unset would still attach to a running `ray start`; "local" never does.
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
                  configure_logging=False)

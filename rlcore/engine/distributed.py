@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 
@@ -40,26 +40,48 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
     return device
 
 
-def shard(model: torch.nn.Module, device: torch.device, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """FSDP2: shard each transformer block, then the root, over all ranks."""
+def shard(model: torch.nn.Module, device: torch.device, param_dtype: torch.dtype | None = None, *,
+          reshard_after_forward: bool = True) -> torch.nn.Module:
+    """FSDP2: shard each transformer block, then the root, over all ranks.
+
+    ``reshard_after_forward=False`` keeps each block's gathered weights from its forward until its
+    backward (see ``resources.reshard_after_forward``); the root keeps FSDP2's own default, which
+    never reshards it after forward.
+    """
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else MixedPrecisionPolicy()
     block_names = set(getattr(model, "_no_split_modules", None) or [])
     for module in model.modules():
         if type(module).__name__ in block_names:
-            fully_shard(module, mesh=mesh, mp_policy=mp)
+            fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer unsharded on every rank (a collective: all ranks call it)."""
-    out = {}
-    for name, value in model.state_dict().items():
-        if isinstance(value, DTensor):
-            value = value.full_tensor()
-        out[name] = value.detach()
-    return out
+    """Every parameter and buffer unsharded on every rank, in the dtype the forward computes in
+    (the mixed-precision ``param_dtype``, if any): what the rollout engine loads. A collective.
+
+    One all-gather per FSDP group (``unshard``) rather than one per parameter; the model is
+    resharded afterwards.
+    """
+    state = model.state_dict()  # FSDP reshards first: parameters are DTensor shards here, buffers plain
+    groups = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in groups:
+        m.unshard()
+    try:
+        gathered = dict(model.named_parameters(remove_duplicate=False))  # tied weights under each name
+        # clone: reshard() frees the gathered storage
+        return {k: (gathered[k] if isinstance(v, DTensor) else v).detach().clone() for k, v in state.items()}
+    finally:
+        for m in groups:
+            m.reshard()
+
+
+def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer unsharded on every rank in its stored dtype (the float32 master
+    weights, also under mixed precision): what a checkpoint saves. A collective, one per parameter."""
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in model.state_dict().items()}
 
 
 def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str, float]:

@@ -17,11 +17,22 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop the leading columns that are padding in every row, ``[batch, len]`` -> ``[batch, len - k]``.
+
+    Prompts are left-padded to a fixed width, usually wider than the batch's longest prompt;
+    a forward over the trimmed columns gives the same results (positions come from the mask).
+    """
+    start = int(attention_mask.any(0).int().argmax())  # the first used column; 0 if none is
+    return input_ids[:, start:], attention_mask[:, start:]
+
+
 def response_logits(model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
-    """Logits predicting each response token: ``[batch, response_len, vocab]``."""
+    """Logits predicting each response token: ``[batch, response_len, vocab]``. Only the last
+    ``response_len + 1`` positions go through the LM head (``logits_to_keep``)."""
     out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False)
-    return out.logits[:, -response_len - 1 : -1]
+                position_ids=position_ids(attention_mask), use_cache=False, logits_to_keep=response_len + 1)
+    return out.logits[:, :-1]
 
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -31,11 +42,13 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
 
 
 def response_log_probs(model, input_ids, attention_mask, responses, *, temperature: float = 1.0,
-                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[batch, response_len]`` of ``responses`` and optionally their entropy."""
+                       with_entropy: bool = False, entropy_grad: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[batch, response_len]`` of ``responses`` and optionally their entropy, off the
+    autograd graph unless ``entropy_grad`` (a logged-only entropy then costs backward nothing)."""
     logits = response_logits(model, input_ids, attention_mask, responses.shape[1]).float() / temperature
     log_probs = token_log_probs(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
     return log_probs, entropy
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from rlcore.engine.logprob import position_ids
+from rlcore.engine.logprob import position_ids, trim_left_padding
 from rlcore.rollout.base import SamplingParams
 
 
@@ -43,6 +43,7 @@ class HFRolloutEngine:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
                  generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        input_ids, attention_mask = trim_left_padding(input_ids, attention_mask)
         batch = input_ids.shape[0]
         device = input_ids.device
         mask = attention_mask.clone()

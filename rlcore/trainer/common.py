@@ -29,10 +29,12 @@ def start_pool(cfg: Config) -> ResourcePool:
 def actor_group(cfg: Config, pool: ResourcePool, model_path: str | Path, roles: tuple[str, ...], *,
                 optim: dict[str, Any] | None = None, share: int = 1) -> WorkerGroup:
     engine = cfg.rollout.engine if "rollout" in roles else None  # SFT neither reads nor needs it
+    r = cfg.resources
     wg = WorkerGroup(ActorRolloutRefWorker, pool, name="actor", share=share, timeout_s=cfg.ray.timeout_s,
                      model_path=str(model_path), roles=roles, dtype=cfg.model.dtype,
                      attn_implementation=cfg.model.attn_implementation, rollout_engine=engine,
-                     optim=optim, seed=cfg.seed)
+                     optim=optim, seed=cfg.seed, reshard_after_forward=r.reshard_after_forward,
+                     ref_reshard_after_forward=r.ref_reshard_after_forward)
     wg.init_model()
     return wg
 
@@ -42,7 +44,8 @@ def critic_group(cfg: Config, pool: ResourcePool, model_path: str | Path, *, sha
     wg = WorkerGroup(CriticWorker, pool, name="critic", share=share, timeout_s=cfg.ray.timeout_s,
                      model_path=str(model_path), dtype=cfg.model.dtype,
                      attn_implementation=cfg.model.attn_implementation,
-                     optim={"lr": c.lr, "weight_decay": 0.0, "warmup_steps": 0}, seed=cfg.seed)
+                     optim={"lr": c.lr, "weight_decay": 0.0, "warmup_steps": 0}, seed=cfg.seed,
+                     reshard_after_forward=cfg.resources.reshard_after_forward)
     wg.init_model()
     return wg
 

@@ -16,7 +16,7 @@ import torch
 from rlcore.algos.losses import agg_loss, kl_penalty, policy_loss
 from rlcore.controller import Dispatch, register
 from rlcore.engine import distributed
-from rlcore.engine.logprob import response_log_probs
+from rlcore.engine.logprob import response_log_probs, trim_left_padding
 from rlcore.engine.model import DTYPES, load_causal_lm, load_tokenizer
 from rlcore.protocol import Batch
 from rlcore.rollout import ENGINES, SamplingParams
@@ -25,10 +25,11 @@ from rlcore.workers.rank import RankWorker
 
 
 def sequences(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(prompt ; response) ids and attention mask, ``[batch, prompt_len + response_len]``."""
+    """(prompt ; response) ids and attention mask, ``[batch, prompt_len + response_len]``, less the
+    prompt columns that are padding in every row (``trim_left_padding``)."""
     ids = torch.cat([batch["prompts"], batch["responses"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
-    return ids, mask
+    return trim_left_padding(ids, mask)
 
 
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -39,7 +40,8 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 class ActorRolloutRefWorker(RankWorker):
     def __init__(self, rank: int, world_size: int, num_threads: int, *, model_path: str, roles: tuple[str, ...],
                  dtype: str = "float32", attn_implementation: str = "sdpa", rollout_engine: str | None = None,
-                 optim: dict[str, Any] | None = None, seed: int = 0):
+                 optim: dict[str, Any] | None = None, seed: int = 0, reshard_after_forward: bool = False,
+                 ref_reshard_after_forward: bool = False):
         super().__init__(rank, world_size, num_threads, seed)
         self.model_path = model_path
         self.roles = roles
@@ -47,6 +49,8 @@ class ActorRolloutRefWorker(RankWorker):
         self.attn = attn_implementation
         self.engine_name = rollout_engine
         self.optim = optim or {}
+        self.reshard_after_forward = reshard_after_forward
+        self.ref_reshard_after_forward = ref_reshard_after_forward
         self.rollout_stale = True
 
     def _load(self) -> torch.nn.Module:
@@ -57,7 +61,7 @@ class ActorRolloutRefWorker(RankWorker):
         mp = DTYPES[self.dtype] if self.dtype != "float32" else None
         tok = load_tokenizer(self.model_path)
         self.tokenizer = tok
-        self.actor = distributed.shard(self._load(), self.device, mp)
+        self.actor = distributed.shard(self._load(), self.device, mp, reshard_after_forward=self.reshard_after_forward)
         if "actor" in self.roles:
             self.actor.train()
             self.opt, self.sched = make_optimizer(self.actor, **self.optim)
@@ -66,7 +70,8 @@ class ActorRolloutRefWorker(RankWorker):
             self.engine = ENGINES.get(self.engine_name)(plain, eos_token_id=tok.eos_token_id,
                                                         pad_token_id=tok.pad_token_id)
         if "ref" in self.roles:
-            self.ref = distributed.shard(self._load().eval().requires_grad_(False), self.device, mp)
+            self.ref = distributed.shard(self._load().eval().requires_grad_(False), self.device, mp,
+                                         reshard_after_forward=self.ref_reshard_after_forward)
 
     # ---------------------------------------------------------------- rollout
     @register(Dispatch.DP_COMPUTE)
@@ -139,7 +144,7 @@ class ActorRolloutRefWorker(RankWorker):
         rmask = part["response_mask"].to(self.device)
         lp, ent = response_log_probs(self.actor, ids.to(self.device), mask.to(self.device),
                                      part["responses"].to(self.device), temperature=cfg["temperature"],
-                                     with_entropy=True)
+                                     with_entropy=True, entropy_grad=cfg["entropy_coeff"] != 0)
         agg = cfg["loss_agg_mode"]
         pg, m = policy_loss(cfg["policy_loss"], old_log_prob=part["old_log_probs"].to(self.device), log_prob=lp,
                             advantages=part["advantages"].to(self.device), response_mask=rmask,
@@ -178,7 +183,7 @@ class ActorRolloutRefWorker(RankWorker):
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
         """Write a Hugging Face folder (weights + tokenizer) from rank 0."""
-        state = distributed.full_state_dict(self.actor)  # collective
+        state = distributed.checkpoint_state_dict(self.actor)  # collective
         if self.rank == 0:
             out = Path(path)
             out.mkdir(parents=True, exist_ok=True)

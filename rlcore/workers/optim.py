@@ -11,8 +11,11 @@ from torch.distributed.tensor import DTensor
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, warmup_steps: int,
                    total_steps: int | None = None, min_lr_ratio: float = 0.1):
-    """AdamW with linear warm-up, then constant (total_steps None) or cosine decay to min_lr_ratio."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+    """AdamW with linear warm-up, then constant (total_steps None) or cosine decay to min_lr_ratio.
+
+    foreach: the multi-tensor update, which torch leaves off on CPU (one tensor at a time there).
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), foreach=True)
 
     def factor(step: int) -> float:
         if step < warmup_steps:

@@ -1,10 +1,11 @@
-"""Tests for rlcore.controller: dispatch modes, the process group, and resource pools.
+"""Tests for rlcore.controller: dispatch modes, the process group, resource pools and Ray start-up.
 
 One two-rank group of a toy worker serves the whole module (actor start-up dominates).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -12,7 +13,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from rlcore.controller import Dispatch, ResourcePool, WorkerGroup, register
+from rlcore.controller import Dispatch, ResourcePool, WorkerGroup, register, resource_pool, start_ray
 from rlcore.protocol import Batch
 from rlcore.workers.rank import RankWorker
 
@@ -97,3 +98,36 @@ def test_pool_that_cannot_fit_fails_naming_the_resources(group):
 
     pending = [pg for pg in placement_group_table().values() if pg["state"] == "PENDING"]
     assert not pending
+
+
+# ------------------------------------------------------------------ start_ray
+NICENESS = "RAY_worker_niceness"
+
+
+@pytest.fixture
+def fake_ray(monkeypatch) -> list[dict]:
+    """ray.init records its address and the workers' niceness it would see; nothing starts."""
+    calls = []
+    monkeypatch.setattr(resource_pool.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(resource_pool.ray, "init",
+                        lambda address, **_: calls.append({"address": address, "niceness": os.environ.get(NICENESS)}))
+    monkeypatch.setattr(resource_pool.ray, "cluster_resources", lambda: {})
+    monkeypatch.setenv(NICENESS, "")  # so that the variable's original state comes back after the test
+    monkeypatch.delenv(NICENESS)
+    return calls
+
+
+def test_a_local_ray_starts_workers_at_the_drivers_priority(fake_ray):
+    start_ray("local", 2)
+    assert fake_ray == [{"address": "local", "niceness": "0"}]
+
+
+def test_the_users_worker_niceness_wins(fake_ray, monkeypatch):
+    monkeypatch.setenv(NICENESS, "5")
+    start_ray("local", 2)
+    assert fake_ray[0]["niceness"] == "5"
+
+
+def test_joining_a_cluster_leaves_worker_niceness_alone(fake_ray):
+    start_ray("auto", 2)
+    assert fake_ray == [{"address": "auto", "niceness": None}]

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlcore.engine.logprob import position_ids, response_log_probs
+from rlcore.engine.logprob import position_ids, response_log_probs, response_logits, trim_left_padding
 from rlcore.engine.model import load_causal_lm
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.hf import HFRolloutEngine, filter_logits
@@ -55,6 +55,12 @@ def left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         ids[i, width - len(r):] = torch.tensor(r)
         mask[i, width - len(r):] = 1
     return ids, mask
+
+
+def wider(ids: torch.Tensor, mask: torch.Tensor, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same rows behind ``extra`` more columns of left padding."""
+    return (torch.cat([torch.full((len(ids), extra), PAD, dtype=ids.dtype), ids], 1),
+            torch.cat([torch.zeros((len(mask), extra), dtype=mask.dtype), mask], 1))
 
 
 @torch.no_grad()
@@ -120,7 +126,62 @@ def test_log_probs_do_not_depend_on_left_padding(model, prompts):
         torch.testing.assert_close(lp[i, :n], expected, atol=1e-5, rtol=0)
 
 
+def test_response_logits_equal_the_full_logits_slice_and_only_those_are_projected(model, prompts):
+    _, ids, pmask = prompts
+    seq, mask = torch.cat([ids, ids[:, :4]], 1), torch.cat([pmask, torch.ones_like(pmask[:, :4])], 1)
+    projected = []
+    hook = model.lm_head.register_forward_hook(lambda _, args, out: projected.append(out.shape[1]))
+    try:
+        with torch.no_grad():
+            got = response_logits(model, seq, mask, 4)
+            full = model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask)).logits
+    finally:
+        hook.remove()
+    assert projected == [5, seq.shape[1]]  # response_len + 1 positions, then the full forward's all
+    torch.testing.assert_close(got, full[:, -5:-1], atol=1e-6, rtol=0)
+
+
+def test_trim_left_padding_drops_only_leading_columns_that_no_row_uses():
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 0, 0]])
+    ids = torch.arange(12).reshape(2, 6)
+    got_ids, got_mask = trim_left_padding(ids, mask)
+    assert got_mask.tolist() == [[0, 1, 1, 0], [1, 1, 0, 0]]  # the trailing all-padding column stays
+    assert torch.equal(got_ids, ids[:, 2:])
+    empty = torch.zeros_like(mask)
+    assert torch.equal(trim_left_padding(ids, empty)[1], empty)
+
+
+def test_log_probs_over_trimmed_columns_equal_the_untrimmed_forward(model, prompts):
+    _, ids, pmask = prompts
+    responses = torch.randint(7, model.config.vocab_size, (len(ids), 5), generator=torch.Generator().manual_seed(2))
+    wide_ids, wide_mask = wider(torch.cat([ids, responses], 1), torch.cat([pmask, torch.ones_like(responses)], 1), 6)
+    trimmed_ids, trimmed_mask = trim_left_padding(wide_ids, wide_mask)
+    assert trimmed_ids.shape[1] == ids.shape[1] + 5
+    with torch.no_grad():
+        lp, ent = response_log_probs(model, trimmed_ids, trimmed_mask, responses, with_entropy=True)
+        wide_lp, wide_ent = response_log_probs(model, wide_ids, wide_mask, responses, with_entropy=True)
+    torch.testing.assert_close(lp, wide_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, wide_ent, atol=1e-5, rtol=0)
+
+
 # ------------------------------------------------------------------ rollout/hf.py
+def test_generation_runs_on_trimmed_prompts_and_extra_left_padding_changes_nothing(peaky, prompts):
+    rows, ids, mask = prompts
+    widths = []
+    hook = peaky.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                           with_kwargs=True)
+    try:
+        out = sample(peaky, prompts, eos=NO_EOS, seed=4, temperature=1.5)
+        prefills = len(widths)
+        wide = sample(peaky, (rows, *wider(ids, mask, 7)), eos=NO_EOS, seed=4, temperature=1.5)
+    finally:
+        hook.remove()
+    assert widths[0] == widths[prefills] == ids.shape[1]  # both prefills see the longest prompt's width
+    assert torch.equal(wide["responses"], out["responses"])
+    assert torch.equal(wide["response_mask"], out["response_mask"])
+    torch.testing.assert_close(wide["log_probs"], out["log_probs"], atol=1e-5, rtol=0)
+
+
 def test_greedy_equals_argmax_of_full_forwards(peaky, prompts):
     rows = prompts[0]
     out = sample(peaky, prompts, eos=NO_EOS, seed=0, greedy=True)
