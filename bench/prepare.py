@@ -29,7 +29,8 @@ STAMP = "bench_ready.json"
 def build_data(cfg: Config, out: Path) -> None:
     t = cfg.task
     splits = build_splits(task=t.name, seed=cfg.seed, n_sft=t.n_sft, n_rl=t.n_rl, n_test=t.n_test,
-                          min_digits=t.min_digits, max_digits=t.max_digits, ops=tuple(t.ops))
+                          min_digits=t.min_digits, max_digits=t.max_digits, ops=tuple(t.ops),
+                          sft_carry_error_rate=t.sft_carry_error_rate)
     for name, rows in splits.items():
         write_rows(rows, out / f"{name}.parquet")
 

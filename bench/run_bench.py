@@ -105,8 +105,9 @@ def renice(nice: int | None) -> None:
 
 def describe_run(args: argparse.Namespace) -> dict:
     """Everything about the run that is known before any system starts (and the matmul peak)."""
+    prepared = ensure_prepared()  # builds the SFT fixture on a fresh machine; count_params reads it
     info = {"machine": machine.describe(), "versions": machine.versions(), "shared": shared(rl_config()),
-            "params": count_params(paths()["sft"]), "prepare": ensure_prepared(), "args": vars(args),
+            "params": count_params(paths()["sft"]), "prepare": prepared, "args": vars(args),
             "ours_overrides": parse_sets(args.ours_set),
             "fixture": str(paths()["sft"].relative_to(REPO_ROOT))}
     idle = LoadMeter([])
