@@ -24,7 +24,7 @@ from rlcore.config import Config
 from .conftest import REPO_ROOT
 
 STAGES = ["prepare", "sft", "score", "ppo", "evaluate"]
-INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final"}
+INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data"}
 OUTPUT_FLAGS = {"--out", "--out-dir", "--samples"}  # declared under outs
 NON_PATH_FLAGS = {"--round"}
 
