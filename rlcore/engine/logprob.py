@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rlcore.algos.losses import entropy_from_logits
+from rlcore.engine import packed
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -29,7 +30,15 @@ def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
 
 def response_logits(model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
     """Logits predicting each response token: ``[batch, response_len, vocab]``. Only the last
-    ``response_len + 1`` positions go through the LM head (``logits_to_keep``)."""
+    ``response_len + 1`` positions go through the LM head (``logits_to_keep``).
+
+    A model loaded for packed forwards (``model.packed_forward``) runs each distinct prompt once
+    and no padding (``rlcore.engine.packed``); the logits at real response tokens are the same.
+    """
+    if packed.uses_packing(model):
+        layout = packed.pack(input_ids, attention_mask, response_len)
+        if layout is not None:
+            return packed.packed_response_logits(model, layout)
     out = model(input_ids=input_ids, attention_mask=attention_mask,
                 position_ids=position_ids(attention_mask), use_cache=False, logits_to_keep=response_len + 1)
     return out.logits[:, :-1]
@@ -54,6 +63,10 @@ def response_log_probs(model, input_ids, attention_mask, responses, *, temperatu
 
 def response_values(value_model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
     """Critic values ``[batch, response_len]``: V of the state before each response token."""
+    if packed.uses_packing(value_model):
+        layout = packed.pack(input_ids, attention_mask, response_len)
+        if layout is not None:
+            return packed.packed_values(value_model, layout).float()
     out = value_model(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids(attention_mask), use_cache=False)
     return out.logits[:, -response_len - 1 : -1, 0].float()

@@ -2,7 +2,8 @@
 
 A token loop instead of ``model.generate``: one prefill, then one cached forward per
 new token, with sampling, EOS tracking and the sampled tokens' log-probs computed in
-the same pass (so the trainer need not recompute them).
+the same pass (so the trainer need not recompute them). The prefill runs each distinct
+prompt once (a group's ``n`` rows share one prompt) and copies its KV cache to the rows.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct (ids, mask) rows and, for every row, the index of its distinct row."""
+    keyed = torch.where(attention_mask.bool(), input_ids, -1)
+    distinct, index = torch.unique(keyed, dim=0, return_inverse=True)
+    mask = (distinct >= 0).to(attention_mask.dtype)
+    return torch.where(distinct >= 0, distinct, input_ids.new_zeros(())), mask, index
+
+
 class HFRolloutEngine:
     """Generates with its own unsharded copy of the policy, refreshed by ``load_weights``."""
 
@@ -53,11 +63,18 @@ class HFRolloutEngine:
         log_probs = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)
         resp_mask = torch.zeros((batch, params.max_new_tokens), dtype=torch.long, device=device)
         alive = torch.ones(batch, dtype=torch.bool, device=device)
-        step_ids, step_pos = input_ids, pos
+        # prefill: each distinct prompt once, then every row gets its prompt's cache and logits
+        uniq_ids, uniq_mask, row_of = distinct_rows(input_ids, attention_mask)
+        out = self.model(input_ids=uniq_ids, attention_mask=uniq_mask, position_ids=position_ids(uniq_mask),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.reorder_cache(row_of)
+        logits = out.logits[row_of, -1].float()
+        step_pos = pos[:, -1:]
         for t in range(params.max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                             past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1].float()
+            if t > 0:
+                out = self.model(input_ids=tokens[:, t - 1 : t], attention_mask=mask, position_ids=step_pos,
+                                 past_key_values=cache, use_cache=True)
+                logits = out.logits[:, -1].float()
             scaled = logits / params.temperature
             if params.greedy:
                 next_tok = logits.argmax(-1)
@@ -72,6 +89,5 @@ class HFRolloutEngine:
             if not alive.any():
                 break
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=device)], dim=1)
-            step_pos = step_pos[:, -1:] + 1
-            step_ids = tokens[:, t : t + 1]
+            step_pos = step_pos + 1
         return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}

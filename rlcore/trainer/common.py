@@ -32,7 +32,8 @@ def actor_group(cfg: Config, pool: ResourcePool, model_path: str | Path, roles: 
     r = cfg.resources
     wg = WorkerGroup(ActorRolloutRefWorker, pool, name="actor", share=share, timeout_s=cfg.ray.timeout_s,
                      model_path=str(model_path), roles=roles, dtype=cfg.model.dtype,
-                     attn_implementation=cfg.model.attn_implementation, rollout_engine=engine,
+                     attn_implementation=cfg.model.attn_implementation,
+                     packed_forward=cfg.model.packed_forward, rollout_engine=engine,
                      optim=optim, seed=cfg.seed, reshard_after_forward=r.reshard_after_forward,
                      ref_reshard_after_forward=r.ref_reshard_after_forward)
     wg.init_model()
@@ -44,6 +45,7 @@ def critic_group(cfg: Config, pool: ResourcePool, model_path: str | Path, *, sha
     wg = WorkerGroup(CriticWorker, pool, name="critic", share=share, timeout_s=cfg.ray.timeout_s,
                      model_path=str(model_path), dtype=cfg.model.dtype,
                      attn_implementation=cfg.model.attn_implementation,
+                     packed_forward=cfg.model.packed_forward,
                      optim={"lr": c.lr, "weight_decay": 0.0, "warmup_steps": 0}, seed=cfg.seed,
                      reshard_after_forward=cfg.resources.reshard_after_forward)
     wg.init_model()

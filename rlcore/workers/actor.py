@@ -39,7 +39,8 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 
 class ActorRolloutRefWorker(RankWorker):
     def __init__(self, rank: int, world_size: int, num_threads: int, *, model_path: str, roles: tuple[str, ...],
-                 dtype: str = "float32", attn_implementation: str = "sdpa", rollout_engine: str | None = None,
+                 dtype: str = "float32", attn_implementation: str = "sdpa", packed_forward: bool = False,
+                 rollout_engine: str | None = None,
                  optim: dict[str, Any] | None = None, seed: int = 0, reshard_after_forward: bool = False,
                  ref_reshard_after_forward: bool = False):
         super().__init__(rank, world_size, num_threads, seed)
@@ -47,6 +48,7 @@ class ActorRolloutRefWorker(RankWorker):
         self.roles = roles
         self.dtype = dtype
         self.attn = attn_implementation
+        self.packed_forward = packed_forward
         self.engine_name = rollout_engine
         self.optim = optim or {}
         self.reshard_after_forward = reshard_after_forward
@@ -54,7 +56,8 @@ class ActorRolloutRefWorker(RankWorker):
         self.rollout_stale = True
 
     def _load(self) -> torch.nn.Module:
-        return load_causal_lm(self.model_path, dtype="float32", attn_implementation=self.attn).to(self.device)
+        return load_causal_lm(self.model_path, dtype="float32", attn_implementation=self.attn,
+                              packed_forward=self.packed_forward).to(self.device)
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

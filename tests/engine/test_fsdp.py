@@ -80,15 +80,18 @@ def sft_batches(tokenizer) -> list[Batch]:
     return [first, second]
 
 
-@pytest.fixture(scope="module", params=[(True, False), (False, True)], ids=["actor-reshards", "ref-reshards"])
+@pytest.fixture(scope="module", params=[(True, False, True), (False, True, False)],
+                ids=["actor-reshards-packed", "ref-reshards"])
 def sharded_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
-    """The group's run with (reshard_after_forward, ref_reshard_after_forward) = ``request.param``."""
+    """The group's run with (reshard_after_forward, ref_reshard_after_forward, packed_forward) =
+    ``request.param``; the reference training it is compared with is always padded and unsharded."""
     batches = sft_batches(tiny_tokenizer)
     out = tmp_path_factory.mktemp("fsdp") / "saved"
     pool = ResourcePool(2, 1.0, False, 60)
     wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=120, model_path=str(tiny_model_dir),
                      roles=("actor", "ref"), optim={"lr": LR, "weight_decay": WEIGHT_DECAY, "warmup_steps": 0},
-                     seed=0, reshard_after_forward=request.param[0], ref_reshard_after_forward=request.param[1])
+                     seed=0, reshard_after_forward=request.param[0], ref_reshard_after_forward=request.param[1],
+                     packed_forward=request.param[2])
     try:
         wg.init_model()
         states = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
@@ -104,7 +107,7 @@ def sharded_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_fac
         pool.release()
     return {"batches": batches, "states": states, "numels": numels, "metrics": metrics, "trained": trained,
             "costs": costs, "saved": load_file(str(out / "model.safetensors")), "saved_dir": out,
-            "reshards": request.param, "layouts": layouts}
+            "reshards": request.param[:2], "layouts": layouts}
 
 
 @pytest.fixture(scope="module")
