@@ -135,11 +135,17 @@ class TaskConfig(_Section):
 
 class ResourcesConfig(_Section):
     n_workers: int = Field(2, ge=1)
-    """Ranks of each worker group (FSDP world size)."""
+    """Ranks of each worker group (the data-parallel world size)."""
     cpus_per_worker: float = Field(1.0, gt=0)
     """Logical CPUs per rank; also its torch thread count (rounded, at least 1)."""
     use_gpu: bool = False
     """One GPU per rank and the nccl backend (needs CUDA)."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How a worker group's ranks hold the models (rlcore.engine.distributed). ddp: every rank keeps the whole
+    model and optimizer state, gradients are averaged in one all-reduce per optimizer step, the rollout copy
+    is refreshed without communication: the faster choice for a model that fits on one rank (the default
+    tiny model, small HF models). fsdp: FSDP2 shards parameters, gradients and optimizer state over the
+    ranks (the two reshard switches below apply): for models that do not fit on one rank."""
     reshard_after_forward: bool = False
     """FSDP2 for the models that train (actor, critic). True frees each block's gathered weights after
     its forward and gathers them again for backward (ZeRO-3: a rank holds its shard plus one block).
@@ -149,6 +155,14 @@ class ResourcesConfig(_Section):
     """The same for the frozen reference model, which has no backward to free them. False gathers it on
     its first forward and keeps a full copy on every rank from then on (no more all-gathers); True
     re-gathers it block by block in every forward and holds only a shard."""
+
+    @model_validator(mode="after")
+    def _reshard_needs_fsdp(self) -> "ResourcesConfig":
+        for key in ("reshard_after_forward", "ref_reshard_after_forward"):
+            if getattr(self, key) and self.strategy != "fsdp":
+                raise ValueError(f"resources.{key} is true but resources.strategy is {self.strategy!r}; "
+                                 "it only applies to strategy 'fsdp'")
+        return self
 
 
 class SFTConfig(_Section):

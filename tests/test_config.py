@@ -158,6 +158,21 @@ def test_batch_size_not_divisible_by_workers_names_both_keys_and_stays_short(tmp
     assert "'tracking'" not in msg and len(msg) < 300, msg
 
 
+@pytest.mark.parametrize("key", ["reshard_after_forward", "ref_reshard_after_forward"])
+def test_reshard_switches_are_refused_outside_fsdp(tmp_path, key):
+    raw = with_value(with_value(defaults_raw(), "resources.strategy", "ddp"), f"resources.{key}", True)
+    with pytest.raises(ConfigError) as info:
+        load_config(write_params(tmp_path / "params.yaml", raw))
+    assert_one_line(str(info.value), f"resources.{key}", "resources.strategy", "'ddp'", "'fsdp'")
+    fsdp = with_value(raw, "resources.strategy", "fsdp")
+    assert getattr(load_config(write_params(tmp_path / "ok.yaml", fsdp)).resources, key) is True
+
+
+def test_unknown_strategy_names_the_choices(tmp_path):
+    msg = config_error(tmp_path, "resources.strategy", "zero3")
+    assert_one_line(msg, "resources.strategy", "zero3", "ddp", "fsdp")
+
+
 def test_missing_params_file(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml.*not found"):
         load_config(tmp_path / "nope.yaml")

@@ -34,7 +34,7 @@ def actor_group(cfg: Config, pool: ResourcePool, model_path: str | Path, roles: 
                      model_path=str(model_path), roles=roles, dtype=cfg.model.dtype,
                      attn_implementation=cfg.model.attn_implementation,
                      packed_forward=cfg.model.packed_forward, rollout_engine=engine,
-                     optim=optim, seed=cfg.seed, reshard_after_forward=r.reshard_after_forward,
+                     optim=optim, seed=cfg.seed, strategy=r.strategy, reshard_after_forward=r.reshard_after_forward,
                      ref_reshard_after_forward=r.ref_reshard_after_forward)
     wg.init_model()
     return wg
@@ -47,7 +47,7 @@ def critic_group(cfg: Config, pool: ResourcePool, model_path: str | Path, *, sha
                      attn_implementation=cfg.model.attn_implementation,
                      packed_forward=cfg.model.packed_forward,
                      optim={"lr": c.lr, "weight_decay": 0.0, "warmup_steps": 0}, seed=cfg.seed,
-                     reshard_after_forward=cfg.resources.reshard_after_forward)
+                     strategy=cfg.resources.strategy, reshard_after_forward=cfg.resources.reshard_after_forward)
     wg.init_model()
     return wg
 

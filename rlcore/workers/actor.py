@@ -1,9 +1,10 @@
 """The colocated actor / rollout / reference worker (one rank).
 
-* actor: the policy, FSDP2-sharded, with its optimizer (SFT and PPO updates)
+* actor: the policy with its optimizer (SFT and PPO updates), FSDP2-sharded or replicated
+  (``resources.strategy``, see ``rlcore.engine.distributed``)
 * rollout: an unsharded copy of the policy behind a RolloutEngine; it takes the
   actor's full weights before the first generation after every update
-* ref: the frozen initial policy, FSDP2-sharded, for KL terms
+* ref: the frozen initial policy, wrapped like the actor, for KL terms
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class ActorRolloutRefWorker(RankWorker):
     def __init__(self, rank: int, world_size: int, num_threads: int, *, model_path: str, roles: tuple[str, ...],
                  dtype: str = "float32", attn_implementation: str = "sdpa", packed_forward: bool = False,
                  rollout_engine: str | None = None,
-                 optim: dict[str, Any] | None = None, seed: int = 0, reshard_after_forward: bool = False,
-                 ref_reshard_after_forward: bool = False):
+                 optim: dict[str, Any] | None = None, seed: int = 0, strategy: str = "ddp",
+                 reshard_after_forward: bool = False, ref_reshard_after_forward: bool = False):
         super().__init__(rank, world_size, num_threads, seed)
         self.model_path = model_path
         self.roles = roles
@@ -51,6 +52,7 @@ class ActorRolloutRefWorker(RankWorker):
         self.packed_forward = packed_forward
         self.engine_name = rollout_engine
         self.optim = optim or {}
+        self.strategy = strategy
         self.reshard_after_forward = reshard_after_forward
         self.ref_reshard_after_forward = ref_reshard_after_forward
         self.rollout_stale = True
@@ -64,7 +66,8 @@ class ActorRolloutRefWorker(RankWorker):
         mp = DTYPES[self.dtype] if self.dtype != "float32" else None
         tok = load_tokenizer(self.model_path)
         self.tokenizer = tok
-        self.actor = distributed.shard(self._load(), self.device, mp, reshard_after_forward=self.reshard_after_forward)
+        self.actor = distributed.wrap(self.strategy, self._load(), self.device, mp,
+                                      reshard_after_forward=self.reshard_after_forward)
         if "actor" in self.roles:
             self.actor.train()
             self.opt, self.sched = make_optimizer(self.actor, **self.optim)
@@ -73,8 +76,8 @@ class ActorRolloutRefWorker(RankWorker):
             self.engine = ENGINES.get(self.engine_name)(plain, eos_token_id=tok.eos_token_id,
                                                         pad_token_id=tok.pad_token_id)
         if "ref" in self.roles:
-            self.ref = distributed.shard(self._load().eval().requires_grad_(False), self.device, mp,
-                                         reshard_after_forward=self.ref_reshard_after_forward)
+            self.ref = distributed.wrap(self.strategy, self._load().eval().requires_grad_(False), self.device, mp,
+                                        reshard_after_forward=self.ref_reshard_after_forward)
 
     # ---------------------------------------------------------------- rollout
     @register(Dispatch.DP_COMPUTE)

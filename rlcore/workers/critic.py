@@ -1,4 +1,4 @@
-"""The critic worker (one rank): an FSDP2 value model for GAE."""
+"""The critic worker (one rank): a value model for GAE, FSDP2-sharded or replicated like the actor."""
 
 from __future__ import annotations
 
@@ -21,13 +21,15 @@ from rlcore.workers.rank import RankWorker
 class CriticWorker(RankWorker):
     def __init__(self, rank: int, world_size: int, num_threads: int, *, model_path: str, dtype: str = "float32",
                  attn_implementation: str = "sdpa", packed_forward: bool = False,
-                 optim: dict[str, Any] | None = None, seed: int = 0, reshard_after_forward: bool = False):
+                 optim: dict[str, Any] | None = None, seed: int = 0, strategy: str = "ddp",
+                 reshard_after_forward: bool = False):
         super().__init__(rank, world_size, num_threads, seed)
         self.model_path = model_path
         self.dtype = dtype
         self.attn = attn_implementation
         self.packed_forward = packed_forward
         self.optim = optim or {}
+        self.strategy = strategy
         self.reshard_after_forward = reshard_after_forward
 
     @register(Dispatch.ONE_TO_ALL)
@@ -36,8 +38,8 @@ class CriticWorker(RankWorker):
         model = load_value_model(self.model_path, dtype="float32", attn_implementation=self.attn,
                                  packed_forward=self.packed_forward).to(self.device)
         mp = DTYPES[self.dtype] if self.dtype != "float32" else None
-        self.critic = distributed.shard(model.train(), self.device, mp,
-                                        reshard_after_forward=self.reshard_after_forward)
+        self.critic = distributed.wrap(self.strategy, model.train(), self.device, mp,
+                                       reshard_after_forward=self.reshard_after_forward)
         self.opt, self.sched = make_optimizer(self.critic, **self.optim)
 
     @register(Dispatch.DP_COMPUTE)

@@ -1,4 +1,4 @@
-"""Optimizer, schedule and one clipped optimizer step for FSDP2 modules."""
+"""Optimizer, schedule and one clipped optimizer step for FSDP2 or replicated (DDP) modules."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
+
+from rlcore.engine.distributed import reduce_gradients
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, warmup_steps: int,
@@ -29,7 +31,9 @@ def make_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, wa
 
 
 def clipped_step(model: torch.nn.Module, opt, sched, grad_clip: float) -> float:
-    """Clip the global grad norm, step (skipped when the norm is not finite); return the norm."""
+    """Average gradients over ranks (replicated models; FSDP has done it in backward), clip the global
+    grad norm, step (skipped when the norm is not finite); return the norm. A collective."""
+    reduce_gradients(model)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
@@ -43,7 +47,7 @@ def clipped_step(model: torch.nn.Module, opt, sched, grad_clip: float) -> float:
 
 def micro_weight(part_tokens: float, part_rows: int, mini_rows: int, global_tokens: float, agg_mode: str,
                  world_size: int) -> float:
-    """Scale of a micro-batch loss so that the summed, rank-averaged (FSDP) gradient equals
+    """Scale of a micro-batch loss so that the summed, rank-averaged (FSDP or DDP) gradient equals
     the gradient of the loss aggregated over the whole global mini-batch.
 
     token-mean weighs a micro-batch by its share of the mini-batch's tokens on all ranks;

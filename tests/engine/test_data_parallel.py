@@ -1,13 +1,14 @@
-"""FSDP2 across a two-rank Ray worker group equals plain single-process training.
+"""Data-parallel training across a two-rank Ray worker group equals plain single-process training.
 
-The group runs the real ``ActorRolloutRefWorker`` (roles ``("actor", "ref")``): it shards the
-tiny model with ``distributed.shard``, takes two ``train_sft`` steps with each rank holding half
-of each batch, and saves; once with the actor resharded after forward and the reference not,
-once the other way round. The test replays the same two steps on the unsharded model in this
-process with plain ``torch.optim.AdamW`` on the whole batch and a token-mean loss. Response
-lengths differ between the halves, so a rank-mean instead of a global token-mean (the
-``_micro_weight`` scaling) would give different gradients. The weight sync's
-``distributed.full_state_dict`` must equal the unsharded weights, before and after training.
+The group runs the real ``ActorRolloutRefWorker`` (roles ``("actor", "ref")``), wrapped with
+``distributed.wrap`` for each ``resources.strategy``: FSDP2 with the actor resharded after
+forward and the reference not, FSDP2 the other way round, and DDP (a full replica per rank). It
+takes two ``train_sft`` steps with each rank holding half of each batch, and saves. The test
+replays the same two steps on the unsharded model in this process with plain
+``torch.optim.AdamW`` on the whole batch and a token-mean loss. Response lengths differ between
+the halves, so a rank-mean instead of a global token-mean (the ``micro_weight`` scaling) would
+give different gradients. The weight sync's ``distributed.full_state_dict`` must equal the
+unsharded weights, before and after training.
 """
 
 from __future__ import annotations
@@ -47,15 +48,29 @@ class ProbeWorker(ActorRolloutRefWorker):
 
     def full_state_cost(self) -> dict[str, int | bool]:
         """Collectives one full_state_dict issues, FSDP groups, and whether the model is sharded again after."""
-        group = dist.distributed_c10d._get_default_group()
-        before = group._get_sequence_number_for_group()  # counts the collectives issued on the group
+        before = collectives_issued()
         distributed.full_state_dict(self.actor)
-        return {"collectives": group._get_sequence_number_for_group() - before,
+        return {"collectives": collectives_issued() - before,
                 "groups": sum(isinstance(m, FSDPModule) for m in self.actor.modules()),
                 "resharded": all(isinstance(p, DTensor) for p in self.actor.parameters())}
 
+    def gradient_reduce_cost(self, batch: Batch) -> int:
+        """Collectives ``reduce_gradients`` issues after a backward (the gradients are then dropped)."""
+        ids, mask = sequences(batch)
+        lp, _ = response_log_probs(self.actor, ids, mask, batch["responses"])
+        (lp * batch["response_mask"]).sum().backward()
+        before = collectives_issued()
+        distributed.reduce_gradients(self.actor)
+        self.actor.zero_grad(set_to_none=True)
+        return collectives_issued() - before
+
+    def logits_dtype(self, batch: Batch) -> str:
+        ids, mask = sequences(batch)
+        with torch.no_grad():
+            return str(self.actor(input_ids=ids, attention_mask=mask).logits.dtype)
+
     def local_numel(self) -> int:
-        return sum(p.to_local().numel() for p in self.actor.parameters())
+        return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.actor.parameters())
 
     def sharded_after_forward(self, batch: Batch) -> dict[str, bool]:
         """Whether the actor's and the reference's blocks hold only their shards after a no-grad forward."""
@@ -69,6 +84,11 @@ class ProbeWorker(ActorRolloutRefWorker):
         return out
 
 
+def collectives_issued() -> int:
+    """Collectives issued so far on the default process group (its sequence number)."""
+    return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+
+
 def sft_batches(tokenizer) -> list[Batch]:
     prompts, pmask = encode_prompts(tokenizer, [[{"role": "user", "content": q}] for q in QUESTIONS], 12, "test")
     responses, rmask = encode_responses(tokenizer, ANSWERS, 20, "test")
@@ -80,24 +100,31 @@ def sft_batches(tokenizer) -> list[Batch]:
     return [first, second]
 
 
-@pytest.fixture(scope="module", params=[(True, False, True), (False, True, False)],
-                ids=["actor-reshards-packed", "ref-reshards"])
-def sharded_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
-    """The group's run with (reshard_after_forward, ref_reshard_after_forward, packed_forward) =
-    ``request.param``; the reference training it is compared with is always padded and unsharded."""
+# (strategy, reshard_after_forward, ref_reshard_after_forward, packed_forward)
+RUNS = {"fsdp-actor-reshards-packed": ("fsdp", True, False, True), "fsdp-ref-reshards": ("fsdp", False, True, False),
+        "ddp-packed": ("ddp", False, False, True)}
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS))
+def dp_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+    """The group's run with (strategy, reshard_after_forward, ref_reshard_after_forward, packed_forward) =
+    ``RUNS[request.param]``; the reference training it is compared with is always padded and unsharded."""
+    strategy, reshard, ref_reshard, packed = RUNS[request.param]
     batches = sft_batches(tiny_tokenizer)
-    out = tmp_path_factory.mktemp("fsdp") / "saved"
+    out = tmp_path_factory.mktemp("dp") / "saved"
     pool = ResourcePool(2, 1.0, False, 60)
     wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=120, model_path=str(tiny_model_dir),
                      roles=("actor", "ref"), optim={"lr": LR, "weight_decay": WEIGHT_DECAY, "warmup_steps": 0},
-                     seed=0, reshard_after_forward=request.param[0], ref_reshard_after_forward=request.param[1],
-                     packed_forward=request.param[2])
+                     seed=0, strategy=strategy, reshard_after_forward=reshard, ref_reshard_after_forward=ref_reshard,
+                     packed_forward=packed)
     try:
         wg.init_model()
         states = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         numels = ray.get([w.local_numel.remote() for w in wg.workers], timeout=120)
         # Before training: without resharding, the actor starts its first step with gathered weights.
         layouts = ray.get([w.sharded_after_forward.remote(batches[0]) for w in wg.workers], timeout=120)
+        halves = batches[0].chunk(2)
+        reduce_costs = ray.get([w.gradient_reduce_cost.remote(h) for w, h in zip(wg.workers, halves)], timeout=120)
         metrics = [wg.train_sft(b).meta["metrics"] for b in batches]
         trained = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         costs = ray.get([w.full_state_cost.remote() for w in wg.workers], timeout=120)
@@ -107,23 +134,27 @@ def sharded_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_fac
         pool.release()
     return {"batches": batches, "states": states, "numels": numels, "metrics": metrics, "trained": trained,
             "costs": costs, "saved": load_file(str(out / "model.safetensors")), "saved_dir": out,
-            "reshards": request.param[:2], "layouts": layouts}
+            "strategy": strategy, "reshards": (reshard, ref_reshard), "layouts": layouts, "reduce_costs": reduce_costs}
 
 
-@pytest.fixture(scope="module")
-def bf16_states(ray_local, tiny_model_dir):
-    """(full_state_dict, checkpoint_state_dict) of rank 0 of a group that computes in bfloat16."""
+@pytest.fixture(scope="module", params=["fsdp", "ddp"])
+def bf16_states(request, ray_local, tiny_model_dir, tiny_tokenizer):
+    """(full_state_dict, checkpoint_state_dict, dtype of the forward's logits) of rank 0 of a group
+    that computes in bfloat16 with strategy ``request.param``."""
     pool = ResourcePool(2, 1.0, False, 60)
     wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=120, model_path=str(tiny_model_dir),
-                     roles=("actor",), dtype="bfloat16", optim={"lr": LR, "weight_decay": 0.0, "warmup_steps": 0})
+                     roles=("actor",), dtype="bfloat16", strategy=request.param,
+                     optim={"lr": LR, "weight_decay": 0.0, "warmup_steps": 0})
     try:
         wg.init_model()
         full = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         checkpoint = ray.get([w.checkpoint_state.remote() for w in wg.workers], timeout=120)
+        batch = sft_batches(tiny_tokenizer)[0]  # every rank runs the forward: under FSDP it is a collective
+        logits = ray.get([w.logits_dtype.remote(batch) for w in wg.workers], timeout=120)[0]
     finally:
         wg.shutdown()
         pool.release()
-    return full[0], checkpoint[0]
+    return full[0], checkpoint[0], logits
 
 
 def reference_training(model_dir, batches: list[Batch]):
@@ -145,49 +176,63 @@ def reference_training(model_dir, batches: list[Batch]):
     return model, stats
 
 
-def test_halves_have_uneven_token_counts(sharded_run):
+def test_halves_have_uneven_token_counts(dp_run):
     # The premise of the weighting check: per-rank token counts differ a lot.
-    for b in sharded_run["batches"]:
+    for b in dp_run["batches"]:
         halves = [int(h["response_mask"].sum()) for h in b.chunk(2)]
         assert max(halves) >= 2 * min(halves), halves
 
 
-def test_parameters_are_really_sharded(sharded_run, tiny_model_dir):
+def test_fsdp_shards_the_parameters_and_ddp_replicates_them(dp_run, tiny_model_dir):
     total = sum(t.numel() for t in load_file(str(tiny_model_dir / "model.safetensors")).values())
-    n0, n1 = sharded_run["numels"]
-    assert n0 + n1 == total and max(n0, n1) < total
+    n0, n1 = dp_run["numels"]
+    if dp_run["strategy"] == "fsdp":
+        assert n0 + n1 == total and max(n0, n1) < total
+    else:
+        assert n0 == n1 == total
 
 
-def test_reshard_switches_reach_fsdp(sharded_run):
-    actor_reshards, ref_reshards = sharded_run["reshards"]
-    assert sharded_run["layouts"] == [{"actor": actor_reshards, "ref": ref_reshards}] * 2
+def test_reshard_switches_reach_fsdp(dp_run):
+    actor_reshards, ref_reshards = dp_run["reshards"]
+    if dp_run["strategy"] == "fsdp":
+        assert dp_run["layouts"] == [{"actor": actor_reshards, "ref": ref_reshards}] * 2
+    else:  # no FSDP block at all: nothing to gather or free
+        assert dp_run["costs"][0]["groups"] == 0
 
 
-def test_full_state_dict_equals_the_original_weights_on_every_rank(sharded_run, tiny_model_dir):
+def test_gradients_are_reduced_in_one_collective_under_ddp_and_by_backward_under_fsdp(dp_run):
+    assert dp_run["reduce_costs"] == ([1, 1] if dp_run["strategy"] == "ddp" else [0, 0])
+
+
+def test_full_state_dict_equals_the_original_weights_on_every_rank(dp_run, tiny_model_dir):
     original = load_file(str(tiny_model_dir / "model.safetensors"))
-    for state in sharded_run["states"]:
+    for state in dp_run["states"]:
         assert set(state) == set(original)
         for k, v in original.items():
             assert torch.equal(state[k], v), k
 
 
-def test_full_state_dict_after_training_equals_the_saved_weights(sharded_run):
-    for state in sharded_run["trained"]:
-        assert set(state) == set(sharded_run["saved"])
-        for k, v in sharded_run["saved"].items():
+def test_full_state_dict_after_training_equals_the_saved_weights(dp_run):
+    for state in dp_run["trained"]:
+        assert set(state) == set(dp_run["saved"])
+        for k, v in dp_run["saved"].items():
             assert torch.equal(state[k], v), k
 
 
-def test_full_state_dict_gathers_once_per_fsdp_group_and_reshards(sharded_run):
-    for cost in sharded_run["costs"]:
-        assert cost["groups"] == 2  # the one decoder layer and the root
-        assert cost["collectives"] == cost["groups"]  # not one per parameter
-        assert cost["resharded"]
+def test_full_state_dict_gathers_once_per_fsdp_group_and_ddp_not_at_all(dp_run):
+    for cost in dp_run["costs"]:
+        if dp_run["strategy"] == "fsdp":
+            assert cost["groups"] == 2  # the one decoder layer and the root
+            assert cost["collectives"] == cost["groups"]  # not one per parameter
+            assert cost["resharded"]
+        else:
+            assert cost["collectives"] == 0
 
 
 def test_under_mixed_precision_the_sync_is_in_the_compute_dtype_and_the_checkpoint_in_float32(
         bf16_states, tiny_model_dir):
-    full, checkpoint = bf16_states
+    full, checkpoint, logits_dtype = bf16_states
+    assert logits_dtype == "torch.bfloat16"  # the forward really computes in bfloat16
     original = load_file(str(tiny_model_dir / "model.safetensors"))
     assert set(full) == set(checkpoint) == set(original)
     for k, v in original.items():
@@ -195,13 +240,13 @@ def test_under_mixed_precision_the_sync_is_in_the_compute_dtype_and_the_checkpoi
         assert checkpoint[k].dtype == torch.float32 and torch.equal(checkpoint[k], v), k
 
 
-def test_sharded_sft_steps_equal_single_process_steps(sharded_run, tiny_model_dir):
-    model, stats = reference_training(tiny_model_dir, sharded_run["batches"])
-    for got, (loss, norm) in zip(sharded_run["metrics"], stats):
+def test_sharded_sft_steps_equal_single_process_steps(dp_run, tiny_model_dir):
+    model, stats = reference_training(tiny_model_dir, dp_run["batches"])
+    for got, (loss, norm) in zip(dp_run["metrics"], stats):
         assert got["sft/loss"] == pytest.approx(loss, rel=1e-5)
         assert got["sft/grad_norm"] == pytest.approx(norm, rel=1e-4)
         assert got["sft/lr"] == pytest.approx(LR)
-    saved, original = sharded_run["saved"], load_file(str(tiny_model_dir / "model.safetensors"))
+    saved, original = dp_run["saved"], load_file(str(tiny_model_dir / "model.safetensors"))
     expected = model.state_dict()
     assert set(saved) == set(original)
     for k, v in saved.items():
@@ -209,11 +254,11 @@ def test_sharded_sft_steps_equal_single_process_steps(sharded_run, tiny_model_di
         torch.testing.assert_close(v, expected[k], atol=1e-5, rtol=0, msg=k)
 
 
-def test_saved_folder_loads_as_a_model_with_its_tokenizer(sharded_run, tiny_tokenizer):
+def test_saved_folder_loads_as_a_model_with_its_tokenizer(dp_run, tiny_tokenizer):
     from rlcore.engine.model import load_tokenizer
 
-    folder = sharded_run["saved_dir"]
+    folder = dp_run["saved_dir"]
     tok = load_tokenizer(folder)
     assert tok.get_vocab() == tiny_tokenizer.get_vocab()
     model = load_causal_lm(folder)
-    torch.testing.assert_close(model.lm_head.weight.detach(), sharded_run["saved"]["lm_head.weight"], atol=0, rtol=0)
+    torch.testing.assert_close(model.lm_head.weight.detach(), dp_run["saved"]["lm_head.weight"], atol=0, rtol=0)
