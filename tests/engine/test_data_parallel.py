@@ -22,19 +22,12 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from rlcore.controller import ResourcePool, WorkerGroup
-from rlcore.data.collate import encode_prompts, encode_responses
 from rlcore.engine import distributed
 from rlcore.engine.logprob import response_log_probs
 from rlcore.engine.model import load_causal_lm
 from rlcore.protocol import Batch
 from rlcore.workers.actor import ActorRolloutRefWorker, sequences
-
-LR = 1e-2
-WEIGHT_DECAY = 0.01
-GRAD_CLIP = 1.0
-MICRO = 2  # two micro-batches per rank per step: gradient accumulation is exercised too
-QUESTIONS = ["1+1=", "2+3=", "9+9=", "4+4=", "12+7=", "30+3=", "5+50=", "8+80="]
-ANSWERS = ["2", "5", "18", "8", "the answer is 19", "33 is it", "it is 55 ok", "88, i think"]
+from tests.engine.dp_cases import LR, WEIGHT_DECAY, reference_training, sft_batches
 
 
 class ProbeWorker(ActorRolloutRefWorker):
@@ -89,15 +82,7 @@ def collectives_issued() -> int:
     return dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
 
 
-def sft_batches(tokenizer) -> list[Batch]:
-    prompts, pmask = encode_prompts(tokenizer, [[{"role": "user", "content": q}] for q in QUESTIONS], 12, "test")
-    responses, rmask = encode_responses(tokenizer, ANSWERS, 20, "test")
-    first = Batch({"prompts": prompts, "prompt_mask": pmask, "responses": responses, "response_mask": rmask},
-                  meta={"micro_batch_size": MICRO, "grad_clip": GRAD_CLIP})
-    # Step 1: short answers on rank 0, long on rank 1; step 2 mixes them differently.
-    second = first.select([5, 0, 6, 4, 1, 2, 3, 7])
-    second.meta.update(first.meta)
-    return [first, second]
+
 
 
 # (strategy, reshard_after_forward, ref_reshard_after_forward, packed_forward)
@@ -157,23 +142,7 @@ def bf16_states(request, ray_local, tiny_model_dir, tiny_tokenizer):
     return full[0], checkpoint[0], logits
 
 
-def reference_training(model_dir, batches: list[Batch]):
-    """The same steps, unsharded, whole batch, token-mean NLL, torch AdamW; (model, [(loss, norm)])."""
-    model = load_causal_lm(model_dir).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.999))
-    stats = []
-    for b in batches:
-        ids = torch.cat([b["prompts"], b["responses"]], 1)
-        mask = torch.cat([b["prompt_mask"], b["response_mask"]], 1)
-        lp, _ = response_log_probs(model, ids, mask, b["responses"])
-        rmask = b["response_mask"].float()
-        loss = -(lp * rmask).sum() / rmask.sum()
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        opt.step()
-        opt.zero_grad()
-        stats.append((loss.item(), norm.item()))
-    return model, stats
+
 
 
 def test_halves_have_uneven_token_counts(dp_run):
