@@ -350,6 +350,9 @@ class PPOConfig(_Section):
     """DAPO recipe tricks."""
     log_samples: int = Field(8, ge=0)
     """Responses logged as a table each round."""
+    balance_batch: bool = True
+    """Reorder each step's groups so every data-parallel rank gets about the same number of tokens
+    (rlcore.controller.balance); ranks then wait less for each other in the log-prob and update calls."""
     val_every: int = Field(0, ge=0)
     """Greedy pass@1 on the held-out test split every N steps and after the last (``val/*`` metrics); 0 = off.
     Reported only: nothing is selected on it."""

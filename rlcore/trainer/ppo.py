@@ -2,7 +2,8 @@
 
 Each step reads like a single-process loop: ``generate`` -> ``compute_log_prob`` ->
 ``compute_ref_log_prob`` -> ``compute_values`` -> rewards -> ``compute_advantage``
--> ``update_critic`` -> ``update_actor``. Workers hold the weights; the controller
+-> ``update_critic`` -> ``update_actor``. The reference log-probs are fetched only for a KL
+penalty in the reward; for the KL loss alone ``update_actor`` computes them on its ranks. Workers hold the weights; the controller
 only moves :class:`~rlcore.protocol.Batch` records and does the tensor math of
 rewards and advantages (``rlcore.algos``).
 """
@@ -23,6 +24,7 @@ from rlcore.algos.kl_control import make_kl_controller
 from rlcore.algos.losses import kl_penalty
 from rlcore.config import Config
 from rlcore.controller import WorkerGroup
+from rlcore.controller.balance import balanced_row_order
 from rlcore.data.collate import prompt_batch
 from rlcore.data.schema import read_rows
 from rlcore.protocol import Batch
@@ -72,6 +74,20 @@ def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
     last = (response_mask.sum(-1) - 1).clamp(min=0)
     out[torch.arange(len(scores)), last] = scores.float()
     return out * response_mask
+
+
+def balance_over_ranks(batch: Batch, n: int, n_ranks: int) -> tuple[Batch, float]:
+    """``batch`` with whole groups reordered so the ``n_ranks`` chunks hold about equal token counts
+    (each group's prompt counted once, as packed forwards run it); and the largest rank's share of
+    tokens over the mean share after reordering (1.0 = even)."""
+    lengths = batch["response_mask"].sum(-1).view(-1, n)
+    costs = (lengths.sum(-1) + batch["prompt_mask"][::n].sum(-1)).numpy()
+    order = balanced_row_order(costs, n, n_ranks)
+    if order is None:
+        return batch, float("nan")
+    batch = batch.select(order)
+    per_rank = costs[order[::n] // n].reshape(n_ranks, -1).sum(-1)
+    return batch, float(per_rank.max() / max(per_rank.mean(), 1e-9))
 
 
 def keep_informative_groups(batch: Batch, n: int) -> Batch:
@@ -172,6 +188,9 @@ class RoundRunner:
                 batch, m = self.collect(step)
                 if alg.adv_estimator in GREEDY_BASELINE_ESTIMATORS:
                     batch = self._add_greedy_baseline(batch, step)
+                if cfg.ppo.balance_batch:
+                    batch, m["perf/dp_token_imbalance"] = balance_over_ranks(batch, cfg.rollout.n,
+                                                                             cfg.resources.n_workers)
             meta = {"micro_batch_size": cfg.actor.micro_batch_size, "temperature": cfg.rollout.temperature}
             req = Batch({k: batch[k] for k in ("prompts", "prompt_mask", "responses", "response_mask")}, meta=meta)
             with timer(t, "old_log_prob"):
@@ -179,7 +198,7 @@ class RoundRunner:
                     batch = batch.union(self.actor.compute_log_prob(req))
                 else:
                     batch = batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
-            if self.needs_ref:
+            if alg.use_kl_in_reward:  # the rewards need them here; for the KL loss alone the update computes them
                 with timer(t, "ref"):
                     batch = batch.union(self.actor.compute_ref_log_prob(req))
             if self.critic is not None:
@@ -246,9 +265,6 @@ class RoundRunner:
             "perf/tokens_per_s": total_tokens / max(t["timing_s/step"], 1e-9),
             "perf/gen_tokens_per_s": resp_tokens / max(t["timing_s/gen"], 1e-9),
         }
-        if "ref_log_probs" in batch:
-            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "kl") * mask
-            out["actor/kl_ref"] = (kl.sum() / mask.sum().clamp(min=1)).item()
         return out
 
     def save(self, out_dir: str) -> None:

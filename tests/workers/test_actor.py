@@ -82,3 +82,35 @@ def test_an_entropy_bonus_still_reaches_the_gradient(worker, part):
     _, bonus, bonus_metrics = loss_and_grads(worker, part, 0.5)
     assert bonus_metrics["actor/entropy"] == plain_metrics["actor/entropy"]
     assert not torch.equal(bonus["lm_head.weight"], plain["lm_head.weight"])
+
+
+def fresh_worker(model_dir) -> ActorRolloutRefWorker:
+    """A single-rank worker (no process group) with an actor, its optimizer and a reference."""
+    w = ActorRolloutRefWorker(0, 1, torch.get_num_threads(), model_path=str(model_dir), roles=("actor", "ref"),
+                              packed_forward=True, optim={"lr": 0.05, "weight_decay": 0.0, "warmup_steps": 0})
+    w.init_model()
+    return w
+
+
+def test_update_computes_the_missing_reference_log_probs_exactly_as_the_controller_would(tiny_model_dir, part):
+    update_cfg = {**LOSS_CFG, "entropy_coeff": 0.0, "ppo_epochs": 1, "mini_batch_size": 4, "micro_batch_size": 2,
+                  "grad_clip": 1.0}
+    given, computed = fresh_worker(tiny_model_dir), fresh_worker(tiny_model_dir)
+    ref = load_causal_lm(tiny_model_dir).eval()  # an independent, plain copy of the reference
+    ids, mask = sequences(part)
+    with torch.no_grad():
+        ref_lp, _ = logprob.response_log_probs(ref, ids, mask, part["responses"])
+    tensors = {k: v for k, v in part.tensors.items() if k != "ref_log_probs"}
+    with_ref = Batch({**tensors, "ref_log_probs": ref_lp}, meta={"actor": update_cfg, "seed": 0})
+    without = Batch(tensors, meta={"actor": update_cfg, "seed": 0})
+    m_given = given.update_actor(with_ref).meta["metrics"]
+    m_computed = computed.update_actor(without).meta["metrics"]
+    assert m_computed["perf/ref_in_update_s"] > 0 and "perf/ref_in_update_s" not in m_given
+    for key in ("actor/kl_loss", "actor/pg_loss", "actor/grad_norm", "actor/kl_ref"):
+        assert m_computed[key] == pytest.approx(m_given[key], rel=1e-5, abs=1e-7), key
+    rmask = part["response_mask"].float()
+    expected_kl = ((part["old_log_probs"] - ref_lp) * rmask).sum() / rmask.sum()
+    assert m_computed["actor/kl_ref"] == pytest.approx(float(expected_kl), rel=1e-5)
+    for (name, a), b in zip(given.actor.named_parameters(), computed.actor.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
+    assert any(not torch.equal(a, r) for a, r in zip(given.actor.parameters(), ref.parameters()))
