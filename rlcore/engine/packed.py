@@ -138,10 +138,13 @@ def _block_attention(q, k, v, allowed, scale):
     """Softmax attention of ``[blocks, heads, q_len, d]`` queries over ``[blocks, heads, k_len, d]``
     keys/values where ``allowed`` (``[blocks, 1, q_len, k_len]``).
 
-    Plain matmuls and a softmax written out: at these sizes (a few dozen keys) ATen's softmax
-    kernels and the fused CPU attention kernel are several times slower than the same arithmetic
-    spelled out (``make bench`` profiles; ``tests/engine/test_packed.py`` checks the result).
+    On a GPU, the fused kernel of ``scaled_dot_product_attention`` (masked). On the CPU, plain
+    matmuls and a softmax written out: at these sizes (a few dozen keys) ATen's softmax kernels and
+    the fused CPU attention kernel are several times slower than the same arithmetic spelled out
+    (``make bench`` profiles; ``tests/engine/test_packed.py`` checks the result).
     """
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
     # every row allows at least one key, so the max is finite; the shift is a constant for autograd
