@@ -60,6 +60,18 @@ class PromptSampler:
         return np.asarray(out)
 
 
+# What each worker call reads; the rest of the step's Batch (text fields, rewards) stays on the controller.
+SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")
+ACTOR_UPDATE_KEYS = ("old_log_probs", "ref_log_probs", "advantages")
+CRITIC_UPDATE_KEYS = ("values", "returns")
+
+
+def tensors_of(batch: Batch, keys: tuple[str, ...], **meta) -> Batch:
+    """The fields of ``batch`` among ``keys`` that it has, and ``meta``: a worker call's request, so
+    a call ships only what the worker reads (smaller messages, less skew between the ranks' starts)."""
+    return Batch({k: batch[k] for k in keys if k in batch}, meta=meta)
+
+
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
     """DAPO soft overlong punishment: 0 up to ``max_len - buffer``, then linear down to ``-factor``."""
     if buffer <= 0:
@@ -191,8 +203,8 @@ class RoundRunner:
                 if cfg.ppo.balance_batch:
                     batch, m["perf/dp_token_imbalance"] = balance_over_ranks(batch, cfg.rollout.n,
                                                                              cfg.resources.n_workers)
-            meta = {"micro_batch_size": cfg.actor.micro_batch_size, "temperature": cfg.rollout.temperature}
-            req = Batch({k: batch[k] for k in ("prompts", "prompt_mask", "responses", "response_mask")}, meta=meta)
+            req = tensors_of(batch, SEQUENCE_KEYS, micro_batch_size=cfg.actor.micro_batch_size,
+                             temperature=cfg.rollout.temperature)
             with timer(t, "old_log_prob"):
                 if cfg.actor.recompute_log_prob:
                     batch = batch.union(self.actor.compute_log_prob(req))
@@ -208,12 +220,14 @@ class RoundRunner:
                 batch, adv_m = self._advantages(batch)
             if self.critic is not None:
                 with timer(t, "update_critic"):
-                    batch.meta.update(critic=self.critic_meta, seed=self.seed + step)
-                    m.update(self.critic.update_critic(batch).meta["metrics"])
+                    req = tensors_of(batch, SEQUENCE_KEYS + CRITIC_UPDATE_KEYS, critic=self.critic_meta,
+                                     seed=self.seed + step)
+                    m.update(self.critic.update_critic(req).meta["metrics"])
             if step >= cfg.critic.warmup_steps or self.critic is None:
                 with timer(t, "update_actor"):
-                    batch.meta.update(actor=self.actor_meta, seed=self.seed + step)
-                    m.update(self.actor.update_actor(batch).meta["metrics"])
+                    req = tensors_of(batch, SEQUENCE_KEYS + ACTOR_UPDATE_KEYS, actor=self.actor_meta,
+                                     seed=self.seed + step)
+                    m.update(self.actor.update_actor(req).meta["metrics"])
         return {**m, **adv_m, **self._rollout_metrics(batch, t), **t}
 
     def validate(self, prompts: Batch) -> dict[str, float]:
