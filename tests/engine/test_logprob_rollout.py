@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from rlcore.engine.logprob import position_ids, response_log_probs, response_logits, trim_left_padding
 from rlcore.engine.model import load_causal_lm
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.hf import HFRolloutEngine, filter_logits
+from rlcore.rollout.hf import HFRolloutEngine, filter_logits, sample_from
 
 PAD = 0
 NO_EOS = -1  # an id no model can emit: nothing stops early
@@ -239,6 +239,23 @@ def test_top_k_1_sampling_equals_greedy(peaky, prompts):
     top1 = sample(peaky, prompts, eos=NO_EOS, seed=5, top_k=1)
     assert torch.equal(top1["responses"], greedy["responses"])
     torch.testing.assert_close(top1["log_probs"], greedy["log_probs"], atol=1e-6, rtol=0)
+
+
+def test_inverse_cdf_sampling_draws_each_token_with_its_probability():
+    expected = torch.tensor([[0.0, 0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.1, 0.9, 0.0]])  # zeros at both ends
+    probs = expected.repeat(20_000, 1)  # [40000, 5], the two rows alternating
+    draws = sample_from(probs, torch.Generator().manual_seed(0))
+    for row in range(2):
+        share = torch.bincount(draws[row::2], minlength=5).double() / 20_000
+        sigma = (expected[row] * (1 - expected[row]) / 20_000).sqrt().double()
+        assert ((share - expected[row]).abs() <= 5 * sigma).all(), (row, share)  # zero-probability: exactly 0
+    assert torch.equal(sample_from(probs, torch.Generator().manual_seed(3)),
+                       sample_from(probs, torch.Generator().manual_seed(3)))
+
+
+def test_inverse_cdf_sampling_accepts_unnormalised_rows():
+    draws = sample_from(torch.tensor([[0.0, 2.0, 6.0]]).repeat(8000, 1), torch.Generator().manual_seed(1))
+    assert 0.72 < float((draws == 2).double().mean()) < 0.78 and not (draws == 0).any()
 
 
 # ------------------------------------------------------------------ filter_logits
