@@ -102,7 +102,7 @@ def ray_probe(runner, reps: int) -> dict[str, float]:
 
     return {"empty_call_s": timed(_noop, None), "batch_in_s": timed(_swallow, full),
             "batch_in_out_s": timed(_echo, full), "tensors_only_in_s": timed(_swallow, tensors_only),
-            "calls_per_step": 3}
+            "calls_per_step": 2}
 
 
 def main() -> None:

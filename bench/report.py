@@ -58,6 +58,15 @@ def summarize(measured: list[dict], used: list[dict], all_steps: list[dict], n_p
     }
 
 
+def paired_reward_gap(ours: list[dict], trl: list[dict]) -> tuple[float, float, int]:
+    """Mean over steps of ours' reward minus TRL's at the same step (both draw the same prompts at
+    each step, so pairing removes the prompts' difficulty from the comparison), its standard error
+    and the number of steps."""
+    diffs = [o["reward"] - t["reward"] for o, t in zip(ours, trl)]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+    return statistics.mean(diffs), se, len(diffs)
+
+
 def fmt_row(label: str, ours: str, trl: str, ratio: str) -> str:
     return f"| {label} | {ours} | {trl} | {ratio} |"
 
@@ -68,8 +77,10 @@ def with_se(summary: dict, completions_per_step: int) -> str:
     return f"{p:.3f} ± {(p * (1 - p) / n) ** 0.5:.3f}"
 
 
-def results_table(s: dict[str, dict], mem: dict[str, dict], total_steps: int, completions: int) -> list[str]:
+def results_table(s: dict[str, dict], mem: dict[str, dict], total_steps: int, completions: int,
+                  records: dict[str, list[dict]]) -> list[str]:
     o, t = s["ours"], s["trl"]
+    gap, gap_se, gap_n = paired_reward_gap(records["ours"], records["trl"])
     r = lambda a, b: f"{b / a:.2f}" if a else "n/a"  # noqa: E731  TRL/ours
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
     return [
@@ -98,6 +109,8 @@ def results_table(s: dict[str, dict], mem: dict[str, dict], total_steps: int, co
         fmt_row(f"mean reward, last 5 of {total_steps} steps (± 1 s.e.)", with_se(o, completions),
                 with_se(t, completions), ""),
         fmt_row(f"mean reward over all {total_steps} steps", f"{o['reward_mean']:.3f}", f"{t['reward_mean']:.3f}", ""),
+        fmt_row(f"reward, ours minus TRL at the same step (same prompts), mean of {gap_n} steps ± 1 s.e.",
+                f"{gap:+.3f} ± {gap_se:.3f}", "", ""),
     ]
 
 
@@ -129,7 +142,8 @@ def profile_tables(prof: dict[str, Any]) -> list[str]:
                   f"call {probe['empty_call_s'] * 1e3:.1f} ms, carrying one step's full Batch in "
                   f"{probe['batch_in_s'] * 1e3:.1f} ms (its tensors alone: {probe['tensors_only_in_s'] * 1e3:.1f} ms), "
                   f"in and back out {probe['batch_in_out_s'] * 1e3:.1f} ms. "
-                  f"With {probe['calls_per_step']} group calls per step (generate, ref, update) Ray costs between "
+                  f"With {probe['calls_per_step']} group calls per step (generate, update_actor; the reference forward "
+                  f"runs inside the update) Ray costs between "
                   f"{lo:.3f} and {hi:.3f} s per step ({lo / step:.0%}-{hi / step:.0%})."]
     lines += ["", "Phase wall times of the profiled steps (rlcore `timing_s/*`, mean per step):", "",
               "| phase | s/step |", "|---|---|"]

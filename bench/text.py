@@ -148,7 +148,8 @@ def results_section(info: dict) -> list[str]:
     return ["## Results", "",
             f"{args['steps']} measured steps per system after {args['warmup']} warm-up steps, in alternating blocks "
             f"of {args['block']}. TRL/ours > 1 means ours is better for times and memory, < 1 for rates.", "",
-            *report.results_table(s, info["memory"], info["total_steps"], info["shared"]["completions_per_step"]),
+            *report.results_table(s, info["memory"], info["total_steps"], info["shared"]["completions_per_step"],
+                                  info["records"]),
             "", steps_note(info), "", flop_note, ""]
 
 

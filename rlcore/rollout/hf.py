@@ -61,7 +61,7 @@ class HFRolloutEngine:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state_dict)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # no autograd bookkeeping at all (a few % of each small decode op on a CPU)
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
                  generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = trim_left_padding(input_ids, attention_mask)
