@@ -88,12 +88,24 @@ def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
     return out * response_mask
 
 
+def group_token_costs(batch: Batch, n: int) -> np.ndarray:
+    """Tokens a packed forward runs for each group of ``n`` rows: its prompt once, each distinct
+    response once (``rlcore.engine.packed``); ``[groups]``."""
+    groups = len(batch) // n
+    mask = batch["response_mask"].bool()
+    keyed = torch.where(mask, batch["responses"], -1)
+    group_id = torch.arange(groups).repeat_interleave(n)
+    distinct = torch.unique(torch.cat([group_id[:, None], keyed], 1), dim=0)  # [distinct rows, 1 + len]
+    response_tokens = torch.bincount(distinct[:, 0], weights=(distinct[:, 1:] >= 0).sum(-1).double(),
+                                     minlength=groups)
+    return (response_tokens + batch["prompt_mask"][::n].sum(-1)).numpy()
+
+
 def balance_over_ranks(batch: Batch, n: int, n_ranks: int) -> tuple[Batch, float]:
     """``batch`` with whole groups reordered so the ``n_ranks`` chunks hold about equal token counts
-    (each group's prompt counted once, as packed forwards run it); and the largest rank's share of
-    tokens over the mean share after reordering (1.0 = even)."""
-    lengths = batch["response_mask"].sum(-1).view(-1, n)
-    costs = (lengths.sum(-1) + batch["prompt_mask"][::n].sum(-1)).numpy()
+    (``group_token_costs``); and the largest rank's share of tokens over the mean share after
+    reordering (1.0 = even)."""
+    costs = group_token_costs(batch, n)
     order = balanced_row_order(costs, n, n_ranks)
     if order is None:
         return batch, float("nan")

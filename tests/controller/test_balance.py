@@ -10,7 +10,7 @@ import torch
 
 from rlcore.controller.balance import balanced_partition, balanced_row_order
 from rlcore.protocol import Batch
-from rlcore.trainer.ppo import balance_over_ranks
+from rlcore.trainer.ppo import balance_over_ranks, group_token_costs
 
 
 def test_a_hand_worked_partition():
@@ -51,17 +51,24 @@ def test_row_order_keeps_groups_whole_and_in_their_rank():
 
 def grouped_batch() -> Batch:
     """Four groups of two rows; groups 0 and 1 have long responses, 2 and 3 short ones, so the
-    contiguous halves are lopsided (rank 0 would get all the long ones)."""
-    lengths = [6, 6, 5, 5, 1, 1, 2, 2]
+    contiguous halves are lopsided (rank 0 would get all the long ones). Group d's two responses
+    are the same, so a packed forward runs it once."""
+    lengths = [6, 6, 5, 5, 1, 1, 4, 4]
     response_mask = torch.tensor([[1] * k + [0] * (6 - k) for k in lengths])
+    responses = (torch.arange(8)[:, None] * 10 + torch.arange(6)[None, :]) * response_mask
+    responses[7] = responses[6]
     prompt_mask = torch.tensor([[0, 1, 1]] * 8)  # two prompt tokens each
-    return Batch({"prompt_mask": prompt_mask, "response_mask": response_mask, "row": torch.arange(8)},
-                 {"uid": np.repeat(np.array(["a", "b", "c", "d"], dtype=object), 2)})
+    return Batch({"prompt_mask": prompt_mask, "responses": responses, "response_mask": response_mask,
+                  "row": torch.arange(8)}, {"uid": np.repeat(np.array(["a", "b", "c", "d"], dtype=object), 2)})
+
+
+def test_group_costs_count_each_prompt_and_each_distinct_response_once():
+    assert group_token_costs(grouped_batch(), 2).tolist() == [2 + 12, 2 + 10, 2 + 2, 2 + 4]
 
 
 def test_balance_over_ranks_evens_out_the_tokens_per_rank():
     batch = grouped_batch()
-    costs = {"a": 2 + 12, "b": 2 + 10, "c": 2 + 2, "d": 2 + 4}  # prompt once plus the responses
+    costs = {"a": 2 + 12, "b": 2 + 10, "c": 2 + 2, "d": 2 + 4}  # prompt once plus the distinct responses
     before = [sum(costs[u] for u in set(h["uid"])) for h in batch.chunk(2)]
     assert before == [26, 10]
     out, imbalance = balance_over_ranks(batch, 2, 2)

@@ -45,21 +45,28 @@ def model_dir(request, tmp_path_factory):
     return save_model(tmp_path_factory.mktemp(request.param), model_type, **ARCHS[request.param])
 
 
-def grpo_batch(n_prompts=3, n=4, prompt_width=6, response_len=5, seed=0):
+def grpo_batch(n_prompts=3, n=4, prompt_width=6, response_len=5, seed=0, pool=None):
     """Prompts of different lengths, each repeated ``n`` times, left-padded; responses of lengths 0..len,
-    right-padded. Returns (ids, mask, responses, response_mask)."""
+    right-padded; with ``pool``, each row's response is one of ``pool`` responses drawn for its prompt (so
+    rows repeat, as a confident policy's samples do). Returns (ids, mask, responses, response_mask)."""
     g = torch.Generator().manual_seed(seed)
     rows_ids, rows_mask, resp, rmask = [], [], [], []
+
+    def draw() -> tuple[int, torch.Tensor]:
+        k = int(torch.randint(0, response_len + 1, (), generator=g))
+        r = torch.full((response_len,), PAD)
+        r[:k] = torch.randint(3, VOCAB, (k,), generator=g)
+        return k, r
+
     for p in range(n_prompts):
         length = 2 + p % (prompt_width - 1)
         prompt = torch.randint(3, VOCAB, (length,), generator=g)
+        choices = [draw() for _ in range(pool)] if pool else None
         for _ in range(n):
             ids = torch.full((prompt_width,), PAD)
             ids[prompt_width - length:] = prompt
             m = (torch.arange(prompt_width) >= prompt_width - length).long()
-            k = int(torch.randint(0, response_len + 1, (), generator=g))
-            r = torch.full((response_len,), PAD)
-            r[:k] = torch.randint(3, VOCAB, (k,), generator=g)
+            k, r = choices[int(torch.randint(0, pool, (), generator=g))] if pool else draw()
             rows_ids.append(ids)
             rows_mask.append(m)
             resp.append(r)
@@ -107,6 +114,27 @@ def test_a_grpo_batch_packs_to_distinct_prompt_tokens_plus_response_tokens():
     assert lay.n_tokens == prompt_tokens + int(rmask.sum()) < mask.numel()
 
 
+def test_repeated_rows_run_once_and_map_back_in_order_of_first_appearance():
+    # rows 0 and 2 are the same (prompt ; response); row 3 repeats row 1
+    ids = torch.tensor([[0, 5, 6, 11, 12], [7, 8, 9, 13, 0], [0, 5, 6, 11, 12], [7, 8, 9, 13, 0], [0, 5, 6, 14, 0]])
+    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 0], [0, 1, 1, 1, 1], [1, 1, 1, 1, 0], [0, 1, 1, 1, 0]])
+    lay = packed.pack(ids, mask, 2)
+    assert lay.row_of.tolist() == [0, 1, 0, 1, 2]
+    assert lay.n_tokens == 5 + 4  # prompts [5, 6] and [7, 8, 9] once; responses [11, 12], [13], [14] once
+    tokens = lay.input_ids[0].tolist()
+    assert [tokens[i] for i in lay.response_index[0].tolist()] == [11, 12]
+    assert [tokens[i] for i in lay.response_index[2][:1].tolist()] == [14]
+
+
+def test_a_grpo_batch_with_repeated_samples_packs_each_distinct_row_once():
+    ids, mask, responses, rmask = grpo_batch(n_prompts=3, n=8, pool=2)
+    lay = packed.pack(ids, mask, responses.shape[1])
+    distinct = torch.unique(torch.where(mask.bool(), ids, -1), dim=0)
+    assert lay.logit_index.shape[0] == len(distinct) <= 6 < len(ids)
+    keep = [int((lay.row_of == d).nonzero()[0]) for d in range(len(distinct))]
+    assert lay.n_tokens == int(mask[:, :-responses.shape[1]][::8].sum() + rmask[keep].sum())
+
+
 @pytest.fixture(scope="module")
 def models(model_dir):
     plain = load_causal_lm(model_dir).train()
@@ -115,9 +143,10 @@ def models(model_dir):
     return plain, fast
 
 
-def test_log_probs_and_entropy_equal_the_padded_forward(models):
+@pytest.mark.parametrize("pool", [None, 2], ids=["distinct-rows", "repeated-rows"])
+def test_log_probs_and_entropy_equal_the_padded_forward(models, pool):
     plain, fast = models
-    ids, mask, responses, rmask = grpo_batch()
+    ids, mask, responses, rmask = grpo_batch(n=8, seed=2, pool=pool)
     with torch.no_grad():
         lp, ent = response_log_probs(plain, ids, mask, responses, with_entropy=True, temperature=0.7)
         fast_lp, fast_ent = response_log_probs(fast, ids, mask, responses, with_entropy=True, temperature=0.7)
@@ -127,9 +156,10 @@ def test_log_probs_and_entropy_equal_the_padded_forward(models):
     torch.testing.assert_close(fast_ent[real], ent[real], atol=1e-5, rtol=1e-5)
 
 
-def test_gradients_equal_the_padded_forward(models):
+@pytest.mark.parametrize("pool", [None, 2], ids=["distinct-rows", "repeated-rows"])
+def test_gradients_equal_the_padded_forward(models, pool):
     plain, fast = models
-    ids, mask, responses, rmask = grpo_batch(seed=1)
+    ids, mask, responses, rmask = grpo_batch(seed=1, n=6, pool=pool)  # each row weighted differently below
     weights = torch.randn(rmask.shape, generator=torch.Generator().manual_seed(2)) * rmask
     grads = []
     for model in (plain, fast):
@@ -163,7 +193,7 @@ def test_critic_values_equal_the_padded_forward(model_dir):
     torch.manual_seed(0)  # the same fresh value head
     fast = load_value_model(model_dir, packed_forward=True)
     assert packed.uses_packing(fast)
-    ids, mask, responses, rmask = grpo_batch(seed=3)
+    ids, mask, responses, rmask = grpo_batch(seed=3, n=6, pool=2)
     with torch.no_grad():
         v = response_values(plain, ids, mask, responses.shape[1])
         fast_v = response_values(fast, ids, mask, responses.shape[1])
