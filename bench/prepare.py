@@ -17,22 +17,12 @@ import time
 from pathlib import Path
 
 from rlcore.config import Config
-from rlcore.data.schema import write_rows
-from rlcore.data.splits import build_splits
 from rlcore.engine.tiny_model import materialize_tiny
+from rlcore.trainer.prepare import write_splits
 
 from bench.settings import fixture_config, paths
 
 STAMP = "bench_ready.json"
-
-
-def build_data(cfg: Config, out: Path) -> None:
-    t = cfg.task
-    splits = build_splits(task=t.name, seed=cfg.seed, n_sft=t.n_sft, n_rl=t.n_rl, n_test=t.n_test,
-                          min_digits=t.min_digits, max_digits=t.max_digits, ops=tuple(t.ops),
-                          sft_carry_error_rate=t.sft_carry_error_rate)
-    for name, rows in splits.items():
-        write_rows(rows, out / f"{name}.parquet")
 
 
 def run_sft_once(cfg: Config, base: Path, data: Path, out: Path) -> dict:
@@ -58,7 +48,7 @@ def ensure_prepared() -> dict:
     """Return the info of the SFT fixture, building the data and the checkpoint if missing."""
     p, cfg = paths(), fixture_config()
     if not (p["data"] / STAMP).is_file():
-        build_data(cfg, p["data"])
+        write_splits(cfg, p["data"])
         (p["data"] / STAMP).write_text(json.dumps(cfg.model_dump(mode="json")["task"], indent=2))
     stamp = p["sft"] / STAMP
     if stamp.is_file():
