@@ -78,11 +78,7 @@ def replicate(model: torch.nn.Module, device: torch.device, param_dtype: torch.d
     if dist.is_initialized() and dist.get_world_size() > 1:
         tensors = [t.data for t in model.state_dict().values()]
         for dtype in sorted({t.dtype for t in tensors}, key=str):
-            same = [t for t in tensors if t.dtype == dtype]
-            flat = torch._utils._flatten_dense_tensors(same)
-            dist.broadcast(flat, src=0)
-            for t, synced in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
-                t.copy_(synced)
+            _coalesced([t for t in tensors if t.dtype == dtype], lambda flat: dist.broadcast(flat, src=0))
     if param_dtype is not None:
         forward = model.forward
 
@@ -113,12 +109,17 @@ def reduce_gradients(model: torch.nn.Module) -> None:
     for p in params:  # a parameter this rank's loss did not reach still takes part in the sum
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        g.copy_(reduced)
+    world = dist.get_world_size()
+    _coalesced([p.grad for p in params], lambda flat: (dist.all_reduce(flat), flat.div_(world)))
+
+
+def _coalesced(tensors: list[torch.Tensor], collective) -> None:
+    """Run ``collective`` in place on one flat copy of ``tensors`` (all of one dtype) and copy the
+    result back: one collective instead of one per tensor."""
+    flat = torch._utils._flatten_dense_tensors(tensors)
+    collective(flat)
+    for t, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
+        t.copy_(synced)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
