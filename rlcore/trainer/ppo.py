@@ -2,10 +2,10 @@
 
 Each step reads like a single-process loop: ``generate`` -> ``compute_log_prob`` ->
 ``compute_ref_log_prob`` -> ``compute_values`` -> rewards -> ``compute_advantage``
--> ``update_critic`` -> ``update_actor``. The reference log-probs are fetched only for a KL
-penalty in the reward; for the KL loss alone ``update_actor`` computes them on its ranks. Workers hold the weights; the controller
-only moves :class:`~rlcore.protocol.Batch` records and does the tensor math of
-rewards and advantages (``rlcore.algos``).
+-> ``update_critic`` -> ``update_actor``. Workers hold the weights; the controller only
+moves :class:`~rlcore.protocol.Batch` records and does the tensor math of rewards and
+advantages (``rlcore.algos``). The reference log-probs come back to the controller only for a
+KL penalty in the reward; for the KL loss alone ``update_actor`` computes them on its ranks.
 """
 
 from __future__ import annotations
