@@ -1,4 +1,4 @@
-"""Our side of the benchmark: rlcore's RoundRunner (single controller + 2 Ray FSDP2 ranks).
+"""Our side of the benchmark: rlcore's RoundRunner (single controller + 2 Ray data-parallel ranks).
 
 Started by ``bench.run_bench`` as a child process; it builds the runner, then runs
 ``K`` RL steps per ``run K`` command and reports one record per step (``bench.wire``).
@@ -109,7 +109,8 @@ def main() -> None:
     t0 = time.perf_counter()
     runner = build_runner(total_steps=10_000)
     wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),
-              resources=runner.cfg.resources.model_dump(mode="json"))
+              resources=runner.cfg.resources.model_dump(mode="json"),
+              packed_forward=runner.cfg.model.packed_forward, balance_batch=runner.cfg.ppo.balance_batch)
     step = 0
     while (cmd := wire.next_command())[0] in ("run", "probe"):
         if cmd[0] == "probe":

@@ -26,7 +26,7 @@ STAMP = "bench_ready.json"
 
 
 def run_sft_once(cfg: Config, base: Path, data: Path, out: Path) -> dict:
-    """SFT on rlcore's own FSDP2 workers (a private Ray instance, shut down afterwards)."""
+    """SFT on rlcore's own workers (a private Ray instance, shut down afterwards)."""
     import ray
 
     from rlcore.engine.model import load_tokenizer

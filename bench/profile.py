@@ -28,7 +28,7 @@ WORKER_METHODS = ("generate", "compute_log_prob", "compute_ref_log_prob", "updat
 
 # (bucket, substrings of which one must be on the stack), checked in order, innermost meaning first.
 WORKER_RULES = {
-    "generate": [("weight sync: all-gather FSDP shards", ("full_state_dict",)),
+    "generate": [("weight sync: gather weights (FSDP) or copy (DDP)", ("full_state_dict",)),
                  ("weight sync: load_state_dict", ("load_weights",)),
                  ("sampling loop (KV-cache decode)", ("HFRolloutEngine.generate",))],
     "compute_ref_log_prob": [("forward", ("response_log_probs",))],
@@ -36,8 +36,8 @@ WORKER_RULES = {
     "update_actor": [("reference forward (colocated reference)", ("ActorRolloutRefWorker._log_probs",)),
                      ("collectives (all_reduce of counts/metrics)", ("all_reduce_sum", "all_reduce_mean")),
                      ("grad clip + AdamW step", ("clipped_step",)),
-                     ("backward (incl. FSDP reduce-scatter)", ("backward",)),
-                     ("forward + loss (incl. FSDP all-gather)", ("_actor_loss",))],
+                     ("backward (incl. any FSDP reduce-scatter)", ("backward",)),
+                     ("forward + loss (incl. any FSDP all-gather)", ("_actor_loss",))],
 }
 CONTROLLER_RULES = [("waiting on workers (ray.get)", ("WorkerGroup._get",)),
                     ("dispatch (.remote: serialise Batch)", ("ActorMethod._remote", "Batch.chunk")),
@@ -156,7 +156,7 @@ def decompose(phases: dict[str, float], buckets: dict[str, dict[str, float]]) ->
     ray = sum(max(phases.get(p, 0.0) - w, 0.0) for p, w in worker.items()) - rewards
     out = {
         "generation: sampling loop": rank("generate / sampling"),
-        "generation: weight sync (all-gather, load into rollout copy)": rank("generate / weight sync"),
+        "generation: weight sync (DDP copy or FSDP all-gather, load into rollout copy)": rank("generate / weight sync"),
         "generation: other worker work": rank("generate / other"),
         "log-prob recomputation": worker["old_log_prob"],
         "reference forward": worker["ref"] + rank("update_actor / reference forward"),

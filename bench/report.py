@@ -98,7 +98,7 @@ def results_table(s: dict[str, dict], mem: dict[str, dict], total_steps: int, co
                 f"{t['rollout_tok_s']:,.0f}", r(o["rollout_tok_s"], t["rollout_tok_s"])),
         fmt_row("training tokens/s (prompt+completion tokens / step time)", f"{o['train_tok_s']:,.0f}",
                 f"{t['train_tok_s']:,.0f}", r(o["train_tok_s"], t["train_tok_s"])),
-        fmt_row("achieved training FLOP/s (fraction of matmul peak)",
+        fmt_row("training FLOP/s, nominal (fraction of matmul peak)",
                 f"{o['flop_s'] / 1e9:.2f} G ({o['mfu']:.2%})", f"{t['flop_s'] / 1e9:.2f} G ({t['mfu']:.2%})",
                 r(o["flop_s"], t["flop_s"])),
         fmt_row("peak RSS, whole process tree", mib(mem["total"]["ours"]), mib(mem["total"]["trl"]),

@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="measured RL steps per system (after warm-up)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up steps per system, not measured")
     p.add_argument("--block", type=int, default=4, help="steps a system runs before the other takes its turn")
-    p.add_argument("--profile-steps", type=int, default=3, help="extra steps of ours run under py-spy")
+    p.add_argument("--profile-steps", type=int, default=10, help="extra steps of ours run under py-spy")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--quiet-wait", type=float, default=120.0,
                    help="total seconds the run may wait, before blocks, for other processes to go quiet")

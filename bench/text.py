@@ -10,9 +10,11 @@ from bench import report
 TARGET = 2.0
 
 DIFFERENCES = """\
-- **Parallelism.** Ours: a controller process plus 2 Ray worker ranks (FSDP2 over gloo), each with
-  1 torch thread; every step's Batch goes controller -> ranks -> controller through Ray. TRL: one
-  process, torch with 2 threads, no vLLM, model and reference in the same process.
+- **Parallelism.** Ours: a controller process (1 torch thread) plus 2 Ray worker ranks
+  (`resources.strategy: ddp`, a full replica each, gradients all-reduced over gloo), each with
+  1 torch thread; each step makes two worker calls (generate, update_actor), moving only the
+  tensors the ranks read. TRL: one process, torch with 2 threads, no vLLM, model and reference
+  in the same process.
 - **Prompts.** The same RL prompts in the same order: TRL's dataset is laid out in the order
   rlcore's `PromptSampler` takes them (same seed) and `shuffle_dataset=False`. Sampling RNGs differ,
   so the completions (and rewards) differ from step to step; the distribution is the same.
@@ -26,16 +28,15 @@ DIFFERENCES = """\
 - **KL.** Both k3 (`e^x - x - 1`, x = logp_ref - logp) times the same coefficient, added to the
   per-token loss; rlcore clamps x to [-20, 20] and k3 to [-10, 10] (verl), TRL does not clamp.
 - **Optimizer.** Both AdamW (0.9, 0.999, eps 1e-8), weight decay 0, constant LR without warm-up,
-  grad-norm clip 1.0. TRL uses its default `adamw_torch_fused`; rlcore `torch.optim.AdamW(foreach=True)`
-  on DTensors.
-- **Generation.** rlcore: its own KV-cache decode loop (`rollout.engine: hf`) on a full copy of the
-  weights that is refreshed (all-gathered) after every update. TRL: `model.generate(do_sample=True)`
-  on the training model. Both stop at EOS or max length; TRL's `top_k=0` and rlcore's `top_k: 0`
-  both mean no top-k filter.
-- **Padding.** rlcore's Batches pad every prompt to max_prompt_length and every response to
-  max_response_length, but every forward (and the generation prefill) drops the prompt columns
-  that are padding in every row, so it runs on the longest prompt of its micro-batch; TRL pads
-  to the longest in the batch. Token counts never include padding.
+  grad-norm clip 1.0. TRL uses its default `adamw_torch_fused`; rlcore `torch.optim.AdamW(foreach=True)`.
+- **Generation.** rlcore: its own KV-cache decode loop (`rollout.engine: hf`, inverse-CDF sampling,
+  each distinct prompt prefilled once) on a copy of the weights refreshed after every update.
+  TRL: `model.generate(do_sample=True)` on the training model. Both stop at EOS or max length;
+  TRL's `top_k=0` and rlcore's `top_k: 0` both mean no top-k filter.
+- **Padding and repeats.** rlcore's forwards are packed (`model.packed_forward`): no padding token,
+  each distinct prompt once and each distinct (prompt ; response) row once, outputs gathered back
+  to every row (the same numbers as the padded forward, tested). TRL pads to the longest prompt and
+  completion in the batch and runs every row. Token counts never include padding.
 - **Prompt length.** TRL 1.x has no `max_prompt_length`; every prompt here is shorter than
   rlcore's limit, so neither truncates.
 - **Entropy.** Both compute the entropy in the training forward (for logging; coefficient 0);
@@ -103,7 +104,8 @@ def where_time_goes(info: dict) -> list[str]:
 
 
 def settings_section(info: dict) -> list[str]:
-    sh, p, res = info["shared"], info["params"], info["ours_ready"]["resources"]
+    sh, p, ready = info["shared"], info["params"], info["ours_ready"]
+    res = ready["resources"]
     per_step = sh["completions_per_step"]
     trl_cfg = {"num_generations": sh["generations_per_prompt"], "per_device_train_batch_size": per_step,
                "generation_batch_size": per_step, "gradient_accumulation_steps": 1,
@@ -122,8 +124,8 @@ def settings_section(info: dict) -> list[str]:
             "TRL `GRPOConfig` (see `bench/trl_side.py`):", "", *kv_table(trl_cfg, ("field", "value")), "",
             f"Ours: `RoundRunner` from `rlcore.trainer.ppo`, `resources.n_workers: {res['n_workers']}`, "
             f"`cpus_per_worker: {res['cpus_per_worker']}` (= torch threads per rank), "
-            f"`reshard_after_forward: {str(res['reshard_after_forward']).lower()}`, "
-            f"`ref_reshard_after_forward: {str(res['ref_reshard_after_forward']).lower()}`, "
+            f"`strategy: {res['strategy']}`, `model.packed_forward: {str(ready['packed_forward']).lower()}`, "
+            f"`ppo.balance_batch: {str(ready['balance_batch']).lower()}`, "
             "`actor.ppo_mini_batch_size` = `ppo.train_batch_size` (one optimizer step per RL step), "
             "`rollout.engine: hf`, `actor.recompute_log_prob: false`."]
 
@@ -144,7 +146,9 @@ def results_section(info: dict) -> list[str]:
     flop_note = (f"Matmul peak: {info['peak_flops'] / 1e9:.0f} GFLOP/s (fp32 1024x1024 GEMM, 2 threads, best of "
                  f"2 s; other load during it: {info['load_during_matmul']:.2f} cores). Training FLOPs per step = "
                  f"(6 + 2) x N x T: policy forward+backward plus the reference forward over the step's T prompt+"
-                 f"completion tokens.")
+                 f"completion tokens. Nominal: the same T for both systems; rlcore's packed forwards run each "
+                 f"repeated prompt and each repeated (prompt ; response) row once, so they execute fewer FLOPs "
+                 f"than this and the figure is useful work per second, not hardware utilisation.")
     return ["## Results", "",
             f"{args['steps']} measured steps per system after {args['warmup']} warm-up steps, in alternating blocks "
             f"of {args['block']}. TRL/ours > 1 means ours is better for times and memory, < 1 for rates.", "",
