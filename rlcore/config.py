@@ -87,9 +87,9 @@ class ModelConfig(_Section):
     attn_implementation: Literal["eager", "sdpa"] = "sdpa"
     """Attention kernel passed to transformers."""
     packed_forward: bool = True
-    """Log-prob, value and prefill forwards run each distinct prompt once and skip padding tokens
-    (rlcore.engine.packed; same results up to float rounding). Needs attn_implementation sdpa and a
-    llama/qwen2/qwen3 model; other models run padded forwards."""
+    """Log-prob, value and prefill forwards run each distinct prompt and each distinct (prompt ; response)
+    row once and skip padding tokens (rlcore.engine.packed; same results up to float rounding). Needs
+    attn_implementation sdpa and a llama/qwen2/qwen3 model; other models run padded forwards."""
 
 
 class TaskConfig(_Section):
