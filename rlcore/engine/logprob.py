@@ -32,8 +32,9 @@ def response_logits(model, input_ids, attention_mask, response_len: int) -> torc
     """Logits predicting each response token: ``[batch, response_len, vocab]``. Only the last
     ``response_len + 1`` positions go through the LM head (``logits_to_keep``).
 
-    A model loaded for packed forwards (``model.packed_forward``) runs each distinct prompt once
-    and no padding (``rlcore.engine.packed``); the logits at real response tokens are the same.
+    A model loaded for packed forwards (``model.packed_forward``) runs each distinct prompt and each
+    distinct (prompt ; response) row once, and no padding (``rlcore.engine.packed``); the logits at
+    real response tokens are the same.
     """
     if packed.uses_packing(model):
         layout = packed.pack(input_ids, attention_mask, response_len)
