@@ -1,48 +1,10 @@
-"""RL algorithm math: advantage estimators, policy/value losses, KL penalties, KL control.
+"""RL algorithm math: advantage estimators (``advantage``), policy/value losses, KL estimators and
+loss aggregation (``losses``), KL control (``kl_control``), masked reductions (``masked``), entropy
+(``entropy``).
 
-Pure tensor functions (torch/numpy only, no I/O, no config objects). Names that a config
-selects are looked up in the registries ``ESTIMATORS``, ``POLICY_LOSSES``,
-``KL_PENALTIES``, ``LOSS_AGG_MODES`` and ``KL_CONTROLLERS``.
+Pure tensor functions (torch/numpy only, no I/O, no config objects). Names that a config selects
+are looked up in the registries ``advantage.ESTIMATORS``, ``losses.POLICY_LOSSES``,
+``losses.KL_ESTIMATORS``, ``losses.LOSS_AGG_MODES`` and ``kl_control.KL_CONTROLLERS``; each entry
+declares what it needs. This package file imports nothing, so a stage that uses one module
+(``entropy`` for SFT metrics) does not load, and depend on, the others.
 """
-
-from rlcore.algos.advantage import ESTIMATORS, compute_advantage
-from rlcore.algos.kl_control import (
-    KL_CONTROLLERS,
-    AdaptiveKLController,
-    FixedKLController,
-    make_kl_controller,
-)
-from rlcore.algos.losses import (
-    KL_PENALTIES,
-    LOSS_AGG_MODES,
-    POLICY_LOSSES,
-    agg_loss,
-    entropy_from_logits,
-    kl_penalty,
-    policy_loss,
-    value_loss,
-)
-from rlcore.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from rlcore.algos.registry import Registry
-
-__all__ = [
-    "ESTIMATORS",
-    "KL_CONTROLLERS",
-    "KL_PENALTIES",
-    "LOSS_AGG_MODES",
-    "POLICY_LOSSES",
-    "AdaptiveKLController",
-    "FixedKLController",
-    "Registry",
-    "agg_loss",
-    "compute_advantage",
-    "entropy_from_logits",
-    "kl_penalty",
-    "make_kl_controller",
-    "masked_mean",
-    "masked_sum",
-    "masked_var",
-    "masked_whiten",
-    "policy_loss",
-    "value_loss",
-]

@@ -17,32 +17,92 @@ The formulas follow verl's ``trainer/ppo/core_algos.py`` reference definitions; 
 statistics use the unbiased standard deviation, and a group of one sample gets mean 0 and
 std 1 (so its advantage is ``s / (1 + eps)`` for GRPO, not 0).
 
-Estimators live in the ``ESTIMATORS`` registry. Each registered function takes keyword
-arguments only and ignores the common ones it does not need (``**_unused``), so
-``compute_advantage`` can call any of them with the same argument set.
+Estimators live in the ``ESTIMATORS`` registry as :class:`Estimator` entries that declare what
+they need: the data inputs beyond rewards and mask (``index`` for group baselines, ``values``
+from a critic, ``reward_baselines`` from a greedy rollout) and the options they take (read by
+name from :class:`AdvantageOptions`). The trainer asks the entry (``needs_critic``,
+``needs_greedy_baseline``) instead of keeping lists of names, and :func:`compute_advantage`
+passes each estimator exactly what it declares: an unexpected keyword is an error naming it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Sequence
 
 import torch
 
 from rlcore.algos.masked import masked_whiten
-from rlcore.algos.registry import Registry
+from rlcore.registry import Registry, check_keywords, keyword_names
 
 AdvantageFn = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
-ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+# What an estimator may need beyond token_level_rewards and response_mask.
+DATA_INPUTS = frozenset({"index", "values", "reward_baselines"})
+
+
+@dataclass(frozen=True)
+class AdvantageOptions:
+    """Every option an estimator may take; each estimator reads the ones it declares."""
+
+    gamma: float = 1.0
+    """Discount factor (gae, reinforce_plus_plus)."""
+    lam: float = 1.0
+    """GAE lambda (gae)."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide by the group std (grpo, grpo_passk); False gives Dr. GRPO."""
+    epsilon: float = 1e-6
+    """Added to group standard deviations."""
+    f_norm: float = 1.0
+    """GPG normaliser (gpg)."""
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered advantage estimator and what it needs."""
+
+    fn: AdvantageFn
+    inputs: frozenset[str]
+    """Data inputs it reads, among ``DATA_INPUTS``."""
+    options: frozenset[str]
+    """Fields of :class:`AdvantageOptions` it takes."""
+
+    @property
+    def needs_critic(self) -> bool:
+        """It reads critic ``values``: the trainer runs a critic worker group."""
+        return "values" in self.inputs
+
+    @property
+    def needs_greedy_baseline(self) -> bool:
+        """It reads ``reward_baselines``: the trainer scores one greedy rollout per prompt."""
+        return "reward_baselines" in self.inputs
+
+
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+_OPTION_NAMES = frozenset(f.name for f in fields(AdvantageOptions))
+
+
+def register_estimator(name: str, *, needs: tuple[str, ...] = ()) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Register an estimator under ``name``; ``needs`` names the ``DATA_INPUTS`` it reads, which must be
+    exactly the data inputs of its signature (every other keyword is an ``AdvantageOptions`` field)."""
+
+    def decorator(fn: AdvantageFn) -> AdvantageFn:
+        params = keyword_names(fn)
+        declared = frozenset(needs)
+        if declared - DATA_INPUTS or (params & DATA_INPUTS) != declared:
+            raise TypeError(f"estimator {name!r} declares needs {sorted(declared)} but its signature takes "
+                            f"{sorted(params & DATA_INPUTS)} (allowed: {sorted(DATA_INPUTS)})")
+        options = params - DATA_INPUTS - {"token_level_rewards", "response_mask"}
+        if options - _OPTION_NAMES:
+            raise TypeError(f"estimator {name!r} takes {sorted(options - _OPTION_NAMES)}, "
+                            "which are not AdvantageOptions fields")
+        ESTIMATORS.add(name, Estimator(fn, declared, options))
+        return fn
+
+    return decorator
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _require(value: Any, arg: str, estimator: str) -> Any:
-    if value is None:
-        raise ValueError(f"advantage estimator {estimator!r} requires the argument {arg!r}")
-    return value
 
 
 def _zero_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -58,9 +118,8 @@ def _float_mask(response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor
     return response_mask.to(dtype=like.dtype)
 
 
-def _group_ids(index: Optional[Sequence], batch: int, estimator: str, device: torch.device) -> torch.Tensor:
+def _group_ids(index: Sequence, batch: int, estimator: str, device: torch.device) -> torch.Tensor:
     """Map prompt ids to dense group ids ``[batch]`` (order of first appearance)."""
-    _require(index, "index", estimator)
     keys = index.tolist() if hasattr(index, "tolist") else list(index)
     if len(keys) != batch:
         raise ValueError(f"index has {len(keys)} entries but the batch has {batch} samples")
@@ -94,10 +153,10 @@ def _broadcast(scalar: torch.Tensor, mask: torch.Tensor) -> "tuple[torch.Tensor,
 # ------------------------------------------------------------------------ estimators
 
 
-@ESTIMATORS.register("gae")
+@register_estimator("gae", needs=("values",))
 def gae_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, values: Optional[torch.Tensor] = None,
-    gamma: float = 1.0, lam: float = 1.0, **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, values: torch.Tensor,
+    gamma: float = 1.0, lam: float = 1.0,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438).
 
@@ -122,7 +181,6 @@ def gae_advantage(
     Raises:
         ValueError: If ``values`` is missing or has the wrong shape.
     """
-    values = _require(values, "values", "gae")
     mask = _float_mask(response_mask, token_level_rewards)
     if values.shape != token_level_rewards.shape:
         raise ValueError(f"values shape {tuple(values.shape)} != rewards shape {tuple(token_level_rewards.shape)}")
@@ -142,10 +200,10 @@ def gae_advantage(
     return advantages, returns
 
 
-@ESTIMATORS.register("grpo")
+@register_estimator("grpo", needs=("index",))
 def grpo_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
-    norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
+    norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
@@ -174,10 +232,10 @@ def grpo_advantage(
     return _broadcast(adv, mask)
 
 
-@ESTIMATORS.register("grpo_passk")
+@register_estimator("grpo_passk", needs=("index",))
 def grpo_passk_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
-    norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6, **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
+    norm_adv_by_std_in_grpo: bool = True, epsilon: float = 1e-6,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """Pass@k GRPO advantage (Chen et al. 2025, arXiv:2503.19595).
 
@@ -215,10 +273,9 @@ def grpo_passk_advantage(
     return _broadcast(adv, mask)
 
 
-@ESTIMATORS.register("rloo")
+@register_estimator("rloo", needs=("index",))
 def rloo_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
-    **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """REINFORCE Leave-One-Out advantage (Ahmadian et al. 2024, arXiv:2402.14740).
 
@@ -242,16 +299,18 @@ def rloo_advantage(
     return _broadcast(adv, mask)
 
 
-@ESTIMATORS.register("reinforce_plus_plus")
+@register_estimator("reinforce_plus_plus")
 def reinforce_plus_plus_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """REINFORCE++ advantage (Hu 2025, arXiv:2501.03262).
 
-    Discounted return computed backwards, ``G_t = r_t + gamma * G_{t+1}``, where the
-    running return is reset to 0 after every masked position (verl: "reset after EOS"),
-    so a masked token's reward never reaches an earlier valid token. Advantages are the
-    returns whitened over the mask (batch-level normalisation).
+    Discounted return over the valid tokens, computed backwards: ``G_t = r_t + gamma * G_next`` where
+    ``G_next`` is the return at the next valid position (0 past the end). Masked positions (padding,
+    or observation tokens inside a multi-turn response) are skipped: the running return is carried
+    across them unchanged and their rewards are dropped, the same convention as GAE here and verl's
+    current ``compute_reinforce_plus_plus_outcome_advantage``. Advantages are the returns whitened
+    over the mask (batch-level normalisation).
 
     Args:
         token_level_rewards: ``[batch, response_len]`` per-token rewards.
@@ -265,18 +324,17 @@ def reinforce_plus_plus_advantage(
     running = torch.zeros_like(token_level_rewards[:, 0])
     columns = []
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
+        valid = mask[:, t].bool()
+        running = torch.where(valid, token_level_rewards[:, t] + gamma * running, running)
         columns.append(running)
-        running = running * mask[:, t]
     returns = _zero_masked(torch.stack(columns[::-1], dim=1), mask)
     advantages = _zero_masked(masked_whiten(returns, mask), mask)
     return advantages, returns
 
 
-@ESTIMATORS.register("reinforce_plus_plus_baseline")
+@register_estimator("reinforce_plus_plus_baseline", needs=("index",))
 def reinforce_plus_plus_baseline_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
-    **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """REINFORCE++ with a group-mean baseline (Hu 2025, arXiv:2501.03262).
 
@@ -300,10 +358,9 @@ def reinforce_plus_plus_baseline_advantage(
     return adv, adv
 
 
-@ESTIMATORS.register("remax")
+@register_estimator("remax", needs=("reward_baselines",))
 def remax_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
-    reward_baselines: Optional[torch.Tensor] = None, **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, reward_baselines: torch.Tensor,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """ReMax advantage (Li et al. 2023, arXiv:2310.10505).
 
@@ -318,8 +375,8 @@ def remax_advantage(
     Returns:
         ``(advantages, returns)``, each ``[batch, response_len]``, 0 on masked tokens.
     """
-    baselines = _require(reward_baselines, "reward_baselines", "remax")
     mask = _float_mask(response_mask, token_level_rewards)
+    baselines = reward_baselines
     if baselines.shape != token_level_rewards.shape[:1]:
         raise ValueError(f"reward_baselines must have shape [batch], got {tuple(baselines.shape)}")
     masked_rewards = _zero_masked(token_level_rewards, mask)
@@ -328,10 +385,9 @@ def remax_advantage(
     return advantages, returns
 
 
-@ESTIMATORS.register("opo")
+@register_estimator("opo", needs=("index",))
 def opo_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
-    **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """On-Policy RL with Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585).
 
@@ -358,10 +414,10 @@ def opo_advantage(
     return _broadcast(scores - baseline[gid], mask)
 
 
-@ESTIMATORS.register("gpg")
+@register_estimator("gpg", needs=("index",))
 def gpg_advantage(
-    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Optional[Sequence] = None,
-    f_norm: float = 1.0, **_unused: Any,
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
+    f_norm: float = 1.0,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """Group Policy Gradient advantage (Chu et al. 2025, arXiv:2504.02546).
 
@@ -389,22 +445,10 @@ def gpg_advantage(
 
 
 def compute_advantage(
-    estimator: str,
-    *,
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: Optional[Sequence] = None,
-    values: Optional[torch.Tensor] = None,
-    reward_baselines: Optional[torch.Tensor] = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std_in_grpo: bool = True,
-    epsilon: float = 1e-6,
+    estimator: str, *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **inputs_and_options: Any,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
-    """Compute ``(advantages, returns)`` with the estimator registered as ``estimator``.
-
-    Every estimator receives the same keyword arguments and ignores those it does not
-    use; the computation runs under ``torch.no_grad()`` (advantages are targets).
+    """Compute ``(advantages, returns)`` with the estimator registered as ``estimator``, under
+    ``torch.no_grad()`` (advantages are targets).
 
     Args:
         estimator: A name in ``ESTIMATORS`` (``gae``, ``grpo``, ``grpo_passk``, ``rloo``,
@@ -412,13 +456,10 @@ def compute_advantage(
             ``gpg``).
         token_level_rewards: ``[batch, response_len]`` float rewards on response tokens.
         response_mask: ``[batch, response_len]`` 0/1 mask; 1 = valid response token.
-        index: ``[batch]`` prompt ids (numpy array or list of str/int) for group estimators.
-        values: ``[batch, response_len]`` critic values (``gae``).
-        reward_baselines: ``[batch]`` greedy rewards (``remax``).
-        gamma: Discount factor (``gae``, ``reinforce_plus_plus``).
-        lam: GAE lambda (``gae``).
-        norm_adv_by_std_in_grpo: Divide by the group std (``grpo``, ``grpo_passk``).
-        epsilon: Added to group stds.
+        **inputs_and_options: Exactly the data inputs the estimator declares (``index``: ``[batch]``
+            prompt ids, a numpy array or list of str/int; ``values``: ``[batch, response_len]`` critic
+            values; ``reward_baselines``: ``[batch]`` greedy rewards) and any of the options it takes
+            (``AdvantageOptions`` fields, e.g. ``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``).
 
     Returns:
         ``(advantages, returns)``, each ``[batch, response_len]``, exactly 0 where
@@ -426,14 +467,15 @@ def compute_advantage(
 
     Raises:
         KeyError: Unknown estimator (the message lists the allowed names).
-        ValueError: A required input of the estimator is missing (named in the message).
+        ValueError: A data input the estimator needs is missing (named in the message).
+        TypeError: A keyword the estimator does not take (named in the message).
     """
-    fn = ESTIMATORS.get(estimator)
+    entry = ESTIMATORS.get(estimator)
+    check_keywords(f"advantage estimator {estimator!r}", inputs_and_options, entry.inputs | entry.options)
+    missing = sorted(entry.inputs - {k for k, v in inputs_and_options.items() if v is not None})
+    if missing:
+        raise ValueError(f"advantage estimator {estimator!r} requires the argument(s) {', '.join(map(repr, missing))}")
     if token_level_rewards.dim() != 2:
         raise ValueError(f"token_level_rewards must be [batch, response_len], got {tuple(token_level_rewards.shape)}")
     with torch.no_grad():
-        return fn(
-            token_level_rewards=token_level_rewards, response_mask=response_mask, index=index, values=values,
-            reward_baselines=reward_baselines, gamma=gamma, lam=lam,
-            norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, epsilon=epsilon,
-        )
+        return entry.fn(token_level_rewards=token_level_rewards, response_mask=response_mask, **inputs_and_options)

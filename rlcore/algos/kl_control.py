@@ -13,9 +13,9 @@ Controllers are built by name through the ``KL_CONTROLLERS`` registry (``fixed``
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Callable, Union
 
-from rlcore.algos.registry import Registry
+from rlcore.registry import Registry, check_keywords, keyword_names
 
 
 class FixedKLController:
@@ -41,12 +41,12 @@ class AdaptiveKLController:
         horizon: Number of samples over which the error is corrected.
     """
 
-    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float):
+    def __init__(self, kl_coef: float, target_kl: float, horizon: float):
         if target_kl is None or target_kl <= 0:
             raise ValueError(f"target_kl must be > 0, got {target_kl}")
         if horizon is None or horizon <= 0:
             raise ValueError(f"horizon must be > 0, got {horizon}")
-        self.value = float(init_kl_coef)
+        self.value = float(kl_coef)
         self.target = float(target_kl)
         self.horizon = float(horizon)
 
@@ -66,36 +66,30 @@ class AdaptiveKLController:
 KLController = Union[FixedKLController, AdaptiveKLController]
 
 KL_CONTROLLERS: Registry[Callable[..., KLController]] = Registry("KL controller")
+KL_CONTROLLERS.add("fixed", FixedKLController)
+KL_CONTROLLERS.add("adaptive", AdaptiveKLController)
 
 
-@KL_CONTROLLERS.register("fixed")
-def _make_fixed(*, kl_coef: float, **_unused: Any) -> FixedKLController:
-    return FixedKLController(kl_coef)
+def controller_options(kind: str) -> frozenset[str]:
+    """The constructor arguments of the controller ``kind`` (read by name from ``algorithm.kl_ctrl``)."""
+    return keyword_names(KL_CONTROLLERS.get(kind)) - {"self"}
 
 
-@KL_CONTROLLERS.register("adaptive")
-def _make_adaptive(
-    *, kl_coef: float, target_kl: Optional[float], horizon: Optional[float], **_unused: Any
-) -> AdaptiveKLController:
-    return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
-
-
-def make_kl_controller(
-    kind: str, *, kl_coef: float, target_kl: Optional[float] = None, horizon: Optional[float] = None
-) -> KLController:
+def make_kl_controller(kind: str, **options: float) -> KLController:
     """Build the KL controller registered as ``kind``.
 
     Args:
         kind: ``fixed`` or ``adaptive`` (any name in ``KL_CONTROLLERS``).
-        kl_coef: Initial (or constant) coefficient.
-        target_kl: Target KL (``adaptive`` only; must be > 0).
-        horizon: Horizon (``adaptive`` only; must be > 0).
+        **options: Exactly what the controller takes: ``kl_coef`` (initial or constant coefficient)
+            for both; ``target_kl`` and ``horizon`` (both > 0) for ``adaptive``.
 
     Returns:
         A controller with ``.value`` and ``.update(current_kl, n_steps)``.
 
     Raises:
         KeyError: Unknown kind (the message lists the allowed names).
+        TypeError: An option the controller does not take, or a missing one.
         ValueError: ``adaptive`` without a positive ``target_kl`` or ``horizon``.
     """
-    return KL_CONTROLLERS.get(kind)(kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
+    check_keywords(f"KL controller {kind!r}", options, controller_options(kind))
+    return KL_CONTROLLERS.get(kind)(**options)

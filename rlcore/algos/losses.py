@@ -1,4 +1,4 @@
-"""Policy losses, KL penalties, loss aggregation, value loss and entropy.
+"""Policy losses, KL estimators, loss aggregation, value loss.
 
 Tensor conventions: ``old_log_prob``, ``log_prob``, ``ref_log_prob``, ``advantages``,
 ``values``, ``returns`` and ``vpreds`` are ``[batch, response_len]`` per-token tensors;
@@ -6,125 +6,189 @@ Tensor conventions: ``old_log_prob``, ``log_prob``, ``ref_log_prob``, ``advantag
 1 marks a response token the loss is trained on and 0 marks padding or an observation
 token, which never contributes to a loss or a metric.
 
-Three registries select behaviour by name: ``POLICY_LOSSES`` (``policy_loss``),
-``KL_PENALTIES`` (``kl_penalty``) and ``LOSS_AGG_MODES`` (``agg_loss``). Formulas follow
-verl's ``trainer/ppo/core_algos.py``.
+Three registries select behaviour by name: ``POLICY_LOSSES`` (``policy_loss``; entries declare
+the options they take, read by name from :class:`PolicyLossOptions`), ``KL_ESTIMATORS``
+(``kl_penalty``) and ``LOSS_AGG_MODES`` (``agg_loss``; entries declare what they are normalised
+by, so a micro-batch of a data-parallel mini-batch is scaled exactly, see :class:`AggScale`).
+Formulas follow the papers cited in each docstring and verl's current ``core_algos.py``; where
+rlcore differs on purpose, the docstring says so.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Literal, Optional
 
 import torch
 
 from rlcore.algos.masked import masked_mean, masked_sum
-from rlcore.algos.registry import Registry
-
-POLICY_LOSSES: Registry[Callable[..., Any]] = Registry("policy loss")
-KL_PENALTIES: Registry[Callable[..., torch.Tensor]] = Registry("KL penalty")
-LOSS_AGG_MODES: Registry[Callable[..., torch.Tensor]] = Registry("loss aggregation mode")
-
-# Hyper-parameters only some policy losses use; ``policy_loss`` forwards these.
-_EXTRA_POLICY_ARGS = frozenset(
-    {"clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "generator"}
-)
-
+from rlcore.registry import Registry, check_keywords, keyword_names
 
 # ------------------------------------------------------------------- aggregation
 
-
-@LOSS_AGG_MODES.register("token-mean")
-def _agg_token_mean(loss_mat: torch.Tensor, loss_mask: torch.Tensor, **_unused: Any) -> torch.Tensor:
-    """``token-mean``: mean over all valid tokens of the batch."""
-    return masked_mean(loss_mat, loss_mask)
+Normalizer = Literal["tokens", "sequences", "none"]
 
 
-def _seq_mean(seq_losses: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Mean over the sequences that have at least one valid token."""
-    non_empty = (loss_mask.to(seq_losses.dtype).sum(dim=-1) > 0).to(seq_losses.dtype)
-    return (seq_losses * non_empty).sum() / non_empty.sum().clamp(min=1)
+@dataclass(frozen=True)
+class AggScale:
+    """Global normalisers of a loss computed on one micro-batch of a data-parallel mini-batch.
+
+    With it, ``agg_loss`` returns the micro-batch's share of the global mini-batch loss times
+    ``dp_size``: summed over a rank's micro-batches (gradient accumulation) and averaged over the
+    ranks (DDP/FSDP gradient averaging), the gradient is that of the loss aggregated over the whole
+    global mini-batch at once, however it was split (verl's ``global_batch_info``).
+    """
+
+    tokens: float
+    """Valid (mask 1) tokens in the global mini-batch, all ranks."""
+    rows: float
+    """Rows (sequences) in the global mini-batch, all ranks, empty ones included."""
+    dp_size: int = 1
+    """Ranks whose gradients are averaged."""
 
 
-@LOSS_AGG_MODES.register("seq-mean-token-sum")
-def _agg_seq_mean_token_sum(loss_mat: torch.Tensor, loss_mask: torch.Tensor, **_unused: Any) -> torch.Tensor:
-    """``seq-mean-token-sum``: per-sequence token sum, averaged over non-empty sequences."""
-    return _seq_mean(masked_sum(loss_mat, loss_mask, dim=-1), loss_mask)
+@dataclass(frozen=True)
+class AggMode:
+    """A registered loss aggregation mode: what it sums, and what it divides by."""
+
+    total: Callable[[torch.Tensor, torch.Tensor, Optional[float]], torch.Tensor]
+    """``(loss_mat, loss_mask, loss_scale_factor) -> 0-dim`` sum over tokens or sequences."""
+    normalizer: Normalizer
+    """``tokens``: divided by the valid token count; ``sequences``: by the sequence count; ``none``.
+    Under gradient accumulation a micro-batch therefore weighs its share of tokens or sequences."""
 
 
-@LOSS_AGG_MODES.register("seq-mean-token-mean")
-def _agg_seq_mean_token_mean(loss_mat: torch.Tensor, loss_mask: torch.Tensor, **_unused: Any) -> torch.Tensor:
-    """``seq-mean-token-mean``: per-sequence token mean, averaged over non-empty sequences."""
-    return _seq_mean(masked_mean(loss_mat, loss_mask, dim=-1), loss_mask)
+LOSS_AGG_MODES: Registry[AggMode] = Registry("loss aggregation mode")
 
 
-@LOSS_AGG_MODES.register("seq-mean-token-sum-norm")
-def _agg_seq_mean_token_sum_norm(
-    loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_scale_factor: Optional[float] = None, **_unused: Any
-) -> torch.Tensor:
-    """``seq-mean-token-sum-norm``: total token sum / ``loss_scale_factor`` (default response_len)."""
+def _row_totals(loss_mat: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    return masked_sum(loss_mat, loss_mask, dim=-1)
+
+
+def _token_sum(loss_mat, loss_mask, loss_scale_factor):
+    return masked_sum(loss_mat, loss_mask)
+
+
+def _seq_token_sums(loss_mat, loss_mask, loss_scale_factor):
+    return _row_totals(loss_mat, loss_mask).sum()
+
+
+def _seq_token_means(loss_mat, loss_mask, loss_scale_factor):
+    return masked_mean(loss_mat, loss_mask, dim=-1).sum()  # an empty row's mean is 0
+
+
+def _seq_token_sums_normed(loss_mat, loss_mask, loss_scale_factor):
     scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-    return masked_sum(loss_mat, loss_mask) / scale
+    return _row_totals(loss_mat, loss_mask).sum() / scale
 
 
-def agg_loss(
-    loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str, *, loss_scale_factor: Optional[float] = None
-) -> torch.Tensor:
-    """Aggregate a per-token loss matrix into a scalar (verl ``agg_loss``; Dr. GRPO,
-    Liu et al. 2025, arXiv:2503.20783, motivates the length-unbiased modes).
+LOSS_AGG_MODES.add("token-mean", AggMode(_token_sum, "tokens"))
+LOSS_AGG_MODES.add("token-sum", AggMode(_token_sum, "none"))
+LOSS_AGG_MODES.add("seq-mean-token-sum", AggMode(_seq_token_sums, "sequences"))
+LOSS_AGG_MODES.add("seq-mean-token-mean", AggMode(_seq_token_means, "sequences"))
+LOSS_AGG_MODES.add("seq-mean-token-sum-norm", AggMode(_seq_token_sums_normed, "sequences"))
+
+
+def _normalize(total: torch.Tensor, normalizer: Normalizer, loss_mask: torch.Tensor, scale: AggScale | None,
+               *, all_rows: bool = False) -> torch.Tensor:
+    """``total`` divided by the local (or, with ``scale``, global) token or sequence count, times ``dp_size``.
+    Locally, sequences are the non-empty rows (all rows with ``all_rows``)."""
+    if normalizer == "none":
+        return total * (scale.dp_size if scale else 1)
+    if scale is not None:
+        count = scale.tokens if normalizer == "tokens" else scale.rows
+        return total / max(float(count), 1.0) * scale.dp_size
+    m = loss_mask.to(total.dtype)
+    if normalizer == "tokens":
+        count = m.sum()
+    elif all_rows:
+        count = torch.tensor(float(m.shape[0]), dtype=total.dtype, device=total.device)
+    else:
+        count = (m.sum(-1) > 0).to(total.dtype).sum()
+    return total / count.clamp(min=1)
+
+
+def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str, *,
+             loss_scale_factor: Optional[float] = None, scale: AggScale | None = None) -> torch.Tensor:
+    """Aggregate a per-token loss matrix into a scalar (verl ``agg_loss``; Dr. GRPO, Liu et al. 2025,
+    arXiv:2503.20783, motivates the length-unbiased modes).
 
     With ``m`` the mask, ``L_i = sum_t m_it`` and ``S`` the set of rows with ``L_i > 0``:
 
     * ``token-mean``: ``sum_it m_it l_it / sum_it m_it``.
+    * ``token-sum``: ``sum_it m_it l_it``.
     * ``seq-mean-token-sum``: ``mean_{i in S} sum_t m_it l_it``.
     * ``seq-mean-token-mean``: ``mean_{i in S} (sum_t m_it l_it / L_i)``.
-    * ``seq-mean-token-sum-norm``: ``sum_it m_it l_it / loss_scale_factor`` where the
-      factor defaults to ``response_len`` (``loss_mask.shape[-1]``).
+    * ``seq-mean-token-sum-norm``: ``mean_{i in S} (sum_t m_it l_it) / loss_scale_factor``, the factor
+      defaulting to ``response_len`` (``loss_mask.shape[-1]``): Dr. GRPO's constant normaliser
+      ``1/G sum_i sum_t l_it / MAX_TOKENS``.
 
-    Fully masked rows are left out of the sequence means (as the latest verl does); an
-    all-masked batch aggregates to 0 instead of NaN.
+    Fully masked rows are left out of the sequence means (as verl does); an all-masked batch
+    aggregates to 0 instead of NaN. With ``scale`` the denominators are the global mini-batch's
+    token or row counts instead of this micro-batch's (its empty rows then count, as in verl's
+    engine), and the result is multiplied by ``scale.dp_size`` (see :class:`AggScale`).
 
     Args:
         loss_mat: ``[batch, response_len]`` per-token losses.
         loss_mask: ``[batch, response_len]``; 1 = token counted, 0 = ignored.
         mode: A name in ``LOSS_AGG_MODES``.
-        loss_scale_factor: Divisor of ``seq-mean-token-sum-norm``.
+        loss_scale_factor: Divisor of ``seq-mean-token-sum-norm`` (the other modes have none).
+        scale: Global normalisers when ``loss_mat`` is one micro-batch of a larger mini-batch.
 
     Returns:
         0-dim loss tensor.
     """
-    return LOSS_AGG_MODES.get(mode)(loss_mat, loss_mask, loss_scale_factor=loss_scale_factor)
+    entry = LOSS_AGG_MODES.get(mode)
+    return _normalize(entry.total(loss_mat, loss_mask, loss_scale_factor), entry.normalizer, loss_mask, scale)
 
 
-# ------------------------------------------------------------------ KL penalties
+# ---------------------------------------------------------------- KL estimators
+
+KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("KL estimator")
 
 
 def _log_ratio(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     return log_prob - ref_log_prob
 
 
-@KL_PENALTIES.register("kl", "k1")
 def _kl_k1(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """k1: ``logp - logp_ref`` (unbiased, high variance)."""
     return _log_ratio(log_prob, ref_log_prob)
 
 
-@KL_PENALTIES.register("abs")
 def _kl_abs(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """abs: ``|logp - logp_ref|``."""
     return _log_ratio(log_prob, ref_log_prob).abs()
 
 
-@KL_PENALTIES.register("mse", "k2")
 def _kl_k2(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """k2: ``0.5 (logp - logp_ref)^2``."""
     return 0.5 * _log_ratio(log_prob, ref_log_prob).square()
 
 
-@KL_PENALTIES.register("low_var_kl", "k3")
 def _kl_k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """k3 (low-variance): ``e^x - x - 1`` with ``x = logp_ref - logp``, clamped as in verl."""
     x = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)
     return torch.clamp(torch.exp(x) - x - 1.0, min=-10.0, max=10.0)
+
+
+def _straight_through_k2(value_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    """``<name>+``: the value of ``value_fn`` with the gradient of k2, ``k2 - sg(k2) + sg(value)``: k2's
+    gradient is an unbiased estimate of the gradient of KL(pi || pi_ref) whatever estimator is logged."""
+
+    def estimator(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+        k2 = _kl_k2(log_prob, ref_log_prob)
+        return k2 - k2.detach() + value_fn(log_prob, ref_log_prob).detach()
+
+    estimator.__doc__ = f"value of {value_fn.__name__}, gradient of k2"
+    return estimator
+
+
+for _names, _fn in ((("kl", "k1"), _kl_k1), (("abs",), _kl_abs), (("mse", "k2"), _kl_k2),
+                    (("low_var_kl", "k3"), _kl_k3)):
+    for _name in _names:
+        KL_ESTIMATORS.add(_name, _fn)
+        KL_ESTIMATORS.add(_name + "+", _straight_through_k2(_fn))
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
@@ -137,19 +201,88 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
     * ``abs``: ``|d|``.
     * ``mse`` / ``k2``: ``0.5 * d^2``.
     * ``low_var_kl`` / ``k3``: ``x = clamp(-d, -20, 20)``, ``clamp(e^x - x - 1, -10, 10)``.
+    * any of these with ``+`` (``k3+``, ``low_var_kl+``, ...): the same value, with the gradient of k2
+      (a straight-through estimator, verl's ``+`` variants).
 
     Args:
         log_prob: ``[batch, response_len]`` log-probs of the sampled tokens under pi.
         ref_log_prob: ``[batch, response_len]`` log-probs under the reference policy.
-        kind: A name in ``KL_PENALTIES``.
+        kind: A name in ``KL_ESTIMATORS``.
 
     Returns:
         ``[batch, response_len]`` per-token penalty (unmasked; aggregate with a mask).
     """
-    return KL_PENALTIES.get(kind)(log_prob, ref_log_prob)
+    return KL_ESTIMATORS.get(kind)(log_prob, ref_log_prob)
 
 
 # ----------------------------------------------------------------- policy losses
+
+
+@dataclass(frozen=True)
+class PolicyLossOptions:
+    """Every option a policy loss may take; each loss reads the ones its signature names."""
+
+    loss_agg_mode: str = "token-mean"
+    """``agg_loss`` mode of the per-token losses (gspo and geo_mean fix their own)."""
+    loss_scale_factor: Optional[float] = None
+    """Divisor of ``seq-mean-token-sum-norm`` (default: the response length)."""
+    clip_ratio_low: float = 0.2
+    """Lower clip ``eps_low``: the ratio is clipped below at ``1 - eps_low``."""
+    clip_ratio_high: float = 0.2
+    """Upper clip ``eps_high`` (DAPO clip-higher when above ``eps_low``)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip constant ``c`` (> 1) for negative advantages (vanilla)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: share of valid tokens whose gradient is cut."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the candidates' covariance window."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of the candidates' covariance window."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: share of valid tokens that get the KL penalty."""
+    ppo_kl_coef: float = 1.0
+    """kl_cov: coefficient of the penalty."""
+
+
+_LOSS_TENSORS = frozenset({"log_prob", "advantages", "response_mask"})  # and old_log_prob, for ratio losses
+_LOSS_CALL_ARGS = frozenset({"agg_scale", "generator"})  # given per call, not settings
+_LOSS_OPTION_NAMES = frozenset(f.name for f in fields(PolicyLossOptions))
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss and the keywords it takes beyond the four tensors."""
+
+    fn: Callable[..., "tuple[torch.Tensor, dict]"]
+    keywords: frozenset[str]
+    uses_old_log_prob: bool
+    """Whether it has an importance ratio (all but ``gpg``)."""
+
+    @property
+    def options(self) -> frozenset[str]:
+        """The :class:`PolicyLossOptions` fields it takes (what a caller reads from its settings)."""
+        return self.keywords & _LOSS_OPTION_NAMES
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+def register_policy_loss(name: str):
+    """Register a policy loss; its keywords beyond the tensors must be ``PolicyLossOptions`` fields or
+    ``agg_scale`` / ``generator``."""
+
+    def decorator(fn):
+        params = keyword_names(fn)
+        if not _LOSS_TENSORS <= params:
+            raise TypeError(f"policy loss {name!r} must take {sorted(_LOSS_TENSORS)}")
+        keywords = params - _LOSS_TENSORS - {"old_log_prob"}
+        unknown = keywords - _LOSS_OPTION_NAMES - _LOSS_CALL_ARGS
+        if unknown:
+            raise TypeError(f"policy loss {name!r} takes {sorted(unknown)}, which are not PolicyLossOptions fields")
+        POLICY_LOSSES.add(name, PolicyLoss(fn, keywords, "old_log_prob" in params))
+        return fn
+
+    return decorator
 
 
 def _metrics(like: torch.Tensor, clipfrac: Any, clipfrac_lower: Any, ppo_kl: Any) -> dict:
@@ -165,11 +298,12 @@ def _metrics(like: torch.Tensor, clipfrac: Any, clipfrac_lower: Any, ppo_kl: Any
     }
 
 
-@POLICY_LOSSES.register("vanilla")
+@register_policy_loss("vanilla")
 def ppo_clip_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean", clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0, **_unused: Any,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
 ) -> "tuple[torch.Tensor, dict]":
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with asymmetric
     "clip-higher" bounds (DAPO, Yu et al. 2025, arXiv:2503.14476) and dual clip for
@@ -188,6 +322,8 @@ def ppo_clip_loss(
         advantages: ``[batch, response_len]``.
         response_mask: ``[batch, response_len]``; 1 = token in the loss.
         loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
         clip_ratio_low: ``eps_low``.
         clip_ratio_high: ``eps_high``.
         clip_ratio_c: Dual-clip constant ``c`` (> 1).
@@ -206,16 +342,16 @@ def ppo_clip_loss(
     dual = torch.minimum(clipped, loss3)
     negative = advantages < 0
     pg_losses = torch.where(negative, dual, clipped)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor, scale=agg_scale)
     clipfrac = masked_mean((loss2 > loss1).to(log_prob.dtype), response_mask)
     clipfrac_lower = masked_mean(((clipped > loss3) & negative).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, clipfrac_lower, masked_mean(-neg_kl, response_mask))
 
 
-@POLICY_LOSSES.register("gspo")
+@register_policy_loss("gspo")
 def gspo_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean", clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, **_unused: Any,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
 ) -> "tuple[torch.Tensor, dict]":
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -224,15 +360,16 @@ def gspo_loss(
     ``log s_it = sg[log s_i] + logp_it - sg[logp_it]`` (clamped above at 10), so
     ``s_it == s_i`` in value and ``grad s_it = s_i grad logp_it``.
     ``l_it = max(-A s_it, -A clip(s_it, 1 - eps_low, 1 + eps_high))``, aggregated with
-    ``loss_agg_mode`` (verl defaults GSPO to ``seq-mean-token-mean``; here the caller
-    chooses). ``pg_clipfrac_lower`` is always 0.
+    ``seq-mean-token-mean`` whatever ``actor.loss_agg_mode`` says: the paper's objective is a mean
+    over sequences of per-sequence means, and verl fixes the mode the same way.
+    ``pg_clipfrac_lower`` is always 0. (The paper's clip range is about 3e-4 / 4e-4, not 0.2.)
 
     Args:
         old_log_prob: ``[batch, response_len]`` behaviour-policy log-probs.
         log_prob: ``[batch, response_len]`` current-policy log-probs (differentiated).
         advantages: ``[batch, response_len]`` (constant over a sequence in GSPO).
         response_mask: ``[batch, response_len]``; 1 = token in the loss and in ``s_i``.
-        loss_agg_mode: ``agg_loss`` mode.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
         clip_ratio_low: ``eps_low``.
         clip_ratio_high: ``eps_high``.
 
@@ -246,31 +383,34 @@ def gspo_loss(
     ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss = agg_loss(torch.maximum(loss1, loss2), response_mask, loss_agg_mode)
+    loss = agg_loss(torch.maximum(loss1, loss2), response_mask, "seq-mean-token-mean", scale=agg_scale)
     clipfrac = masked_mean((loss2 > loss1).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
 
 
-@POLICY_LOSSES.register("geo_mean")
+@register_policy_loss("geo_mean")
 def geo_mean_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, **_unused: Any,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
 ) -> "tuple[torch.Tensor, dict]":
     """Geometric-Mean Policy Optimization, GMPO (Zhao et al. 2025, arXiv:2507.20673).
 
     Token log-ratios ``d_t = logp_t - logp_old_t`` are clipped in log space in the
     pessimistic direction: ``d'_t = sgn(A_t) min(sgn(A_t) d_t, sgn(A_t) clamp(d_t, -eps_low,
     eps_high))``. Per sequence ``rho_i = exp(sum_t m d'_t / (L_i + 1e-8))`` and
-    ``Abar_i = sum_t m A_t / (L_i + 1e-8)``; ``loss = mean_i(-Abar_i rho_i)`` over the
-    batch (like verl, ``loss_agg_mode`` is not used). ``pg_clipfrac`` /
-    ``pg_clipfrac_lower``: masked fraction of tokens whose ``d_t`` was clamped with
-    ``A > 0`` / ``A < 0``.
+    ``Abar_i = sum_t m A_t / (L_i + 1e-8)``; ``loss = mean_i(-Abar_i rho_i)`` over all rows
+    of the batch, empty ones included (like verl, ``loss_agg_mode`` is not used). Under gradient
+    accumulation (``agg_scale``) the mean is over the rows of the whole global mini-batch; verl
+    instead sums its micro-batches' means, which depends on how the batch was split.
+    ``pg_clipfrac`` / ``pg_clipfrac_lower``: masked fraction of tokens whose ``d_t`` was clamped
+    with ``A > 0`` / ``A < 0``. (The paper clips at 0.4 in log space.)
 
     Args:
         old_log_prob: ``[batch, response_len]`` behaviour-policy log-probs.
         log_prob: ``[batch, response_len]`` current-policy log-probs (differentiated).
         advantages: ``[batch, response_len]`` (sequence-level advantages broadcast).
         response_mask: ``[batch, response_len]``; 1 = token in the loss.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
         clip_ratio_low: ``eps_low`` (in log space).
         clip_ratio_high: ``eps_high`` (in log space).
 
@@ -284,17 +424,18 @@ def geo_mean_loss(
     lengths = response_mask.to(log_prob.dtype).sum(dim=-1) + 1e-8
     ratio = torch.exp(masked_sum(pessimistic, response_mask, dim=-1) / lengths)
     seq_adv = masked_sum(advantages, response_mask, dim=-1) / lengths
-    loss = torch.mean(-seq_adv * ratio)
+    loss = _normalize((-seq_adv * ratio).sum(), "sequences", response_mask, agg_scale, all_rows=True)
     was_clipped = neg_kl != neg_kl_clamped
     clipfrac = masked_mean((was_clipped & (advantages > 0)).to(log_prob.dtype), response_mask)
     clipfrac_lower = masked_mean((was_clipped & (advantages < 0)).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, clipfrac_lower, masked_mean(-neg_kl, response_mask))
 
 
-@POLICY_LOSSES.register("gpg")
+@register_policy_loss("gpg")
 def gpg_loss(
     *, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean", **_unused: Any,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None,
 ) -> "tuple[torch.Tensor, dict]":
     """Group Policy Gradient loss (Chu et al. 2025, arXiv:2504.02546): plain REINFORCE
     ``l_t = -A_t logp_t`` without ratio or clipping, aggregated with ``agg_loss``.
@@ -305,18 +446,22 @@ def gpg_loss(
         advantages: ``[batch, response_len]``.
         response_mask: ``[batch, response_len]``; 1 = token in the loss.
         loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
 
     Returns:
         ``(loss, metrics)``.
     """
-    loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode)
+    loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor,
+                    scale=agg_scale)
     return loss, _metrics(loss, 0.0, 0.0, 0.0)
 
 
-@POLICY_LOSSES.register("cispo")
+@register_policy_loss("cispo")
 def cispo_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean", clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, **_unused: Any,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
 ) -> "tuple[torch.Tensor, dict]":
     """Clipped IS-weight Policy Optimization, CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5).
 
@@ -330,6 +475,8 @@ def cispo_loss(
         advantages: ``[batch, response_len]``.
         response_mask: ``[batch, response_len]``; 1 = token in the loss.
         loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
         clip_ratio_low: ``eps_low``.
         clip_ratio_high: ``eps_high``.
 
@@ -339,7 +486,8 @@ def cispo_loss(
     neg_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(neg_kl)
     weight = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss = agg_loss(-weight.detach() * advantages * log_prob, response_mask, loss_agg_mode)
+    loss = agg_loss(-weight.detach() * advantages * log_prob, response_mask, loss_agg_mode,
+                    loss_scale_factor=loss_scale_factor, scale=agg_scale)
     clipfrac = masked_mean((ratio != weight).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
 
@@ -350,12 +498,13 @@ def _token_covariance(advantages: torch.Tensor, log_prob: torch.Tensor, mask: to
     return (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
 
 
-@POLICY_LOSSES.register("clip_cov")
+@register_policy_loss("clip_cov")
 def clip_cov_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean", clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
     clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
-    generator: Optional[torch.Generator] = None, **_unused: Any,
+    generator: Optional[torch.Generator] = None,
 ) -> "tuple[torch.Tensor, dict]":
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
     arXiv:2505.22617).
@@ -372,6 +521,8 @@ def clip_cov_loss(
     Args:
         old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
         loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
         clip_ratio_low, clip_ratio_high: PPO clip bounds.
         clip_cov_ratio: Fraction of valid tokens to detach.
         clip_cov_lb, clip_cov_ub: Covariance window for candidates.
@@ -398,15 +549,17 @@ def clip_cov_loss(
     keep = torch.ones(cov.numel(), dtype=log_prob.dtype, device=log_prob.device)
     keep[chosen] = 0.0
     keep = keep.view_as(cov)
-    loss = agg_loss(torch.maximum(loss1, loss2) * keep, response_mask, loss_agg_mode)
+    loss = agg_loss(torch.maximum(loss1, loss2) * keep, response_mask, loss_agg_mode,
+                    loss_scale_factor=loss_scale_factor, scale=agg_scale)
     clipfrac = masked_mean((keep == 0).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
 
 
-@POLICY_LOSSES.register("kl_cov")
+@register_policy_loss("kl_cov")
 def kl_cov_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean", kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 1.0, **_unused: Any,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 1.0,
 ) -> "tuple[torch.Tensor, dict]":
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617).
 
@@ -420,6 +573,8 @@ def kl_cov_loss(
     Args:
         old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
         loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
         kl_cov_ratio: Fraction of valid tokens that get the KL penalty.
         ppo_kl_coef: Penalty coefficient.
 
@@ -439,23 +594,13 @@ def kl_cov_loss(
         selected = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
         selected[flat_idx[torch.topk(cov, k).indices]] = True
         pg_losses = torch.where(selected.view_as(valid), pg_losses + ppo_kl_coef * abs_kl, pg_losses)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor, scale=agg_scale)
     return loss, _metrics(loss, 0.0, 0.0, masked_mean(abs_kl, response_mask))
 
 
 def policy_loss(
-    mode: str,
-    *,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    clip_ratio: float = 0.2,
-    clip_ratio_low: Optional[float] = None,
-    clip_ratio_high: Optional[float] = None,
-    clip_ratio_c: float = 3.0,
-    **extra: Any,
+    mode: str, *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+    response_mask: torch.Tensor, **options: Any,
 ) -> "tuple[torch.Tensor, dict]":
     """Compute the policy-gradient loss registered under ``mode`` in ``POLICY_LOSSES``.
 
@@ -464,18 +609,14 @@ def policy_loss(
 
     Args:
         mode: Policy-loss name.
-        old_log_prob: ``[batch, response_len]`` behaviour-policy log-probs.
+        old_log_prob: ``[batch, response_len]`` behaviour-policy log-probs (``gpg`` has no ratio and
+            does not read them).
         log_prob: ``[batch, response_len]`` current-policy log-probs (differentiated).
         advantages: ``[batch, response_len]``.
         response_mask: ``[batch, response_len]``; 1 = token in the loss, 0 = ignored.
-        loss_agg_mode: ``agg_loss`` mode (``geo_mean`` ignores it, as verl).
-        clip_ratio: Symmetric clip ``eps``.
-        clip_ratio_low: Lower clip ``eps_low``; defaults to ``clip_ratio``.
-        clip_ratio_high: Upper clip ``eps_high``; defaults to ``clip_ratio``.
-        clip_ratio_c: Dual-clip constant (``vanilla``).
-        **extra: Mode-specific hyper-parameters: ``clip_cov_ratio`` (0.0002),
-            ``clip_cov_lb`` (1.0), ``clip_cov_ub`` (5.0), ``generator`` (None) for
-            ``clip_cov``; ``kl_cov_ratio`` (0.0002), ``ppo_kl_coef`` (1.0) for ``kl_cov``.
+        **options: Keywords the chosen loss takes: ``PolicyLossOptions`` fields (a caller with typed
+            settings passes ``options_from(settings, POLICY_LOSSES.get(mode).options)``), ``agg_scale``
+            and, for ``clip_cov``, ``generator``.
 
     Returns:
         ``(loss, metrics)``: 0-dim loss tensor and a dict of detached 0-dim tensors with at
@@ -483,27 +624,21 @@ def policy_loss(
 
     Raises:
         KeyError: Unknown mode (the message lists the allowed names).
-        TypeError: Unknown keyword in ``extra``.
+        TypeError: A keyword the chosen loss does not take (named in the message).
     """
-    unknown = set(extra) - _EXTRA_POLICY_ARGS
-    if unknown:
-        raise TypeError(f"policy_loss got unexpected keyword arguments {sorted(unknown)}")
-    fn = POLICY_LOSSES.get(mode)
-    return fn(
-        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        clip_ratio_low=clip_ratio if clip_ratio_low is None else clip_ratio_low,
-        clip_ratio_high=clip_ratio if clip_ratio_high is None else clip_ratio_high,
-        clip_ratio_c=clip_ratio_c, **extra,
-    )
+    entry = POLICY_LOSSES.get(mode)
+    check_keywords(f"policy loss {mode!r}", options, entry.keywords)
+    if entry.uses_old_log_prob:
+        options["old_log_prob"] = old_log_prob
+    return entry.fn(log_prob=log_prob, advantages=advantages, response_mask=response_mask, **options)
 
 
-# ------------------------------------------------------------ value loss, entropy
+# -------------------------------------------------------------------- value loss
 
 
 def value_loss(
     vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, *,
-    cliprange_value: float, loss_agg_mode: str = "token-mean",
+    cliprange_value: float, loss_agg_mode: str = "token-mean", agg_scale: Optional[AggScale] = None,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
     """Clipped value-function loss of PPO (Schulman et al. 2017, arXiv:1707.06347; as in
     TRL/verl ``compute_value_loss``).
@@ -519,6 +654,7 @@ def value_loss(
         response_mask: ``[batch, response_len]``; 1 = token in the loss.
         cliprange_value: Clip range ``c``.
         loss_agg_mode: ``agg_loss`` mode.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
 
     Returns:
         ``(loss, clipfrac)``, both 0-dim tensors (``clipfrac`` detached).
@@ -526,24 +662,7 @@ def value_loss(
     vclipped = torch.maximum(torch.minimum(vpreds, values + cliprange_value), values - cliprange_value)
     unclipped_loss = (vpreds - returns) ** 2
     clipped_loss = (vclipped - returns) ** 2
-    loss = 0.5 * agg_loss(torch.maximum(unclipped_loss, clipped_loss), response_mask, loss_agg_mode)
+    loss = 0.5 * agg_loss(torch.maximum(unclipped_loss, clipped_loss), response_mask, loss_agg_mode,
+                          scale=agg_scale)
     clipfrac = masked_mean((clipped_loss > unclipped_loss).to(vpreds.dtype), response_mask).detach()
     return loss, clipfrac
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution ``softmax(logits)`` at each position.
-
-    ``H = logsumexp(z) - sum_v softmax(z)_v z_v`` (equal to ``-sum p log p``); the
-    logsumexp and softmax are computed stably, and ``-inf`` logits (banned tokens, p = 0)
-    contribute 0 instead of ``0 * -inf = nan``.
-
-    Args:
-        logits: ``[..., vocab]`` unnormalised scores, e.g. ``[batch, response_len, vocab]``.
-
-    Returns:
-        ``[...]`` entropy per position, e.g. ``[batch, response_len]``.
-    """
-    finite = torch.where(torch.isneginf(logits), torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)

@@ -154,16 +154,14 @@ def gpg(rewards, mask, index, f_norm=1.0):
 
 
 def reinforce_plus_plus(rewards, mask, gamma):
-    """G_t = sum_{t <= t' < e} gamma^(t'-t) r_t', e = first masked position after t."""
+    """On the subsequence of valid tokens of each row (masked tokens skipped, their rewards dropped):
+    G_k = sum_{j >= k} gamma^(j - k) r_j, k and j counting valid tokens only."""
     r, m = to_rows(rewards), to_rows(mask)
     returns = [[0.0] * len(row) for row in r]
     for i in range(len(r)):
-        T = len(r[i])
-        for t in range(T):
-            if not m[i][t]:
-                continue
-            end = next((u for u in range(t + 1, T) if not m[i][u]), T)
-            returns[i][t] = sum(gamma ** (u - t) * r[i][u] for u in range(t, end))
+        valid = [t for t in range(len(r[i])) if m[i][t]]
+        for k, t in enumerate(valid):
+            returns[i][t] = sum(gamma ** (j - k) * r[i][u] for j, u in enumerate(valid) if j >= k)
     return whiten(returns, m), np.array(returns)
 
 
@@ -194,6 +192,8 @@ def remax(rewards, mask, baselines):
 
 
 def kl(logp, ref, kind):
+    """Values only; a ``+`` kind has the value of its base kind (its gradient is k2's)."""
+    kind = kind.rstrip("+")
     out = []
     for row_p, row_r in zip(to_rows(logp), to_rows(ref)):
         new_row = []
@@ -212,21 +212,26 @@ def kl(logp, ref, kind):
     return np.array(out)
 
 
-def agg(loss_mat, mask, mode):
+def agg(loss_mat, mask, mode, loss_scale_factor=None):
+    """verl's current definitions: the sequence modes average over rows with a valid token;
+    seq-mean-token-sum-norm is seq-mean-token-sum divided by a constant (default: the row width)."""
     l, m = to_rows(loss_mat), to_rows(mask)
+    total = sum(l[i][t] for i in range(len(l)) for t in range(len(l[i])) if m[i][t])
     if mode == "token-mean":
-        num = sum(l[i][t] for i in range(len(l)) for t in range(len(l[i])) if m[i][t])
-        return num / sum(sum(row) for row in m)
-    if mode == "seq-mean-token-sum-norm":
-        return sum(l[i][t] for i in range(len(l)) for t in range(len(l[i])) if m[i][t]) / len(m[0])
+        return total / sum(sum(row) for row in m)
+    if mode == "token-sum":
+        return total
     per_seq = []
     for i in range(len(l)):
         n = sum(m[i])
         if n == 0:
             continue  # fully masked rows are excluded from sequence means
         s = sum(l[i][t] for t in range(len(l[i])) if m[i][t])
-        per_seq.append(s if mode == "seq-mean-token-sum" else s / n)
-    return sum(per_seq) / len(per_seq)
+        per_seq.append(s / n if mode == "seq-mean-token-mean" else s)
+    mean = sum(per_seq) / len(per_seq)
+    if mode == "seq-mean-token-sum-norm":
+        return mean / (len(m[0]) if loss_scale_factor is None else loss_scale_factor)
+    return mean
 
 
 def _masked_mean(mat, m):
@@ -237,7 +242,7 @@ def _masked_mean(mat, m):
 # ------------------------------------------------------------------ policy losses
 
 
-def vanilla(old, logp, adv, mask, mode, low, high, c):
+def vanilla(old, logp, adv, mask, mode, low, high, c, lsf=None):
     o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
     losses, clip_hi, clip_lo, neg_kl = [], [], [], []
     for i in range(len(p)):
@@ -257,10 +262,11 @@ def vanilla(old, logp, adv, mask, mode, low, high, c):
             acc.append(row)
     metrics = {"pg_clipfrac": _masked_mean(clip_hi, m), "pg_clipfrac_lower": _masked_mean(clip_lo, m),
                "ppo_kl": _masked_mean(neg_kl, m)}
-    return agg(losses, m, mode), metrics
+    return agg(losses, m, mode, lsf), metrics
 
 
-def gspo(old, logp, adv, mask, mode, low, high):
+def gspo(old, logp, adv, mask, low, high):
+    """Aggregated as a mean over sequences of per-sequence token means, whatever the configured mode."""
     o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
     losses, clipped = [], []
     for i in range(len(p)):
@@ -272,7 +278,7 @@ def gspo(old, logp, adv, mask, mode, low, high):
         clipped.append([1.0 if -a[i][t] * s_clip > -a[i][t] * s else 0.0 for t in range(len(p[i]))])
     kl_rows = [[o[i][t] - p[i][t] for t in range(len(p[i]))] for i in range(len(p))]
     metrics = {"pg_clipfrac": _masked_mean(clipped, m), "pg_clipfrac_lower": 0.0, "ppo_kl": _masked_mean(kl_rows, m)}
-    return agg(losses, m, mode), metrics
+    return agg(losses, m, "seq-mean-token-mean"), metrics
 
 
 def geo_mean(old, logp, adv, mask, low, high):
@@ -305,13 +311,13 @@ def geo_mean(old, logp, adv, mask, low, high):
     return sum(seq_losses) / len(seq_losses), metrics
 
 
-def gpg_loss(logp, adv, mask, mode):
+def gpg_loss(logp, adv, mask, mode, lsf=None):
     p, a = to_rows(logp), to_rows(adv)
     losses = [[-p[i][t] * a[i][t] for t in range(len(p[i]))] for i in range(len(p))]
-    return agg(losses, mask, mode), {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": 0.0}
+    return agg(losses, mask, mode, lsf), {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": 0.0}
 
 
-def cispo(old, logp, adv, mask, mode, low, high):
+def cispo(old, logp, adv, mask, mode, low, high, lsf=None):
     o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
     losses, clipped, kl_rows = [], [], []
     for i in range(len(p)):
@@ -327,17 +333,84 @@ def cispo(old, logp, adv, mask, mode, low, high):
         clipped.append(c_row)
         kl_rows.append(k_row)
     metrics = {"pg_clipfrac": _masked_mean(clipped, m), "pg_clipfrac_lower": 0.0, "ppo_kl": _masked_mean(kl_rows, m)}
-    return agg(losses, m, mode), metrics
+    return agg(losses, m, mode, lsf), metrics
+
+
+def _covariances(adv, logp, m):
+    """(A - mean A)(logp - mean logp) per token, means over the valid tokens."""
+    mean_a, mean_p = _masked_mean(adv, m), _masked_mean(logp, m)
+    return [[(adv[i][t] - mean_a) * (logp[i][t] - mean_p) for t in range(len(m[i]))] for i in range(len(m))]
+
+
+def _top_k(candidates, key, k):
+    """The k candidates (row-major (i, t) pairs) with the largest key; ties broken by position."""
+    return set(sorted(candidates, key=lambda it: (-key[it[0]][it[1]], it))[:k])
+
+
+def clip_cov(old, logp, adv, mask, mode, low, high, ratio, lb, ub, lsf=None):
+    """PPO clip, with the loss of the k = max(int(ratio * #valid), 1) highest-covariance candidates
+    (valid, not clipped by PPO, lb < cov < ub) set to 0 (k capped at the number of candidates)."""
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    cov = _covariances(a, p, m)
+    losses, candidates = [], []
+    n_valid = sum(1 for row in m for v in row if v)
+    for i in range(len(p)):
+        row = []
+        for t in range(len(p[i])):
+            ratio_it = math.exp(p[i][t] - o[i][t])
+            l1, l2 = -a[i][t] * ratio_it, -a[i][t] * min(max(ratio_it, 1 - low), 1 + high)
+            row.append(max(l1, l2))
+            if m[i][t] and not l2 > l1 and lb < cov[i][t] < ub:
+                candidates.append((i, t))
+        losses.append(row)
+    chosen = _top_k(candidates, cov, min(max(int(ratio * n_valid), 1), len(candidates)))
+    for i, t in chosen:
+        losses[i][t] = 0.0
+    cut = [[1.0 if (i, t) in chosen else 0.0 for t in range(len(m[i]))] for i in range(len(m))]
+    kl_rows = [[o[i][t] - p[i][t] for t in range(len(p[i]))] for i in range(len(p))]
+    metrics = {"pg_clipfrac": _masked_mean(cut, m), "pg_clipfrac_lower": 0.0, "ppo_kl": _masked_mean(kl_rows, m)}
+    return agg(losses, m, mode, lsf), metrics
+
+
+def kl_cov(old, logp, adv, mask, mode, ratio, coef, lsf=None):
+    """Unclipped -A r, plus coef * |logp - logp_old| on the k = max(int(#valid * ratio), 1) valid
+    tokens with the largest covariance."""
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    cov = _covariances(a, p, m)
+    valid = [(i, t) for i in range(len(m)) for t in range(len(m[i])) if m[i][t]]
+    chosen = _top_k(valid, cov, max(1, int(len(valid) * ratio)))
+    losses = [[-a[i][t] * math.exp(p[i][t] - o[i][t]) + (coef * abs(p[i][t] - o[i][t]) if (i, t) in chosen else 0.0)
+               for t in range(len(p[i]))] for i in range(len(p))]
+    abs_kl = [[abs(p[i][t] - o[i][t]) for t in range(len(p[i]))] for i in range(len(p))]
+    metrics = {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": _masked_mean(abs_kl, m)}
+    return agg(losses, m, mode, lsf), metrics
+
+
+def value_loss(vpreds, returns, values, mask, clip):
+    """0.5 * token-mean of max((v - R)^2, (clip(v, V_old +- c) - R)^2), and the clipped fraction."""
+    v, r, old, m = to_rows(vpreds), to_rows(returns), to_rows(values), to_rows(mask)
+    losses, clipped = [], []
+    for i in range(len(v)):
+        l_row, c_row = [], []
+        for t in range(len(v[i])):
+            vc = min(max(v[i][t], old[i][t] - clip), old[i][t] + clip)
+            unclipped, clipped_sq = (v[i][t] - r[i][t]) ** 2, (vc - r[i][t]) ** 2
+            l_row.append(max(unclipped, clipped_sq))
+            c_row.append(1.0 if clipped_sq > unclipped else 0.0)
+        losses.append(l_row)
+        clipped.append(c_row)
+    return 0.5 * agg(losses, m, "token-mean"), _masked_mean(clipped, m)
 
 
 # ------------------------------------------------------------------ random inputs
 
 
-def random_batch(seed, group_sizes=(3, 2, 1, 4), response_len=7, dtype=None):
+def random_batch(seed, group_sizes=(3, 2, 1, 4), response_len=7, dtype=None, holes=False):
     """Right-padded random batch: rewards, mask, values, index, lengths (float64 torch).
 
     Lengths differ per row (1..response_len); padding positions hold random junk so a
-    leak from padding would show up in comparisons.
+    leak from padding would show up in comparisons. With ``holes``, about a quarter of the
+    positions inside each response (never its first) are masked too, like observation tokens.
     """
     import torch
 
@@ -348,6 +421,10 @@ def random_batch(seed, group_sizes=(3, 2, 1, 4), response_len=7, dtype=None):
     lengths[0] = response_len  # at least one full-length row
     positions = torch.arange(response_len).unsqueeze(0)
     mask = (positions < lengths.unsqueeze(1)).to(dtype)
+    if holes:
+        hole = torch.rand(batch, response_len, generator=gen) < 0.25
+        hole[:, 0] = False
+        mask = mask.masked_fill(hole, 0.0)
     rewards = torch.randn(batch, response_len, generator=gen, dtype=dtype)
     values = torch.randn(batch, response_len, generator=gen, dtype=dtype)
     index = np.array([f"prompt-{g}" for g, size in enumerate(group_sizes) for _ in range(size)], dtype=object)

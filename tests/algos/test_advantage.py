@@ -9,7 +9,8 @@ import pytest
 import torch
 from numpy.testing import assert_allclose
 
-from rlcore.algos.advantage import ESTIMATORS, compute_advantage
+from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage, register_estimator
+from rlcore.registry import options_from
 
 from . import reference_impl as ref
 
@@ -30,6 +31,14 @@ def outcome_rewards(scores, lengths, response_len):
 
 def run(estimator, rewards, mask, **kw):
     return compute_advantage(estimator, token_level_rewards=rewards, response_mask=mask, **kw)
+
+
+def run_declared(estimator, rewards, mask, *, index=None, values=None, reward_baselines=None, **options):
+    """As the trainer calls an estimator: exactly the inputs and options it declares."""
+    entry = ESTIMATORS.get(estimator)
+    available = {"index": index, "values": values, "reward_baselines": reward_baselines}
+    inputs = {k: available[k] for k in entry.inputs}
+    return run(estimator, rewards, mask, **inputs, **options_from(AdvantageOptions(**options), entry.options))
 
 
 # ----------------------------------------------------------------- hand-worked
@@ -161,7 +170,8 @@ def test_grpo_zero_mean_per_group_and_group_of_one():
 def test_masked_tokens_are_exactly_zero(estimator):
     rewards, mask, values, _, _ = ref.random_batch(seed=11, group_sizes=(3, 2, 2, 3))
     index = ["a"] * 3 + ["b"] * 2 + ["c"] * 2 + ["d"] * 3
-    adv, ret = run(estimator, rewards, mask, index=index, values=values, reward_baselines=rewards[:, 0], gamma=0.9)
+    adv, ret = run_declared(estimator, rewards, mask, index=index, values=values, reward_baselines=rewards[:, 0],
+                            gamma=0.9)
     pad = mask == 0
     assert pad.any()
     assert torch.all(adv[pad] == 0) and torch.all(ret[pad] == 0)
@@ -172,9 +182,9 @@ def test_masked_tokens_are_exactly_zero(estimator):
 def test_token_estimators_ignore_padding_inputs(estimator):
     rewards, mask, values, _, _ = ref.random_batch(seed=5)
     baselines = torch.linspace(-1, 1, rewards.shape[0], dtype=F64)
-    before = run(estimator, rewards, mask, values=values, reward_baselines=baselines, gamma=0.95, lam=0.9)
+    before = run_declared(estimator, rewards, mask, values=values, reward_baselines=baselines, gamma=0.95, lam=0.9)
     pad = mask == 0
-    after = run(
+    after = run_declared(
         estimator, rewards.masked_fill(pad, 123.0), mask, values=values.masked_fill(pad, -77.0),
         reward_baselines=baselines, gamma=0.95, lam=0.9,
     )
@@ -202,9 +212,48 @@ def test_unknown_estimator_lists_allowed_names():
 
 
 def test_duplicate_estimator_name_refused():
+    def twin(*, token_level_rewards, response_mask, index):
+        return token_level_rewards, token_level_rewards
+
     with pytest.raises(ValueError, match="already registered"):
-        ESTIMATORS.register("grpo")(lambda **kw: None)
-    assert ESTIMATORS.get("grpo").__name__ == "grpo_advantage"
+        register_estimator("grpo", needs=("index",))(twin)
+    assert ESTIMATORS.get("grpo").fn.__name__ == "grpo_advantage"
+
+
+def test_each_estimator_declares_what_it_needs():
+    needs = {name: sorted(ESTIMATORS.get(name).inputs) for name in ESTIMATORS}
+    assert needs == {"gae": ["values"], "grpo": ["index"], "grpo_passk": ["index"], "rloo": ["index"],
+                     "reinforce_plus_plus": [], "reinforce_plus_plus_baseline": ["index"],
+                     "remax": ["reward_baselines"], "opo": ["index"], "gpg": ["index"]}
+    assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_critic] == ["gae"]
+    assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_greedy_baseline] == ["remax"]
+    assert sorted(ESTIMATORS.get("gae").options) == ["gamma", "lam"]
+    assert sorted(ESTIMATORS.get("grpo").options) == ["epsilon", "norm_adv_by_std_in_grpo"]
+
+
+def test_a_declaration_that_disagrees_with_the_signature_is_refused():
+    def needs_values(*, token_level_rewards, response_mask, values):
+        return values, values
+
+    with pytest.raises(TypeError, match="declares needs"):
+        register_estimator("liar", needs=("index",))(needs_values)
+
+    def swallows(*, token_level_rewards, response_mask, **rest):
+        return token_level_rewards, token_level_rewards
+
+    with pytest.raises(TypeError, match="kwargs"):
+        register_estimator("swallower")(swallows)
+    assert "liar" not in ESTIMATORS and "swallower" not in ESTIMATORS
+
+
+def test_an_unexpected_keyword_is_an_error_naming_it():
+    rewards, mask, values, index, _ = ref.random_batch(seed=0)
+    with pytest.raises(TypeError, match="'lamda'"):
+        run("gae", rewards, mask, values=values, lamda=0.9)  # misspelled lam
+    with pytest.raises(TypeError, match="'gamma'"):
+        run("grpo", rewards, mask, index=index, gamma=0.9)  # grpo takes no discount
+    with pytest.raises(TypeError, match="'values'"):
+        run("grpo", rewards, mask, index=index, values=values)
 
 
 def test_all_spec_estimators_registered():
@@ -269,11 +318,24 @@ def test_matches_reference(estimator, seed, norm):
     rewards, mask, values, index, _ = ref.random_batch(seed=seed, group_sizes=sizes)
     baselines = rewards[:, 0] * 0.5
     gamma, lam = 0.9, 0.8
-    adv, ret = run(
+    adv, ret = run_declared(
         estimator, rewards, mask, index=index, values=values, reward_baselines=baselines,
         gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm,
     )
     exp_adv, exp_ret = _reference(estimator, rewards, mask, values, index, baselines, gamma, lam, norm)
+    assert_allclose(adv.numpy(), exp_adv, atol=1e-5, rtol=1e-5)
+    assert_allclose(ret.numpy(), exp_ret, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("estimator", ["gae", "reinforce_plus_plus", "remax"])
+def test_token_estimators_match_reference_with_observation_tokens(estimator, seed):
+    """Masks with holes inside a response (tool output, observation tokens): the discounted
+    estimators skip them, carrying the return across (verl's current REINFORCE++ and GAE)."""
+    rewards, mask, values, index, _ = ref.random_batch(seed=seed, holes=True)
+    baselines = rewards[:, 0] * 0.5
+    adv, ret = run_declared(estimator, rewards, mask, values=values, reward_baselines=baselines, gamma=0.9, lam=0.8)
+    exp_adv, exp_ret = _reference(estimator, rewards, mask, values, index, baselines, 0.9, 0.8, True)
     assert_allclose(adv.numpy(), exp_adv, atol=1e-5, rtol=1e-5)
     assert_allclose(ret.numpy(), exp_ret, atol=1e-5, rtol=1e-5)
 

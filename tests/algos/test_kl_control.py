@@ -22,7 +22,7 @@ def test_fixed_controller_never_changes():
 
 
 def test_adaptive_controller_by_hand():
-    ctrl = AdaptiveKLController(init_kl_coef=0.1, target_kl=6.0, horizon=10000)
+    ctrl = AdaptiveKLController(kl_coef=0.1, target_kl=6.0, horizon=10000)
     ctrl.update(current_kl=9.0, n_steps=500)
     # error = clip(9/6 - 1 = 0.5, -0.2, 0.2) = 0.2; mult = 1 + 0.2 * 500 / 10000 = 1.01
     assert_allclose(ctrl.value, 0.1 * 1.01, rtol=1e-12)
@@ -35,7 +35,7 @@ def test_adaptive_controller_by_hand():
 
 
 def test_adaptive_accepts_tensor_kl_and_is_unchanged_at_target():
-    ctrl = AdaptiveKLController(init_kl_coef=0.2, target_kl=0.5, horizon=100)
+    ctrl = AdaptiveKLController(kl_coef=0.2, target_kl=0.5, horizon=100)
     ctrl.update(torch.tensor(0.5), n_steps=64)
     assert_allclose(ctrl.value, 0.2, rtol=1e-12)
 
@@ -62,3 +62,10 @@ def test_registry_names_duplicates_and_unknown():
     with pytest.raises(KeyError) as info:
         make_kl_controller("pid", kl_coef=0.1)
     assert "adaptive" in str(info.value) and "fixed" in str(info.value)
+
+
+def test_a_controller_takes_exactly_its_options():
+    with pytest.raises(TypeError, match="'target_kl'"):
+        make_kl_controller("fixed", kl_coef=0.1, target_kl=2.0)  # a fixed coefficient has no target
+    with pytest.raises(TypeError, match="'horizn'"):
+        make_kl_controller("adaptive", kl_coef=0.1, target_kl=2.0, horizn=10)

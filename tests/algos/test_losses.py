@@ -8,22 +8,25 @@ import pytest
 import torch
 from numpy.testing import assert_allclose
 
+from rlcore.algos.entropy import entropy_from_logits
 from rlcore.algos.losses import (
-    KL_PENALTIES,
+    KL_ESTIMATORS,
     LOSS_AGG_MODES,
     POLICY_LOSSES,
+    AggScale,
+    PolicyLossOptions,
     agg_loss,
-    entropy_from_logits,
     kl_penalty,
     policy_loss,
     value_loss,
 )
 from rlcore.algos.masked import masked_mean, masked_var, masked_whiten
+from rlcore.registry import options_from
 
 from . import reference_impl as ref
 
 F64 = torch.float64
-AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 def t(rows):
@@ -42,6 +45,12 @@ def loss_inputs(seed, group_sizes=(3, 2, 1, 4), response_len=7):
 
 def call(mode, old, new, adv, mask, **kw):
     return policy_loss(mode, old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask, **kw)
+
+
+def call_with(mode, old, new, adv, mask, **settings):
+    """As a worker calls a loss: typed settings, of which the loss takes the options it declares."""
+    options = options_from(PolicyLossOptions(**settings), POLICY_LOSSES.get(mode).options)
+    return call(mode, old, new, adv, mask, **options)
 
 
 # ----------------------------------------------------------------- hand-worked
@@ -67,8 +76,8 @@ def test_vanilla_ppo_clip_and_dual_clip_by_hand():
 def test_vanilla_clip_higher_is_asymmetric():
     old, mask = t([[0.0]]), t([[1.0]])
     new = t([[math.log(1.25)]])
-    symmetric, _ = call("vanilla", old, new, t([[1.0]]), mask, clip_ratio=0.2)
-    higher, m = call("vanilla", old, new, t([[1.0]]), mask, clip_ratio=0.2, clip_ratio_high=0.28)
+    symmetric, _ = call("vanilla", old, new, t([[1.0]]), mask)
+    higher, m = call("vanilla", old, new, t([[1.0]]), mask, clip_ratio_high=0.28)
     assert_allclose(symmetric.item(), -1.2, atol=1e-12)
     assert_allclose(higher.item(), -1.25, atol=1e-12)
     assert float(m["pg_clipfrac"]) == 0.0
@@ -90,13 +99,16 @@ def test_gspo_sequence_ratio_and_gradient_by_hand():
     new = t([[-0.9, -2.1], [-0.95, 5.0]]).requires_grad_(True)
     adv = t([[1.0, 1.0], [-2.0, -2.0]])
     mask = t([[1, 1], [1, 0]])
-    loss, metrics = call("gspo", old, new, adv, mask, loss_agg_mode="token-mean")
+    loss, metrics = call("gspo", old, new, adv, mask)
     # row0: s = exp((0.1 - 0.1) / 2) = 1; row1: s = exp(0.05) (padding excluded)
+    # always a mean over sequences of token means: ((-1 - 1) / 2 + 2 s1 / 1) / 2
     s1 = math.exp(0.05)
-    assert_allclose(loss.item(), (-1.0 - 1.0 + 2.0 * s1) / 3, atol=1e-12)
+    assert_allclose(loss.item(), (-1.0 + 2.0 * s1) / 2, atol=1e-12)
     loss.backward()
-    # grad of -A * s_i * exp(logp - sg[logp]) is -A * s_i / N_tokens per valid token
-    assert_allclose(new.grad.numpy(), [[-1 / 3, -1 / 3], [2.0 * s1 / 3, 0.0]], atol=1e-12)
+    # grad of -A * s_i * exp(logp - sg[logp]) is -A * s_i / (rows * L_i) per valid token
+    assert_allclose(new.grad.numpy(), [[-1 / 4, -1 / 4], [s1, 0.0]], atol=1e-12)
+    with pytest.raises(TypeError, match="loss_agg_mode"):  # gspo fixes its own aggregation
+        call("gspo", old, new, adv, mask, loss_agg_mode="token-mean")
     assert float(metrics["pg_clipfrac"]) == 0.0 and float(metrics["pg_clipfrac_lower"]) == 0.0
 
 
@@ -104,7 +116,7 @@ def test_gspo_clips_sequence_ratio():
     old = t([[0.0, 0.0]])
     new = t([[0.5, 0.5]])  # s = e^0.5 = 1.6487 > 1.2
     ones = torch.ones(1, 2, dtype=F64)
-    loss, metrics = call("gspo", old, new, t([[1.0, 1.0]]), ones, loss_agg_mode="seq-mean-token-mean")
+    loss, metrics = call("gspo", old, new, t([[1.0, 1.0]]), ones)
     assert_allclose(loss.item(), -1.2, atol=1e-12)
     assert_allclose(float(metrics["pg_clipfrac"]), 1.0, atol=0)
 
@@ -197,8 +209,19 @@ def test_agg_modes_by_hand():
     assert_allclose(agg_loss(loss, mask, "token-mean").item(), 10 / 4, atol=1e-12)
     assert_allclose(agg_loss(loss, mask, "seq-mean-token-sum").item(), (6 + 4) / 2, atol=1e-12)
     assert_allclose(agg_loss(loss, mask, "seq-mean-token-mean").item(), (2 + 4) / 2, atol=1e-12)
-    assert_allclose(agg_loss(loss, mask, "seq-mean-token-sum-norm").item(), 10 / 3, atol=1e-12)
-    assert_allclose(agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=5).item(), 2.0, atol=1e-12)
+    assert_allclose(agg_loss(loss, mask, "token-sum").item(), 10.0, atol=1e-12)
+    # Dr. GRPO: mean over sequences of token sums, over a constant (default: the row width, 3)
+    assert_allclose(agg_loss(loss, mask, "seq-mean-token-sum-norm").item(), (6 + 4) / 2 / 3, atol=1e-12)
+    assert_allclose(agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=5).item(), 1.0, atol=1e-12)
+
+
+def test_seq_mean_token_sum_norm_does_not_grow_with_the_batch():
+    """Doubling the batch with copies of its rows leaves a mean over sequences unchanged (the old
+    definition, a total divided by a constant, doubled)."""
+    loss, mask = t([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]]), t([[1, 1, 1], [1, 0, 0]])
+    one = agg_loss(loss, mask, "seq-mean-token-sum-norm").item()
+    two = agg_loss(torch.cat([loss, loss]), torch.cat([mask, mask]), "seq-mean-token-sum-norm").item()
+    assert_allclose(two, one, atol=1e-12)
 
 
 def test_agg_skips_fully_masked_rows():
@@ -250,10 +273,10 @@ def test_masked_tokens_do_not_contribute(mode, agg):
     pad = mask == 0
     assert pad.any()
     new_a = new.clone().requires_grad_(True)
-    loss_a, metrics_a = call(mode, old, new_a, adv, mask, loss_agg_mode=agg)
+    loss_a, metrics_a = call_with(mode, old, new_a, adv, mask, loss_agg_mode=agg)
     new_b = new.masked_fill(pad, 30.0).requires_grad_(True)
     old_b, adv_b = old.masked_fill(pad, -40.0), adv.masked_fill(pad, 1e3)
-    loss_b, metrics_b = call(mode, old_b, new_b, adv_b, mask, loss_agg_mode=agg)
+    loss_b, metrics_b = call_with(mode, old_b, new_b, adv_b, mask, loss_agg_mode=agg)
     assert torch.isfinite(loss_a)
     assert_allclose(loss_a.item(), loss_b.item(), rtol=1e-12, atol=1e-12)
     for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
@@ -299,7 +322,7 @@ def test_metrics_are_detached_and_complete():
 
 
 def test_registries_refuse_duplicates_and_list_names():
-    for registry, taken in ((POLICY_LOSSES, "vanilla"), (KL_PENALTIES, "k3"), (LOSS_AGG_MODES, "token-mean")):
+    for registry, taken in ((POLICY_LOSSES, "vanilla"), (KL_ESTIMATORS, "k3"), (LOSS_AGG_MODES, "token-mean")):
         with pytest.raises(ValueError, match="already registered"):
             registry.register(taken)(lambda *a, **k: None)
     old, new, adv, mask = loss_inputs(seed=0)
@@ -312,11 +335,13 @@ def test_registries_refuse_duplicates_and_list_names():
         agg_loss(new, mask, "token-median")
     with pytest.raises(TypeError, match="clip_cov_rati"):
         call("clip_cov", old, new, adv, mask, clip_cov_rati=0.1)
+    with pytest.raises(TypeError, match="clip_ratio_c"):  # a real option, but not one cispo takes
+        call("cispo", old, new, adv, mask, clip_ratio_c=3.0)
 
 
 def test_all_spec_names_registered():
     assert set(POLICY_LOSSES.names()) >= {"vanilla", "gspo", "geo_mean", "gpg", "cispo", "clip_cov", "kl_cov"}
-    assert set(KL_PENALTIES.names()) >= {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"}
+    assert set(KL_ESTIMATORS.names()) >= {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k3+", "low_var_kl+"}
     assert set(LOSS_AGG_MODES.names()) == set(AGG_MODES)
 
 
@@ -326,50 +351,119 @@ SEEDS = [0, 1, 2]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("kind", sorted(KL_PENALTIES.names()))
+@pytest.mark.parametrize("kind", sorted(KL_ESTIMATORS.names()))
 def test_kl_matches_reference(seed, kind):
     old, new, _, _ = loss_inputs(seed)
-    new = new.clone()
-    new[0, 0] = old[0, 0] + 25.0  # exercise the k3 clamps
-    assert_allclose(kl_penalty(new, old, kind).numpy(), ref.kl(new, old, kind), atol=1e-5, rtol=1e-5)
+    new = new.clone().requires_grad_(True)
+    with torch.no_grad():
+        new[0, 0] = old[0, 0] + 25.0  # exercise the k3 clamps
+    value = kl_penalty(new, old, kind)
+    assert_allclose(value.detach().numpy(), ref.kl(new, old, kind), atol=1e-5, rtol=1e-5)
+    value.sum().backward()
+    # d/dlogp of each estimator, by hand; a "+" variant has k2's gradient, logp - logp_ref
+    d = (new - old).detach()
+    x = (old - new).detach()
+    plain = {"kl": torch.ones_like(d), "k1": torch.ones_like(d), "abs": torch.sign(d), "mse": d, "k2": d,
+             "low_var_kl": 1 - torch.exp(x), "k3": 1 - torch.exp(x)}
+    expected = d if kind.endswith("+") else plain[kind]
+    if kind in ("low_var_kl", "k3"):  # the clamps cut the gradient where they bind
+        expected = torch.where((x.abs() < 20) & ((torch.exp(x) - x - 1).abs() < 10), expected, torch.zeros_like(d))
+    assert_allclose(new.grad.numpy(), expected.numpy(), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_agg_matches_reference(seed, agg):
     _, loss_mat, _, mask = loss_inputs(seed)
+    mask = mask.clone()
+    mask[-1] = 0  # a fully masked row: left out of the sequence means
     assert_allclose(agg_loss(loss_mat, mask, agg).item(), ref.agg(loss_mat, mask, agg), atol=1e-5, rtol=1e-5)
+    assert_allclose(agg_loss(loss_mat, mask, agg, loss_scale_factor=4096.0).item(),
+                    ref.agg(loss_mat, mask, agg, 4096.0), atol=1e-5, rtol=1e-5)
 
 
-def _reference_loss(mode, old, new, adv, mask, agg, low, high, c):
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_micro_batches_on_ranks_add_up_to_the_global_aggregate(agg):
+    """Split a batch into 2 ranks x 3 micro-batches: with AggScale holding the global token and row
+    counts, summing each rank's micro-batch losses and averaging over the ranks (what gradient
+    accumulation and DDP/FSDP averaging do) gives the aggregate over the whole batch, for every mode.
+    The batch has no fully masked row (whose rows the global count keeps, as verl's engine does)."""
+    _, loss_mat, _, mask = loss_inputs(seed=4, group_sizes=(4, 4, 4))  # 12 rows
+    scale = AggScale(tokens=float(mask.sum()), rows=12.0, dp_size=2)
+    per_rank = []
+    for rank_rows in (slice(0, 6), slice(6, 12)):
+        micros = [(rank_rows.start + i, rank_rows.start + j) for i, j in ((0, 1), (1, 4), (4, 6))]
+        per_rank.append(sum(agg_loss(loss_mat[a:b], mask[a:b], agg, scale=scale) for a, b in micros))
+    assert_allclose(float(sum(per_rank) / 2), ref.agg(loss_mat, mask, agg), atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "geo_mean", "cispo"])
+def test_policy_loss_gradient_is_the_same_in_micro_batches(mode):
+    """The gradient of a loss over the whole batch equals the summed gradients of its micro-batches
+    computed with the global normalisers, also for gspo and geo_mean whose own aggregation is a
+    sequence mean while the configured mode is token-mean."""
+    old, new, adv, mask = loss_inputs(seed=6, group_sizes=(3, 3))
+    adv = adv[:, :1].expand_as(adv).clone()
+    whole = new.clone().requires_grad_(True)
+    call_with(mode, old, whole, adv, mask)[0].backward()
+    parts = new.clone().requires_grad_(True)
+    scale = AggScale(tokens=float(mask.sum()), rows=6.0, dp_size=1)
+    for a, b in ((0, 2), (2, 6)):
+        options = options_from(PolicyLossOptions(), POLICY_LOSSES.get(mode).options)
+        call(mode, old[a:b], parts[a:b], adv[a:b], mask[a:b], agg_scale=scale, **options)[0].backward()
+    assert_allclose(parts.grad.numpy(), whole.grad.numpy(), atol=1e-12)
+
+
+def _reference_loss(mode, old, new, adv, mask, agg, low, high, c, lsf):
     if mode == "vanilla":
-        return ref.vanilla(old, new, adv, mask, agg, low, high, c)
+        return ref.vanilla(old, new, adv, mask, agg, low, high, c, lsf)
     if mode == "gspo":
-        return ref.gspo(old, new, adv, mask, agg, low, high)
+        return ref.gspo(old, new, adv, mask, low, high)
     if mode == "geo_mean":
         return ref.geo_mean(old, new, adv, mask, low, high)
     if mode == "gpg":
-        return ref.gpg_loss(new, adv, mask, agg)
+        return ref.gpg_loss(new, adv, mask, agg, lsf)
     if mode == "cispo":
-        return ref.cispo(old, new, adv, mask, agg, low, high)
+        return ref.cispo(old, new, adv, mask, agg, low, high, lsf)
+    if mode == "clip_cov":  # a wider window and ratio than the defaults, so several tokens qualify
+        return ref.clip_cov(old, new, adv, mask, agg, low, high, 0.15, 0.05, 5.0, lsf)
+    if mode == "kl_cov":
+        return ref.kl_cov(old, new, adv, mask, agg, 0.15, 2.0, lsf)
     raise AssertionError(mode)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("agg", AGG_MODES)
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "geo_mean", "gpg", "cispo"])
+@pytest.mark.parametrize("mode", sorted(POLICY_LOSSES.names()))
 def test_policy_losses_match_reference(mode, agg, seed):
     old, new, adv, mask = loss_inputs(seed)
     if mode in ("gspo", "geo_mean"):  # sequence-level advantages, as these methods assume
         adv = adv[:, :1].expand_as(adv).clone()
-    low, high, c = 0.2, 0.28, 3.0
-    loss, metrics = call(
-        mode, old, new, adv, mask, loss_agg_mode=agg, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=c
-    )
-    exp_loss, exp_metrics = _reference_loss(mode, old, new, adv, mask, agg, low, high, c)
+    low, high, c, lsf = 0.2, 0.28, 3.0, 5.0
+    loss, metrics = call_with(mode, old, new, adv, mask, loss_agg_mode=agg, loss_scale_factor=lsf, clip_ratio_low=low,
+                              clip_ratio_high=high, clip_ratio_c=c, clip_cov_ratio=0.15, clip_cov_lb=0.05,
+                              kl_cov_ratio=0.15, ppo_kl_coef=2.0)
+    exp_loss, exp_metrics = _reference_loss(mode, old, new, adv, mask, agg, low, high, c, lsf)
     assert_allclose(loss.item(), exp_loss, atol=1e-5, rtol=1e-5)
     for key, value in exp_metrics.items():
         assert_allclose(float(metrics[key]), value, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_inputs_exercise_the_covariance_selection():
+    """Guard: with the settings above, clip_cov cuts some but not all of its candidates."""
+    for seed in SEEDS:
+        old, new, adv, mask = loss_inputs(seed)
+        _, metrics = call("clip_cov", old, new, adv, mask, clip_cov_ratio=0.15, clip_cov_lb=0.05)
+        assert 0 < float(metrics["pg_clipfrac"]) < 0.5
+
+
+def test_value_loss_matches_reference():
+    old, new, adv, mask = loss_inputs(seed=7)
+    loss, clipfrac = value_loss(new, adv, old, mask, cliprange_value=0.3)
+    exp_loss, exp_clipfrac = ref.value_loss(new, adv, old, mask, 0.3)
+    assert_allclose(loss.item(), exp_loss, atol=1e-9)
+    assert_allclose(clipfrac.item(), exp_clipfrac, atol=1e-9)
+    assert 0 < exp_clipfrac < 1
 
 
 def test_reference_inputs_exercise_clipping():

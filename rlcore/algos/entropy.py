@@ -1,0 +1,24 @@
+"""Entropy of the policy's next-token distributions (logged every update; the entropy bonus of the
+actor loss). Pure tensor math."""
+
+from __future__ import annotations
+
+import torch
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution ``softmax(logits)`` at each position.
+
+    ``H = logsumexp(z) - sum_v softmax(z)_v z_v`` (equal to ``-sum p log p``); the
+    logsumexp and softmax are computed stably, and ``-inf`` logits (banned tokens, p = 0)
+    contribute 0 instead of ``0 * -inf = nan``.
+
+    Args:
+        logits: ``[..., vocab]`` unnormalised scores, e.g. ``[batch, response_len, vocab]``.
+
+    Returns:
+        ``[...]`` entropy per position, e.g. ``[batch, response_len]``.
+    """
+    finite = torch.where(torch.isneginf(logits), torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)
