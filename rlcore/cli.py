@@ -2,18 +2,22 @@
 
 A stage declares the params sections it reads (``PARAMS``); :func:`stage_config`
 hands it only those, so a stage cannot depend on a key that dvc.yaml does not list.
+Importing this module loads no torch, pandas, pyarrow or ray: a stage validates its params
+and input paths before anything heavy starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from rlcore.config import Config, ConfigError, load_config, section_dict
+from rlcore.config import Config, load_config, section_dict
+from rlcore.errors import InputNotFound, UserError
 
 REPO_ROOT = Path.cwd()
 
@@ -25,20 +29,43 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so every ``finally`` and
+    context manager on the way out runs (worker groups stopped, the MLflow run marked KILLED)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated("SIGTERM")
+
+
 @contextmanager
 def stage_errors(stage: str) -> Iterator[None]:
-    """Bad params, missing files and bad rows end the stage with one line and exit code 2."""
+    """How a stage ends when something goes wrong.
+
+    * Bad input (``rlcore.errors.UserError``: params, paths, data rows, model folders): one line on
+      stderr naming the key, file or row, exit code 2.
+    * Ctrl-C or SIGTERM: one line, exit code 130 or 143.
+    * Anything else is a bug: it propagates with its full traceback (exit code 1).
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
-    except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"{stage}: error: {msg}", file=sys.stderr)
+    except UserError as err:
+        print(f"{stage}: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Terminated:
+        print(f"{stage}: terminated (SIGTERM)", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM) from None
+    except KeyboardInterrupt:
+        print(f"{stage}: interrupted", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def require_file(path: str, what: str) -> None:
     if not Path(path).exists():
-        raise FileNotFoundError(f"{what} {path!r} not found (run the earlier stages: dvc repro)")
+        raise InputNotFound(f"{what} {path!r} not found (run the earlier stages: dvc repro)")
 
 
 class DeclaredConfig:

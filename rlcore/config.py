@@ -19,23 +19,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rlcore import names
+from rlcore.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A params.yaml problem, rendered as one line naming the key."""
+__all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-def _check_name(registry_module: str, registry_attr: str, value: str) -> str:
-    """Validate ``value`` against a registry, imported lazily to keep loading light."""
-    import importlib
-
-    registry = getattr(importlib.import_module(registry_module), registry_attr)
-    if value not in registry:
-        raise ValueError(f"unknown name {value!r}; allowed: {', '.join(registry.names())}")
-    return value
 
 
 class RayConfig(_Section):
@@ -122,7 +113,7 @@ class TaskConfig(_Section):
     @field_validator("name")
     @classmethod
     def _known_task(cls, v: str) -> str:
-        return _check_name("rlcore.data.splits", "TASKS", v)
+        return names.check_name("task", v, names.TASKS)
 
     @model_validator(mode="after")
     def _digit_range(self) -> "TaskConfig":
@@ -140,7 +131,7 @@ class ResourcesConfig(_Section):
     """Logical CPUs per rank; also its torch thread count (rounded, at least 1)."""
     use_gpu: bool = False
     """One GPU per rank and the nccl backend (needs CUDA)."""
-    strategy: Literal["ddp", "fsdp"] = "ddp"
+    strategy: str = "ddp"
     """How a worker group's ranks hold the models (rlcore.engine.distributed). ddp: every rank keeps the whole
     model and optimizer state, gradients are averaged in one all-reduce per optimizer step, the rollout copy
     is refreshed without communication: the faster choice for a model that fits on one rank (the default
@@ -156,12 +147,18 @@ class ResourcesConfig(_Section):
     its first forward and keeps a full copy on every rank from then on (no more all-gathers); True
     re-gathers it block by block in every forward and holds only a shard."""
 
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str) -> str:
+        return names.check_name("training strategy", v, names.STRATEGIES)
+
     @model_validator(mode="after")
-    def _reshard_needs_fsdp(self) -> "ResourcesConfig":
+    def _reshard_needs_sharding(self) -> "ResourcesConfig":
         for key in ("reshard_after_forward", "ref_reshard_after_forward"):
-            if getattr(self, key) and self.strategy != "fsdp":
+            if getattr(self, key) and self.strategy not in names.SHARDED_STRATEGIES:
+                sharding = ", ".join(map(repr, names.SHARDED_STRATEGIES))
                 raise ValueError(f"resources.{key} is true but resources.strategy is {self.strategy!r}; "
-                                 "it only applies to strategy 'fsdp'")
+                                 f"it only applies to a sharding strategy ({sharding})")
         return self
 
 
@@ -199,7 +196,7 @@ class RolloutConfig(_Section):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        return _check_name("rlcore.rollout", "ENGINES", v)
+        return names.check_name("rollout engine", v, names.ROLLOUT_ENGINES)
 
 
 class ScoreConfig(_Section):
@@ -224,7 +221,7 @@ class KLControlConfig(_Section):
     @field_validator("type")
     @classmethod
     def _known(cls, v: str) -> str:
-        return _check_name("rlcore.algos.kl_control", "KL_CONTROLLERS", v)
+        return names.check_name("KL controller", v, names.KL_CONTROLLERS)
 
 
 class AlgorithmConfig(_Section):
@@ -246,12 +243,12 @@ class AlgorithmConfig(_Section):
     @field_validator("adv_estimator")
     @classmethod
     def _known_estimator(cls, v: str) -> str:
-        return _check_name("rlcore.algos.advantage", "ESTIMATORS", v)
+        return names.check_name("advantage estimator", v, names.ADV_ESTIMATORS)
 
     @field_validator("kl_penalty")
     @classmethod
     def _known_kl(cls, v: str) -> str:
-        return _check_name("rlcore.algos.losses", "KL_PENALTIES", v)
+        return names.check_name("KL estimator", v, names.KL_ESTIMATORS)
 
 
 class ActorConfig(_Section):
@@ -290,29 +287,47 @@ class ActorConfig(_Section):
     entropy_coeff: float = Field(0.0, ge=0)
     """Entropy bonus weight."""
     recompute_log_prob: bool = False
-    """Recompute old log-probs with a training forward; False reuses the rollout's (same weights, same dtype)."""
+    """Recompute old log-probs with a training forward; False reuses the rollout's (same weights, same dtype).
+    When on, ``rollout/logprob_abs_diff_mean`` / ``_max`` and ``rollout/logprob_k3_kl`` report how far the
+    rollout engine's log-probs are from the trainer's for the same tokens."""
+    loss_scale_factor: float | None = Field(None, gt=0)
+    """Constant divisor of loss_agg_mode seq-mean-token-sum-norm (Dr. GRPO); null = task.max_response_length."""
+    clip_cov_ratio: float = Field(0.0002, gt=0, le=1)
+    """policy_loss clip_cov: share of valid tokens whose gradient is cut (Cui et al. 2025)."""
+    clip_cov_lb: float = 1.0
+    """policy_loss clip_cov: lower bound of the token covariance window of candidates."""
+    clip_cov_ub: float = 5.0
+    """policy_loss clip_cov: upper bound of the token covariance window of candidates."""
+    kl_cov_ratio: float = Field(0.0002, gt=0, le=1)
+    """policy_loss kl_cov: share of valid tokens that get the KL penalty (Cui et al. 2025)."""
+    ppo_kl_coef: float = Field(1.0, ge=0)
+    """policy_loss kl_cov: coefficient of the |log-ratio| penalty on the selected tokens."""
 
     @field_validator("policy_loss")
     @classmethod
     def _known_loss(cls, v: str) -> str:
-        return _check_name("rlcore.algos.losses", "POLICY_LOSSES", v)
+        return names.check_name("policy loss", v, names.POLICY_LOSSES)
 
     @field_validator("loss_agg_mode")
     @classmethod
     def _known_agg(cls, v: str) -> str:
-        return _check_name("rlcore.algos.losses", "LOSS_AGG_MODES", v)
+        return names.check_name("loss aggregation mode", v, names.LOSS_AGG_MODES)
 
     @field_validator("kl_loss_type")
     @classmethod
     def _known_kl(cls, v: str) -> str:
-        return _check_name("rlcore.algos.losses", "KL_PENALTIES", v)
+        return names.check_name("KL estimator", v, names.KL_ESTIMATORS)
 
 
 class CriticConfig(_Section):
     lr: float = Field(3e-3, gt=0)
     """AdamW learning rate of the value model (used by gae)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay of the value model."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch."""
+    ppo_mini_batch_size: int | None = Field(None, ge=1)
+    """Prompts per critic optimizer step (times rollout.n responses); null = actor.ppo_mini_batch_size."""
     cliprange_value: float = Field(0.5, gt=0)
     """Value clipping range."""
     warmup_steps: int = Field(0, ge=0)
@@ -320,7 +335,7 @@ class CriticConfig(_Section):
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""
     micro_batch_size: int = Field(256, ge=1)
-    """Sequences per forward/backward on one rank."""
+    """Sequences per value forward and per forward/backward on one rank."""
 
 
 class DAPOConfig(_Section):
@@ -349,7 +364,8 @@ class PPOConfig(_Section):
     dapo: DAPOConfig = DAPOConfig()
     """DAPO recipe tricks."""
     log_samples: int = Field(8, ge=0)
-    """Responses logged as a table each round."""
+    """Rollout samples kept per step for inspection (prompt, response, reward, advantage, length): written to
+    the round's samples file and logged to MLflow as the table ``rollout_samples.json``; 0 = none."""
     balance_batch: bool = True
     """Reorder each step's groups so every data-parallel rank gets about the same number of tokens
     (rlcore.controller.balance); ranks then wait less for each other in the log-prob and update calls."""
@@ -399,16 +415,16 @@ class Config(_Section):
         w = self.resources.n_workers
         if self.sft.batch_size % w:
             raise ValueError(f"sft.batch_size {self.sft.batch_size} must be divisible by resources.n_workers {w}")
-        if self.ppo.train_batch_size % self.actor.ppo_mini_batch_size:
-            raise ValueError(
-                f"ppo.train_batch_size {self.ppo.train_batch_size} must be divisible by "
-                f"actor.ppo_mini_batch_size {self.actor.ppo_mini_batch_size}"
-            )
-        if (self.actor.ppo_mini_batch_size * self.rollout.n) % w:
-            raise ValueError(
-                f"actor.ppo_mini_batch_size * rollout.n = {self.actor.ppo_mini_batch_size * self.rollout.n} "
-                f"must be divisible by resources.n_workers {w}"
-            )
+        for role in ("actor", "critic"):
+            mini = getattr(self, role).ppo_mini_batch_size
+            if mini is None:
+                continue
+            if self.ppo.train_batch_size % mini:
+                raise ValueError(f"ppo.train_batch_size {self.ppo.train_batch_size} must be divisible by "
+                                 f"{role}.ppo_mini_batch_size {mini}")
+            if (mini * self.rollout.n) % w:
+                raise ValueError(f"{role}.ppo_mini_batch_size * rollout.n = {mini * self.rollout.n} "
+                                 f"must be divisible by resources.n_workers {w}")
         if self.evaluate.final_round not in self.ppo.rounds:
             raise ValueError(
                 f"evaluate.final_round {self.evaluate.final_round!r} is not a key of ppo.rounds "

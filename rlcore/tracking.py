@@ -4,6 +4,12 @@ Every stage opens one run (``open_run``), tagged with its stage, round, git comm
 a hash of the params it uses and the DVC experiment name. Every MLflow call is
 guarded: the first failure is reported once on stderr and the tracker turns into a
 null tracker for the rest of the stage, which carries on and writes its outputs.
+
+A tracker is a context manager: the run ends FINISHED when the block completes, KILLED on
+Ctrl-C or SIGTERM, FAILED on any other exception; never left RUNNING::
+
+    with open_run(cfg.tracking, stage="sft", params=params, root=root) as tracker:
+        ...
 """
 
 from __future__ import annotations
@@ -17,7 +23,26 @@ from typing import Any, Callable
 from rlcore.config import flatten, params_hash
 
 
-class NullTracker:
+def end_status(exc_type: type[BaseException] | None) -> str:
+    """The MLflow status of a run whose block ended with ``exc_type`` (None: no exception)."""
+    if exc_type is None:
+        return "FINISHED"
+    return "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+
+
+class _RunContext:
+    """``with tracker:`` closes the run with the status the block ended with."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(end_status(exc_type))
+
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
+class NullTracker(_RunContext):
     """Logs nothing; stands in when tracking is off or broken."""
 
     run_id: str | None = None
@@ -29,7 +54,7 @@ class NullTracker:
     def close(self, status: str = "FINISHED") -> None: ...
 
 
-class MlflowTracker:
+class MlflowTracker(_RunContext):
     """One MLflow run; each call is guarded and degrades to a no-op after a failure."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, tags: dict[str, str]):
@@ -37,6 +62,7 @@ class MlflowTracker:
 
         self._mlflow = mlflow
         self._broken = False
+        self._closed = False
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(experiment)
         self.run_id = mlflow.start_run(run_name=run_name, tags=tags).info.run_id
@@ -72,7 +98,9 @@ class MlflowTracker:
             self._guard("log_artifact", lambda: self._mlflow.log_artifact(str(path)))
 
     def close(self, status: str = "FINISHED") -> None:
-        self._guard("end_run", lambda: self._mlflow.end_run(status=status))
+        if not self._closed:
+            self._closed = True
+            self._guard("end_run", lambda: self._mlflow.end_run(status=status))
 
 
 def resolve_uri(uri: str, root: Path) -> str:

@@ -33,18 +33,21 @@ def main(argv: list[str] | None = None) -> None:
         from rlcore.tracking import open_run
         from rlcore.trainer.evaluate import run_evaluate
         tokenizer = load_tokenizer(args.sft)
-        tracker = open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT)
-        metrics, table = run_evaluate(cfg, models={"sft": args.sft, "final": args.final}, tokenizer=tokenizer,
-                                      data_path=args.data)
-    write_json(args.metrics, metrics)
-    Path(args.samples).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.samples, "w", newline="") as f:
+        with open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT) as tracker:
+            metrics, table = run_evaluate(cfg, models={"sft": args.sft, "final": args.final}, tokenizer=tokenizer,
+                                          data_path=args.data)
+            write_json(args.metrics, metrics)
+            write_table(args.samples, table)
+            tracker.log_metrics(metrics)
+            tracker.log_table(table, "eval_samples.json")
+
+
+def write_table(path: str, table: list[dict]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(table[0]) if table else ["model"])
         w.writeheader()
         w.writerows(table)
-    tracker.log_metrics(metrics)
-    tracker.log_table(table, "eval_samples.json")
-    tracker.close()
 
 
 if __name__ == "__main__":

@@ -2,12 +2,13 @@
 
     python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet \
         --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv \
-        --val-data data/processed/test.parquet
+        --val-data data/processed/test.parquet --samples metrics/ppo_r1_samples.jsonl
 """
 
 from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.errors import ConfigError
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "algorithm", "actor", "critic", "ppo")
 
@@ -20,11 +21,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
     p.add_argument("--val-data", default=None, help="held-out prompts for ppo.val_every (reported only)")
+    p.add_argument("--samples", default=None, help="JSON lines of ppo.log_samples rollout samples per step")
     args = p.parse_args(argv)
     with stage_errors(f"ppo@{args.round}"):
         cfg, params = stage_config(args.params, PARAMS, "ppo")
         if args.round not in cfg.ppo.rounds:
-            raise KeyError(f"--round {args.round!r} is not a key of ppo.rounds ({', '.join(cfg.ppo.rounds)})")
+            raise ConfigError(f"--round {args.round!r} is not a key of ppo.rounds ({', '.join(cfg.ppo.rounds)})")
         require_file(args.data, "scored rl data")
         require_file(args.init, "initial model")
         if args.val_data and cfg.ppo.val_every:
@@ -34,13 +36,12 @@ def main(argv: list[str] | None = None) -> None:
         from rlcore.tracking import open_run
         from rlcore.trainer.ppo import run_ppo_round
         tokenizer = load_tokenizer(args.init)
-        tracker = open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round)
-        metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
-                                data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots,
-                                val_path=args.val_data)
-    write_json(args.metrics, metrics)
-    tracker.log_metrics(metrics)
-    tracker.close()
+        with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round) as tracker:
+            metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
+                                    data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots,
+                                    val_path=args.val_data, samples_path=args.samples)
+            write_json(args.metrics, metrics)
+            tracker.log_metrics(metrics)
 
 
 if __name__ == "__main__":

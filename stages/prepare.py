@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 from rlcore.cli import parser, stage_config, stage_errors, write_json
-from rlcore.trainer.prepare import write_splits
 
 PARAMS = ("seed", "task")
 
@@ -17,8 +16,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     with stage_errors("prepare"):
         cfg, _ = stage_config(args.params, PARAMS, "prepare")
+        from rlcore.trainer.prepare import write_splits  # pandas and pyarrow only once the params are valid
+
         metrics = write_splits(cfg, args.out_dir)
-    write_json(args.metrics, metrics)
+        write_json(args.metrics, metrics)
 
 
 if __name__ == "__main__":

@@ -20,16 +20,17 @@ def main(argv: list[str] | None = None) -> None:
     with stage_errors("score"):
         cfg, params = stage_config(args.params, PARAMS, "score")
         require_file(args.data, "rl data")
+        require_file(args.model, "SFT model")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
         from rlcore.tracking import open_run
         from rlcore.trainer.score import run_score
         tokenizer = load_tokenizer(args.model)
-        tracker = open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT)
-        metrics = run_score(cfg, model_dir=args.model, tokenizer=tokenizer, data_path=args.data, out_path=args.out)
-    write_json(args.metrics, metrics)
-    tracker.log_metrics(metrics)
-    tracker.close()
+        with open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT) as tracker:
+            metrics = run_score(cfg, model_dir=args.model, tokenizer=tokenizer, data_path=args.data,
+                                out_path=args.out)
+            write_json(args.metrics, metrics)
+            tracker.log_metrics(metrics)
 
 
 if __name__ == "__main__":

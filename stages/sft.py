@@ -1,4 +1,4 @@
-"""sft: supervised fine-tuning of the base model (built-in tiny or a local HF folder) with FSDP2.
+"""sft: supervised fine-tuning of the base model (built-in tiny or a local HF folder) on Ray workers (DDP or FSDP2).
 
     python -m stages.sft --data data/processed/sft_train.parquet --out models/sft \
         --metrics metrics/sft.json --plots plots/sft.csv
@@ -26,12 +26,11 @@ def main(argv: list[str] | None = None) -> None:
         from rlcore.trainer.sft import run_sft
         base = resolve_model_path(cfg.model.path, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
         tokenizer = load_tokenizer(base)
-        tracker = open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT)
-        metrics = run_sft(cfg, base_model=base, tokenizer=tokenizer, data_path=args.data, out_dir=args.out,
-                          tracker=tracker, plot_csv=args.plots)
-    write_json(args.metrics, metrics)
-    tracker.log_metrics(metrics)
-    tracker.close()
+        with open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT) as tracker:
+            metrics = run_sft(cfg, base_model=base, tokenizer=tokenizer, data_path=args.data, out_dir=args.out,
+                              tracker=tracker, plot_csv=args.plots)
+            write_json(args.metrics, metrics)
+            tracker.log_metrics(metrics)
 
 
 if __name__ == "__main__":

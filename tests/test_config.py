@@ -16,7 +16,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from rlcore.algos.advantage import ESTIMATORS
+from rlcore import names
+from rlcore.cli import stage_errors
 from rlcore.config import Config, ConfigError, load_config, parse_config
 
 from .conftest import REPO_ROOT
@@ -124,7 +125,7 @@ def assert_one_line(msg: str, *needles: str) -> None:
 
 def test_unknown_estimator_lists_allowed_names(tmp_path):
     msg = config_error(tmp_path, "algorithm.adv_estimator", "foo")
-    assert_one_line(msg, "algorithm.adv_estimator", "'foo'", *ESTIMATORS.names())
+    assert_one_line(msg, "algorithm.adv_estimator", "'foo'", *names.ADV_ESTIMATORS)
 
 
 def test_negative_batch_size(tmp_path):
@@ -196,10 +197,61 @@ def run_ppo_stage(params: Path, data: str, tmp_path: Path) -> tuple[subprocess.C
 def test_stage_fails_fast_on_bad_params(tmp_path, dotted, value, needle):
     params = write_params(tmp_path / "bad.yaml", with_value(defaults_raw(), dotted, value))
     proc, seconds = run_ppo_stage(params, str(tmp_path / "data.parquet"), tmp_path)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert seconds < 10
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "m.json").exists()
+
+
+def test_loading_and_validating_params_imports_nothing_heavy():
+    """Every stage validates params.yaml first; doing so must not pull in torch, pandas, pyarrow or ray
+    (a stage fails fast on bad params, and rlcore/config.py's dependencies stay light)."""
+    code = ("import sys; from rlcore.cli import stage_config; from stages import prepare, sft, score, ppo, evaluate; "
+            "from rlcore.config import Config; stage_config('params.yaml', tuple(Config.model_fields), 'x'); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'pandas', 'pyarrow', 'ray', 'numpy', "
+            "'transformers', 'mlflow'}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_bad_input_is_one_line_and_exit_2_while_a_bug_keeps_its_traceback(capsys):
+    with pytest.raises(SystemExit) as info:
+        with stage_errors("demo"):
+            raise ConfigError("params.yaml: sft.lr = -1: must be > 0")
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "demo: error: params.yaml: sft.lr = -1: must be > 0\n"
+    with pytest.raises(KeyError, match="oops"):  # a KeyError from a bug is not turned into bad input
+        with stage_errors("demo"):
+            {}["oops"]
+    with pytest.raises(SystemExit) as info:
+        with stage_errors("demo"):
+            raise KeyboardInterrupt
+    assert info.value.code == 130
+
+
+def test_a_bug_in_a_real_stage_prints_its_traceback_and_exits_1(tmp_path):
+    code = ("import sys; import rlcore.trainer.prepare as p; "
+            "p.write_splits = lambda cfg, out: {}['missing_key']; "
+            "import stages.prepare as s; s.main(sys.argv[1:])")
+    proc = subprocess.run([sys.executable, "-c", code, "--out-dir", str(tmp_path / "d"), "--metrics",
+                           str(tmp_path / "m.json")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "KeyError: 'missing_key'" in proc.stderr
+
+
+def test_bad_data_rows_end_a_real_stage_with_one_line_naming_the_row(tmp_path):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?"}\n')
+    raw = with_value(with_value(defaults_raw(), "task.name", "gsm8k"), "task.gsm8k_train_path", str(bad))
+    raw = with_value(raw, "task.gsm8k_test_path", str(bad))
+    params = write_params(tmp_path / "params.yaml", raw)
+    proc = subprocess.run([sys.executable, "-m", "stages.prepare", "--params", str(params), "--out-dir",
+                           str(tmp_path / "d"), "--metrics", str(tmp_path / "m.json")], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train.jsonl" in lines[0] and "line 2" in lines[0] and "answer" in lines[0], lines
 
 
 def test_stage_fails_fast_on_a_missing_data_file(tmp_path):
@@ -207,5 +259,5 @@ def test_stage_fails_fast_on_a_missing_data_file(tmp_path):
     params = write_params(tmp_path / "good.yaml", raw)
     missing = str(tmp_path / "no_such_dir" / "rl_train.parquet")
     proc, seconds = run_ppo_stage(params, missing, tmp_path)
-    assert proc.returncode != 0 and seconds < 10
+    assert proc.returncode == 2 and seconds < 10
     assert missing in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -164,3 +164,22 @@ def test_disabled_tracking_is_a_null_tracker_and_writes_nothing(tmp_path):
 )
 def test_resolve_uri(uri, expected):
     assert resolve_uri(uri, Path("/repo")) == expected
+
+
+@pytest.mark.parametrize("raised, status", [(None, "FINISHED"), (RuntimeError, "FAILED"),
+                                            (KeyboardInterrupt, "KILLED")])
+def test_a_run_ends_finished_failed_or_killed_never_running(store_root, raised, status):
+    """The stage's ``with open_run(...)`` block: a bug marks the run FAILED, Ctrl-C or SIGTERM
+    (raised as KeyboardInterrupt by rlcore.cli) KILLED."""
+    cfg = TrackingConfig(uri="sqlite:///runs.db", experiment="status")
+    try:
+        with open_run(cfg, stage="sft", params=PARAMS, root=store_root) as tracker:
+            run_id = tracker.run_id
+            tracker.log_metrics({"sft/loss": 1.0}, step=0)
+            if raised is not None:
+                raise raised("stop")
+    except (RuntimeError, KeyboardInterrupt):
+        pass
+    client = MlflowClient(tracking_uri=f"sqlite:///{store_root / 'runs.db'}")
+    assert client.get_run(run_id).info.status == status
+    assert mlflow.active_run() is None

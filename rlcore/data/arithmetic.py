@@ -14,6 +14,7 @@ from typing import Any, Collection
 import numpy as np
 
 from rlcore.data.schema import make_row
+from rlcore.errors import ConfigError
 
 DATA_SOURCE = "arithmetic"
 ABILITY = "math"
@@ -269,8 +270,8 @@ def arithmetic_rows(
     available = available_problems(min_digits=min_digits, max_digits=max_digits, ops=ops, exclude=exclude)
     if n > available:
         total = count_problems(min_digits=min_digits, max_digits=max_digits, ops=ops)
-        raise ValueError(
-            f"cannot make {n} distinct arithmetic problems with {min_digits}-{max_digits} digit operands "
+        raise ConfigError(
+            f"task: cannot make {n} distinct arithmetic problems with {min_digits}-{max_digits} digit operands "
             f"and ops {ops!r}: only {total} exist, {total - available} of them excluded, {available} left"
         )
     rng = np.random.default_rng(seed)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from rlcore.errors import DataError
 from rlcore.protocol import Batch
 
 
@@ -32,7 +33,7 @@ def encode_prompts(tokenizer, prompts: Sequence[list[dict]], max_len: int, sourc
         text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > max_len:
-            raise ValueError(f"{source}: row {i}: prompt is {len(ids)} tokens after the chat template; "
+            raise DataError(f"{source}: row {i}: prompt is {len(ids)} tokens after the chat template; "
                              f"task.max_prompt_length is {max_len}")
         rows.append(ids)
     return _pad(rows, max_len, tokenizer.pad_token_id, left=True)
@@ -44,7 +45,7 @@ def encode_responses(tokenizer, texts: Sequence[str], max_len: int, source: str)
     for i, text in enumerate(texts):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         if len(ids) > max_len:
-            raise ValueError(f"{source}: row {i}: response is {len(ids)} tokens with EOS; "
+            raise DataError(f"{source}: row {i}: response is {len(ids)} tokens with EOS; "
                              f"task.max_response_length is {max_len}")
         rows.append(ids)
     return _pad(rows, max_len, tokenizer.pad_token_id, left=False)

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pyarrow.parquet as pq
 
 from rlcore.data.schema import make_row
+from rlcore.errors import DataError, InputNotFound
 
 DATA_SOURCE = "gsm8k"
 ABILITY = "math"
@@ -49,7 +50,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
             try:
                 yield where, json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: expected one JSON object per line ({e.msg})") from None
+                raise DataError(f"{where}: expected one JSON object per line ({e.msg})") from None
             row += 1
 
 
@@ -57,33 +58,33 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:
     table = pq.read_table(path)
     missing = [c for c in REQUIRED_FIELDS if c not in table.column_names]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; expected columns {list(REQUIRED_FIELDS)}")
+        raise DataError(f"{path}: missing column(s) {missing}; expected columns {list(REQUIRED_FIELDS)}")
     for row, record in enumerate(table.select(list(REQUIRED_FIELDS)).to_pylist()):
         yield f"{path}: row {row}", record
 
 
 def _read_records(path: Path) -> Iterator[tuple[str, Any]]:
     if not path.is_file():
-        raise FileNotFoundError(f"GSM8K file not found: {path}")
+        raise InputNotFound(f"GSM8K file not found: {path}")
     if path.suffix == ".jsonl":
         return _jsonl_records(path)
     if path.suffix == ".parquet":
         return _parquet_records(path)
-    raise ValueError(f"{path}: unsupported file type {path.suffix!r}; expected .jsonl or .parquet")
+    raise DataError(f"{path}: unsupported file type {path.suffix!r}; expected .jsonl or .parquet")
 
 
 def _checked_fields(record: Any, where: str) -> tuple[str, str, str]:
     """Returns ``(question, answer, ground_truth)`` or raises naming the bad field."""
     if not isinstance(record, dict):
         got = type(record).__name__
-        raise ValueError(f"{where}: expected an object with fields {list(REQUIRED_FIELDS)}, got {got}")
+        raise DataError(f"{where}: expected an object with fields {list(REQUIRED_FIELDS)}, got {got}")
     for field in REQUIRED_FIELDS:
         if not isinstance(record.get(field), str):
             got = "nothing" if field not in record else type(record[field]).__name__
-            raise ValueError(f"{where}: expected string field {field!r}, got {got}")
+            raise DataError(f"{where}: expected string field {field!r}, got {got}")
     ground_truth = final_answer(record["answer"])
     if ground_truth is None:
-        raise ValueError(f"{where}: expected 'answer' to end in '#### <number>'")
+        raise DataError(f"{where}: expected 'answer' to end in '#### <number>'")
     return record["question"], record["answer"], ground_truth
 
 

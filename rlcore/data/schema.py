@@ -25,6 +25,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlcore.errors import DataError, InputNotFound
+
 Rows = Union[pd.DataFrame, Sequence[Mapping[str, Any]]]
 
 # field -> expected python type, for the flat fields and each nested dict.
@@ -156,11 +158,11 @@ def validate_rows(df_or_rows: Rows, source: str) -> None:
     """
     records = _as_records(df_or_rows)
     if not records:
-        raise ValueError(f"{source}: no rows; expected at least one row")
+        raise DataError(f"{source}: no rows; expected at least one row")
     for i, row in enumerate(records):
         problem = row_problem(row)
         if problem:
-            raise ValueError(f"{source}: row {i}: {problem}")
+            raise DataError(f"{source}: row {i}: {problem}")
 
 
 def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> None:
@@ -200,7 +202,7 @@ def read_rows(path: str | Path) -> pd.DataFrame:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path} (run the prepare stage first?)")
+        raise InputNotFound(f"dataset file not found: {path} (run the prepare stage first?)")
     # to_pylist avoids pandas' conversion of list<struct> columns into numpy object arrays.
     records = pq.read_table(path).to_pylist()
     validate_rows(records, str(path))

@@ -1,7 +1,8 @@
 """Builds the three splits the pipeline uses: ``sft_train``, ``rl_train`` and ``test``.
 
 Task builders live in the ``TASKS`` registry, so ``params.yaml`` names a task and an
-unknown name fails with the list of allowed ones.
+unknown name fails with the list of allowed ones. Each builder names exactly the ``task``
+settings it reads (:func:`task_options`); :func:`build_splits` refuses any other keyword.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlcore.algos.registry import Registry
 from rlcore.data.arithmetic import add_demonstrator_errors, arithmetic_rows, available_problems
 from rlcore.data.gsm8k import gsm8k_rows
+from rlcore.errors import ConfigError, DataError
+from rlcore.registry import Registry, check_keywords, keyword_names
 
 SPLITS = ("sft_train", "rl_train", "test")
 
@@ -45,7 +47,6 @@ def _arithmetic_splits(
     max_digits: int,
     ops: tuple[str, ...],
     sft_carry_error_rate: float = 0.0,
-    **_: Any,
 ) -> Splits:
     """Generates test first, then train splits that never contain a test question.
 
@@ -74,7 +75,7 @@ def _arithmetic_splits(
 
 @TASKS.register("gsm8k")
 def _gsm8k_splits(
-    *, n_sft: int, n_rl: int, n_test: int, gsm8k_train_path: str | None, gsm8k_test_path: str | None, **_: Any
+    *, n_sft: int, n_rl: int, n_test: int, gsm8k_train_path: str | None, gsm8k_test_path: str | None
 ) -> Splits:
     """Splits the GSM8K train file in file order and takes test from the test file.
 
@@ -84,7 +85,7 @@ def _gsm8k_splits(
     split left with no rows at all is an error.
     """
     if not gsm8k_train_path or not gsm8k_test_path:
-        raise ValueError("task 'gsm8k' needs gsm8k_train_path and gsm8k_test_path")
+        raise ConfigError("task 'gsm8k' needs task.gsm8k_train_path and task.gsm8k_test_path")
     train = gsm8k_rows(gsm8k_train_path, split="train")
     test = gsm8k_rows(gsm8k_test_path, split="test")
     splits = {
@@ -100,40 +101,25 @@ def _gsm8k_splits(
     for name, rows in splits.items():
         if not rows:
             path, file_rows = sources[name]
-            raise ValueError(
+            raise DataError(
                 f"{path}: no rows left for split {name!r}; the file has only {len(file_rows)} rows"
             )
     return splits
 
 
-def build_splits(
-    *,
-    task: str,
-    seed: int,
-    n_sft: int,
-    n_rl: int,
-    n_test: int,
-    min_digits: int,
-    max_digits: int,
-    ops: tuple[str, ...],
-    gsm8k_train_path: str | None = None,
-    gsm8k_test_path: str | None = None,
-    sft_carry_error_rate: float = 0.0,
-) -> Splits:
+def task_options(task: str) -> frozenset[str]:
+    """The settings the builder of ``task`` takes (``seed`` and ``task`` section fields)."""
+    return keyword_names(TASKS.get(task))
+
+
+def build_splits(task: str, **options: Any) -> Splits:
     """Builds the ``sft_train``, ``rl_train`` and ``test`` splits of a task.
 
     Args:
         task: A name in ``TASKS`` ("arithmetic" or "gsm8k").
-        seed: Seed for generated tasks (the split seeds are derived from it).
-        n_sft: Rows in ``sft_train``.
-        n_rl: Rows in ``rl_train``.
-        n_test: Rows in ``test``.
-        min_digits: Fewest operand digits (arithmetic only).
-        max_digits: Most operand digits (arithmetic only).
-        ops: Operators (arithmetic only).
-        gsm8k_train_path: GSM8K train file (gsm8k only).
-        gsm8k_test_path: GSM8K test file (gsm8k only).
-        sft_carry_error_rate: Share of carrying SFT demonstrations given carry-free (arithmetic only).
+        **options: Exactly what the task's builder takes (``task_options``): ``seed`` and the sizes
+            ``n_sft``/``n_rl``/``n_test`` for both; ``min_digits``, ``max_digits``, ``ops`` and
+            ``sft_carry_error_rate`` (arithmetic); ``gsm8k_train_path``/``gsm8k_test_path`` (gsm8k).
 
     Returns:
         ``{"sft_train": rows, "rl_train": rows, "test": rows}``, each split's rows having
@@ -141,21 +127,14 @@ def build_splits(
 
     Raises:
         KeyError: For an unknown task, listing the allowed ones.
+        TypeError: For an option the task does not take.
         ValueError: For sizes below 1 or sizes the task cannot provide.
     """
     builder = TASKS.get(task)
-    for name, n in (("n_sft", n_sft), ("n_rl", n_rl), ("n_test", n_test)):
-        if n < 1:
-            raise ValueError(f"{name} must be >= 1, got {n}")
-    return builder(
-        seed=seed,
-        n_sft=n_sft,
-        n_rl=n_rl,
-        n_test=n_test,
-        min_digits=min_digits,
-        max_digits=max_digits,
-        ops=tuple(ops),
-        gsm8k_train_path=gsm8k_train_path,
-        gsm8k_test_path=gsm8k_test_path,
-        sft_carry_error_rate=sft_carry_error_rate,
-    )
+    check_keywords(f"task {task!r}", options, task_options(task))
+    for name in ("n_sft", "n_rl", "n_test"):
+        if options.get(name, 1) < 1:
+            raise ValueError(f"{name} must be >= 1, got {options[name]}")
+    if "ops" in options:
+        options["ops"] = tuple(options["ops"])
+    return builder(**options)

@@ -106,8 +106,7 @@ def test_gsm8k_splits(tmp_path):
     train = _write_jsonl(tmp_path / "train.jsonl", RECORDS)
     test = _write_parquet(tmp_path / "test.parquet", RECORDS[1:])
     splits = build_splits(
-        task="gsm8k", seed=0, n_sft=2, n_rl=5, n_test=2, min_digits=1, max_digits=1, ops=("+",),
-        gsm8k_train_path=str(train), gsm8k_test_path=str(test),
+        task="gsm8k", n_sft=2, n_rl=5, n_test=2, gsm8k_train_path=str(train), gsm8k_test_path=str(test),
     )
     assert [r["extra_info"]["question"] for r in splits["sft_train"]] == [r["question"] for r in RECORDS[:2]]
     # Only 2 train rows remain after SFT, so rl_train gets both instead of 5.
@@ -122,6 +121,12 @@ def test_gsm8k_split_with_no_rows_left_fails(tmp_path):
     train = _write_jsonl(tmp_path / "train.jsonl", RECORDS)
     with pytest.raises(ValueError, match=r"train\.jsonl: no rows left for split 'rl_train'"):
         build_splits(
-            task="gsm8k", seed=0, n_sft=4, n_rl=1, n_test=1, min_digits=1, max_digits=1, ops=("+",),
-            gsm8k_train_path=str(train), gsm8k_test_path=str(train),
+            task="gsm8k", n_sft=4, n_rl=1, n_test=1, gsm8k_train_path=str(train), gsm8k_test_path=str(train),
         )
+
+
+def test_gsm8k_takes_no_arithmetic_settings(tmp_path):
+    train = _write_jsonl(tmp_path / "train.jsonl", RECORDS)
+    with pytest.raises(TypeError, match="'ops'"):
+        build_splits(task="gsm8k", n_sft=1, n_rl=1, n_test=1, ops=("+",), gsm8k_train_path=str(train),
+                     gsm8k_test_path=str(train))

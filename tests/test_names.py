@@ -1,0 +1,34 @@
+"""rlcore.names lists, for light validation, exactly the names of the registries params.yaml selects from."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcore import names
+from rlcore.algos.advantage import ESTIMATORS
+from rlcore.algos.kl_control import KL_CONTROLLERS
+from rlcore.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from rlcore.data.splits import TASKS
+from rlcore.engine.strategy import STRATEGIES
+from rlcore.rollout import ENGINES
+
+PAIRS = {
+    "ADV_ESTIMATORS": ESTIMATORS, "POLICY_LOSSES": POLICY_LOSSES, "KL_ESTIMATORS": KL_ESTIMATORS,
+    "LOSS_AGG_MODES": LOSS_AGG_MODES, "KL_CONTROLLERS": KL_CONTROLLERS, "STRATEGIES": STRATEGIES,
+    "ROLLOUT_ENGINES": ENGINES, "TASKS": TASKS,
+}
+
+
+@pytest.mark.parametrize("attr", sorted(PAIRS))
+def test_light_names_equal_the_registry(attr):
+    assert sorted(getattr(names, attr)) == PAIRS[attr].names()
+
+
+def test_sharded_strategies_are_those_whose_entry_shards():
+    assert sorted(names.SHARDED_STRATEGIES) == [n for n in STRATEGIES.names() if STRATEGIES.get(n).shards]
+
+
+def test_check_name_lists_the_allowed_names():
+    assert names.check_name("task", "gsm8k", names.TASKS) == "gsm8k"
+    with pytest.raises(ValueError, match="unknown task 'mnist'; allowed: arithmetic, gsm8k"):
+        names.check_name("task", "mnist", names.TASKS)
