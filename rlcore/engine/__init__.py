@@ -1,1 +1,2 @@
-"""Model building (built-in tiny model or a local HF folder), FSDP2, log-prob forwards."""
+"""Model building (built-in tiny model or a local HF folder), training strategies (ddp, fsdp),
+sequence forwards (padded, packed) and the collectives of a worker rank."""

@@ -1,16 +1,21 @@
-"""Loading models and tokenizers from local Hugging Face folders (never from a hub)."""
+"""Loading models and tokenizers from local Hugging Face folders (never from a hub), and the
+typed spec of how a worker loads and wraps the models it holds (:class:`ModelSpec`)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from rlcore.engine import packed
+from rlcore.engine.sequence import SequenceModel, forward_for
+from rlcore.engine.strategy import make_strategy
 from rlcore.engine.tiny_model import materialize_tiny
+from rlcore.errors import ConfigError, InputNotFound
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Cache for the built-in model, outside the DVC-tracked folders.
@@ -23,7 +28,7 @@ def resolve_model_path(path: str, *, tiny_shape: dict, seed: int) -> Path:
         return materialize_tiny(TINY_CACHE, seed=seed, **tiny_shape)
     folder = Path(path)
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"model.path {path!r}: expected a local Hugging Face model folder with config.json")
+        raise InputNotFound(f"model.path {path!r}: expected a local Hugging Face model folder with config.json")
     return folder
 
 
@@ -33,7 +38,7 @@ def load_tokenizer(path: str | Path):
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if tok.chat_template is None:
-        raise ValueError(f"{path}: tokenizer has no chat_template; prompts are chat messages")
+        raise ConfigError(f"{path}: tokenizer has no chat_template; prompts are chat messages")
     return tok
 
 
@@ -68,3 +73,74 @@ def load_value_model(path: str | Path, *, dtype: str = "float32", attn_implement
         str(path), num_labels=1, dtype=DTYPES[dtype],
         attn_implementation=attention_for(path, attn_implementation, packed_forward), local_files_only=True,
     )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How a worker loads and wraps its models (params.yaml ``model`` and ``resources``)."""
+
+    path: str
+    """Local Hugging Face folder."""
+    dtype: str = "float32"
+    """Compute dtype of forwards (weights, optimizer state and checkpoints stay float32)."""
+    attn_implementation: str = "sdpa"
+    packed_forward: bool = True
+    """Packed forwards where the architecture allows (``rlcore.engine.packed``)."""
+    strategy: str = "ddp"
+    """``rlcore.engine.strategy.STRATEGIES`` name."""
+    reshard_after_forward: bool = False
+    """Sharding strategies: models that train free gathered weights after forward."""
+    ref_reshard_after_forward: bool = False
+    """Sharding strategies: the frozen reference does."""
+
+    @property
+    def compute_dtype(self) -> torch.dtype | None:
+        return None if self.dtype == "float32" else DTYPES[self.dtype]
+
+
+def wrap_for_training(spec: ModelSpec, module: torch.nn.Module, device: torch.device, *,
+                      frozen: bool = False) -> SequenceModel:
+    """``module`` (float32, on ``device``) wrapped with the spec's strategy: trainable, or ``frozen``
+    (eval mode, no gradients: a reference model)."""
+    strategy = make_strategy(spec.strategy, device, spec.compute_dtype)
+    if frozen:
+        module = module.eval().requires_grad_(False)
+    else:
+        module = module.train()
+    reshard = spec.ref_reshard_after_forward if frozen else spec.reshard_after_forward
+    module = strategy.wrap(module, reshard_after_forward=reshard)
+    return SequenceModel(module, strategy, forward_for(module))
+
+
+def load_policy(spec: ModelSpec, device: torch.device, *, frozen: bool = False) -> SequenceModel:
+    """The causal LM at ``spec.path`` wrapped for training (or frozen, for a reference)."""
+    module = load_causal_lm(spec.path, attn_implementation=spec.attn_implementation,
+                            packed_forward=spec.packed_forward).to(device)
+    return wrap_for_training(spec, module, device, frozen=frozen)
+
+
+def load_critic(spec: ModelSpec, device: torch.device) -> SequenceModel:
+    """The value model at ``spec.path`` (a fresh value head on a causal-LM folder) wrapped for training."""
+    module = load_value_model(spec.path, attn_implementation=spec.attn_implementation,
+                              packed_forward=spec.packed_forward).to(device)
+    return wrap_for_training(spec, module, device)
+
+
+def load_rollout_model(spec: ModelSpec, device: torch.device) -> torch.nn.Module:
+    """A plain (unwrapped) copy of the causal LM in the compute dtype, for a rollout engine."""
+    module = load_causal_lm(spec.path, attn_implementation=spec.attn_implementation,
+                            packed_forward=spec.packed_forward)
+    return module.to(device=device, dtype=DTYPES[spec.dtype])
+
+
+def save_pretrained(model: SequenceModel, path: str | Path, *, rank: int, tokenizer=None) -> None:
+    """Write a Hugging Face folder (safetensors + config, and the tokenizer if given) of the float32
+    weights from rank 0. A collective: every rank calls it."""
+    state = model.strategy.checkpoint_state_dict(model.module)
+    if rank == 0:
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        model.module.save_pretrained(out, state_dict={k: v.cpu().contiguous() for k, v in state.items()},
+                                     safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)

@@ -2,15 +2,33 @@
 
 Layout everywhere: ``input_ids`` is ``[batch, prompt_len + response_len]`` with the
 prompt left-padded and the response right-padded; ``attention_mask`` marks real tokens.
+
+Two forwards behind one interface (:class:`SequenceForward`), chosen per model when it is
+loaded (``model.packed_forward``):
+
+* ``padded`` (:class:`PaddedForward`): the plain Hugging Face forward over the padded batch,
+  the reference every optimisation is checked against;
+* ``packed`` (:class:`PackedForward`): each distinct prompt and each distinct (prompt ;
+  response) row once, no padding tokens (``rlcore.engine.packed``); the same results at real
+  response tokens up to float rounding (``tests/engine/test_packed.py``).
+
+:class:`SequenceModel` joins a model with its training strategy (which sets the forward's
+autocast) and its forward; workers hold these.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 
-from rlcore.algos.losses import entropy_from_logits
+from rlcore.algos.entropy import entropy_from_logits
 from rlcore.engine import packed
+from rlcore.engine.strategy import Replicated, Strategy
+from rlcore.protocol import Batch
+from rlcore.registry import Registry
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -28,21 +46,13 @@ def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
     return input_ids[:, start:], attention_mask[:, start:]
 
 
-def response_logits(model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
-    """Logits predicting each response token: ``[batch, response_len, vocab]``. Only the last
-    ``response_len + 1`` positions go through the LM head (``logits_to_keep``).
-
-    A model loaded for packed forwards (``model.packed_forward``) runs each distinct prompt and each
-    distinct (prompt ; response) row once, and no padding (``rlcore.engine.packed``); the logits at
-    real response tokens are the same.
-    """
-    if packed.uses_packing(model):
-        layout = packed.pack(input_ids, attention_mask, response_len)
-        if layout is not None:
-            return packed.packed_response_logits(model, layout)
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask), use_cache=False, logits_to_keep=response_len + 1)
-    return out.logits[:, :-1]
+def sequences(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt ; response) ids and attention mask of a Batch with ``prompts``/``prompt_mask`` and
+    ``responses``/``response_mask``, ``[batch, prompt_len + response_len]``, less the prompt columns
+    that are padding in every row (``trim_left_padding``)."""
+    ids = torch.cat([batch["prompts"], batch["responses"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
+    return trim_left_padding(ids, mask)
 
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -51,23 +61,94 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def response_log_probs(model, input_ids, attention_mask, responses, *, temperature: float = 1.0,
-                       with_entropy: bool = False, entropy_grad: bool = True
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[batch, response_len]`` of ``responses`` and optionally their entropy, off the
-    autograd graph unless ``entropy_grad`` (a logged-only entropy then costs backward nothing)."""
-    logits = response_logits(model, input_ids, attention_mask, responses.shape[1]).float() / temperature
-    log_probs = token_log_probs(logits, responses)
-    entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
-    return log_probs, entropy
+class SequenceForward(Protocol):
+    """One way of running a (prompt ; response) batch through a model."""
+
+    def response_logits(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        response_len: int) -> torch.Tensor:
+        """Logits predicting each response token, ``[batch, response_len, vocab]`` (any values at padding)."""
+
+    def response_values(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        response_len: int) -> torch.Tensor:
+        """A value model's outputs at the state before each response token, ``[batch, response_len]``."""
 
 
-def response_values(value_model, input_ids, attention_mask, response_len: int) -> torch.Tensor:
-    """Critic values ``[batch, response_len]``: V of the state before each response token."""
-    if packed.uses_packing(value_model):
+FORWARDS: Registry[SequenceForward] = Registry("sequence forward")
+
+
+class PaddedForward:
+    """The plain Hugging Face forward over the padded batch (positions skip the left padding)."""
+
+    def response_logits(self, model, input_ids, attention_mask, response_len):
+        """Only the last ``response_len + 1`` positions go through the LM head (``logits_to_keep``)."""
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                    use_cache=False, logits_to_keep=response_len + 1)
+        return out.logits[:, :-1]
+
+    def response_values(self, model, input_ids, attention_mask, response_len):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                    use_cache=False)
+        return out.logits[:, -response_len - 1 : -1, 0]
+
+
+class PackedForward:
+    """Each distinct prompt and each distinct (prompt ; response) row once, no padding tokens
+    (``rlcore.engine.packed``). A batch whose padding is not of the left-prompt / right-response
+    form runs the padded forward instead. Needs a model loaded for packing (``packed.ATTN_NAME``)."""
+
+    def response_logits(self, model, input_ids, attention_mask, response_len):
         layout = packed.pack(input_ids, attention_mask, response_len)
-        if layout is not None:
-            return packed.packed_values(value_model, layout).float()
-    out = value_model(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids(attention_mask), use_cache=False)
-    return out.logits[:, -response_len - 1 : -1, 0].float()
+        if layout is None:
+            return PADDED.response_logits(model, input_ids, attention_mask, response_len)
+        return packed.packed_response_logits(model, layout)
+
+    def response_values(self, model, input_ids, attention_mask, response_len):
+        layout = packed.pack(input_ids, attention_mask, response_len)
+        if layout is None:
+            return PADDED.response_values(model, input_ids, attention_mask, response_len)
+        return packed.packed_values(model, layout)
+
+
+PADDED = PaddedForward()
+FORWARDS.add("padded", PADDED)
+FORWARDS.add("packed", PackedForward())
+
+
+def forward_for(model: torch.nn.Module) -> SequenceForward:
+    """The packed forward for a model loaded for packing, the padded one otherwise."""
+    return FORWARDS.get("packed" if packed.uses_packing(model) else "padded")
+
+
+@dataclass
+class SequenceModel:
+    """A causal LM (or a value model) with the strategy that wraps it and the forward it runs."""
+
+    module: torch.nn.Module
+    strategy: Strategy
+    forward: SequenceForward
+
+    def response_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor, *,
+                           temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs ``[batch, response_len]`` of ``responses`` under ``softmax(logits / temperature)`` and,
+        optionally, their entropy, off the autograd graph unless ``entropy_grad`` (a logged-only entropy
+        then costs backward nothing)."""
+        with self.strategy.autocast():
+            logits = self.forward.response_logits(self.module, input_ids, attention_mask, responses.shape[1])
+        logits = logits.float() / temperature
+        log_probs = token_log_probs(logits, responses)
+        entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
+        return log_probs, entropy
+
+    def response_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
+                        ) -> torch.Tensor:
+        """Critic values ``[batch, response_len]``: V of the state before each response token."""
+        with self.strategy.autocast():
+            values = self.forward.response_values(self.module, input_ids, attention_mask, response_len)
+        return values.float()
+
+
+def local_model(module: torch.nn.Module) -> SequenceModel:
+    """``module`` as a SequenceModel used in this one process (no data parallelism, its own dtype; the
+    forward chosen by how it was loaded): for tools and tests that run a model outside a worker group."""
+    return SequenceModel(module, Replicated(next(module.parameters()).device), forward_for(module))

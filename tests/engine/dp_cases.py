@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from rlcore.data.collate import encode_prompts, encode_responses
-from rlcore.engine.logprob import response_log_probs
 from rlcore.engine.model import load_causal_lm
+from rlcore.engine.sequence import local_model
 from rlcore.protocol import Batch
 
 LR = 1e-2
@@ -22,12 +22,9 @@ ANSWERS = ["2", "5", "18", "8", "the answer is 19", "33 is it", "it is 55 ok", "
 def sft_batches(tokenizer) -> list[Batch]:
     prompts, pmask = encode_prompts(tokenizer, [[{"role": "user", "content": q}] for q in QUESTIONS], 12, "test")
     responses, rmask = encode_responses(tokenizer, ANSWERS, 20, "test")
-    first = Batch({"prompts": prompts, "prompt_mask": pmask, "responses": responses, "response_mask": rmask},
-                  meta={"micro_batch_size": MICRO, "grad_clip": GRAD_CLIP})
+    first = Batch({"prompts": prompts, "prompt_mask": pmask, "responses": responses, "response_mask": rmask})
     # Step 1: short answers on rank 0, long on rank 1; step 2 mixes them differently.
-    second = first.select([5, 0, 6, 4, 1, 2, 3, 7])
-    second.meta.update(first.meta)
-    return [first, second]
+    return [first, first.select([5, 0, 6, 4, 1, 2, 3, 7])]
 
 
 def reference_training(model_dir, batches: list[Batch], device: str = "cpu"
@@ -41,7 +38,7 @@ def reference_training(model_dir, batches: list[Batch], device: str = "cpu"
         b = Batch({k: v.to(device) for k, v in b.tensors.items()})
         ids = torch.cat([b["prompts"], b["responses"]], 1)
         mask = torch.cat([b["prompt_mask"], b["response_mask"]], 1)
-        lp, _ = response_log_probs(model, ids, mask, b["responses"])
+        lp, _ = local_model(model).response_log_probs(ids, mask, b["responses"])
         rmask = b["response_mask"].float()
         loss = -(lp * rmask).sum() / rmask.sum()
         loss.backward()

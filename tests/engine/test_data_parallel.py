@@ -1,14 +1,13 @@
 """Data-parallel training across a two-rank Ray worker group equals plain single-process training.
 
-The group runs the real ``ActorRolloutRefWorker`` (roles ``("actor", "ref")``), wrapped with
-``distributed.wrap`` for each ``resources.strategy``: FSDP2 with the actor resharded after
-forward and the reference not, FSDP2 the other way round, and DDP (a full replica per rank). It
-takes two ``train_sft`` steps with each rank holding half of each batch, and saves. The test
-replays the same two steps on the unsharded model in this process with plain
+The group runs the real ``SFTWorker`` (plus a frozen reference for the reshard checks), its models
+wrapped by each training strategy (``rlcore.engine.strategy``): FSDP2 with the trained model
+resharded after forward and the reference not, FSDP2 the other way round, and DDP (a full replica
+per rank). It takes two ``train_step`` steps with each rank holding half of each batch, and saves.
+The test replays the same two steps on the unsharded model in this process with plain
 ``torch.optim.AdamW`` on the whole batch and a token-mean loss. Response lengths differ between
-the halves, so a rank-mean instead of a global token-mean (the ``micro_weight`` scaling) would
-give different gradients. The weight sync's ``distributed.full_state_dict`` must equal the
-unsharded weights, before and after training.
+the halves, so a rank-mean instead of a global token-mean would give different gradients. The
+weight sync's ``rollout_state_dict`` must equal the unsharded weights, before and after training.
 """
 
 from __future__ import annotations
@@ -21,55 +20,65 @@ from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from rlcore.controller import ResourcePool, WorkerGroup
-from rlcore.engine import distributed
-from rlcore.engine.logprob import response_log_probs
-from rlcore.engine.model import load_causal_lm
+from rlcore.controller.resource_pool import ResourcePool
+from rlcore.controller.worker_group import WorkerGroup
+from rlcore.engine.model import ModelSpec, load_causal_lm, load_policy
+from rlcore.engine.sequence import sequences
 from rlcore.protocol import Batch
-from rlcore.workers.actor import ActorRolloutRefWorker, sequences
-from tests.engine.dp_cases import LR, WEIGHT_DECAY, reference_training, sft_batches
+from rlcore.workers.optim import OptimSpec
+from rlcore.workers.sft import SFTStepSpec, SFTWorker
+from tests.engine.dp_cases import GRAD_CLIP, LR, MICRO, WEIGHT_DECAY, reference_training, sft_batches
+
+STEP = SFTStepSpec(micro_batch_size=MICRO, grad_clip=GRAD_CLIP)
 
 
-class ProbeWorker(ActorRolloutRefWorker):
-    """The real worker plus two probes, called on each rank's handle (both are collectives or local)."""
+class ProbeWorker(SFTWorker):
+    """The real SFT worker with a frozen reference beside it, and probes called on each rank's handle
+    (each a collective or local)."""
+
+    def init_model(self) -> None:
+        super().init_model()
+        self.ref = load_policy(self.model_spec, self.device, frozen=True)
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.cpu().clone() for k, v in distributed.full_state_dict(self.actor).items()}
+        return {k: v.cpu().clone() for k, v in self.model.strategy.rollout_state_dict(self.model.module).items()}
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.cpu().clone() for k, v in distributed.checkpoint_state_dict(self.actor).items()}
+        state = self.model.strategy.checkpoint_state_dict(self.model.module)
+        return {k: v.cpu().clone() for k, v in state.items()}
 
     def full_state_cost(self) -> dict[str, int | bool]:
-        """Collectives one full_state_dict issues, FSDP groups, and whether the model is sharded again after."""
+        """Collectives one rollout_state_dict issues, FSDP groups, and whether the model is sharded again after."""
+        module = self.model.module
         before = collectives_issued()
-        distributed.full_state_dict(self.actor)
+        self.model.strategy.rollout_state_dict(module)
         return {"collectives": collectives_issued() - before,
-                "groups": sum(isinstance(m, FSDPModule) for m in self.actor.modules()),
-                "resharded": all(isinstance(p, DTensor) for p in self.actor.parameters())}
+                "groups": sum(isinstance(m, FSDPModule) for m in module.modules()),
+                "resharded": all(isinstance(p, DTensor) for p in module.parameters())}
 
     def gradient_reduce_cost(self, batch: Batch) -> int:
         """Collectives ``reduce_gradients`` issues after a backward (the gradients are then dropped)."""
         ids, mask = sequences(batch)
-        lp, _ = response_log_probs(self.actor, ids, mask, batch["responses"])
+        lp, _ = self.model.response_log_probs(ids, mask, batch["responses"])
         (lp * batch["response_mask"]).sum().backward()
         before = collectives_issued()
-        distributed.reduce_gradients(self.actor)
-        self.actor.zero_grad(set_to_none=True)
+        self.model.strategy.reduce_gradients(self.model.module)
+        self.model.module.zero_grad(set_to_none=True)
         return collectives_issued() - before
 
     def logits_dtype(self, batch: Batch) -> str:
         ids, mask = sequences(batch)
-        with torch.no_grad():
-            return str(self.actor(input_ids=ids, attention_mask=mask).logits.dtype)
+        with torch.no_grad(), self.model.strategy.autocast():
+            return str(self.model.module(input_ids=ids, attention_mask=mask).logits.dtype)
 
     def local_numel(self) -> int:
-        return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.actor.parameters())
+        return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.model.module.parameters())
 
     def sharded_after_forward(self, batch: Batch) -> dict[str, bool]:
-        """Whether the actor's and the reference's blocks hold only their shards after a no-grad forward."""
+        """Whether the trained model's and the reference's blocks hold only their shards after a no-grad forward."""
         ids, mask = sequences(batch)
         out = {}
-        for name, model in (("actor", self.actor), ("ref", self.ref)):
+        for name, model in (("actor", self.model.module), ("ref", self.ref.module)):
             with torch.no_grad():
                 model(input_ids=ids, attention_mask=mask)
             blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
@@ -98,22 +107,22 @@ def dp_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory)
     batches = sft_batches(tiny_tokenizer)
     out = tmp_path_factory.mktemp("dp") / "saved"
     pool = ResourcePool(2, 1.0, False, 60)
-    wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=120, model_path=str(tiny_model_dir),
-                     roles=("actor", "ref"), optim={"lr": LR, "weight_decay": WEIGHT_DECAY, "warmup_steps": 0},
-                     seed=0, strategy=strategy, reshard_after_forward=reshard, ref_reshard_after_forward=ref_reshard,
-                     packed_forward=packed)
+    spec = ModelSpec(str(tiny_model_dir), strategy=strategy, reshard_after_forward=reshard,
+                     ref_reshard_after_forward=ref_reshard, packed_forward=packed)
+    wg = WorkerGroup(ProbeWorker, pool, name="sft", timeout_s=120, model=spec,
+                     optim=OptimSpec(lr=LR, weight_decay=WEIGHT_DECAY), seed=0)
     try:
-        wg.init_model()
+        ray.get([w.init_model.remote() for w in wg.workers], timeout=120)
         states = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         numels = ray.get([w.local_numel.remote() for w in wg.workers], timeout=120)
         # Before training: without resharding, the actor starts its first step with gathered weights.
         layouts = ray.get([w.sharded_after_forward.remote(batches[0]) for w in wg.workers], timeout=120)
         halves = batches[0].chunk(2)
         reduce_costs = ray.get([w.gradient_reduce_cost.remote(h) for w, h in zip(wg.workers, halves)], timeout=120)
-        metrics = [wg.train_sft(b).meta["metrics"] for b in batches]
+        metrics = [wg.call(SFTWorker.train_step, b, STEP) for b in batches]
         trained = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         costs = ray.get([w.full_state_cost.remote() for w in wg.workers], timeout=120)
-        wg.save(str(out))
+        wg.call(SFTWorker.save, str(out))
     finally:
         wg.shutdown()
         pool.release()
@@ -127,11 +136,11 @@ def bf16_states(request, ray_local, tiny_model_dir, tiny_tokenizer):
     """(full_state_dict, checkpoint_state_dict, dtype of the forward's logits) of rank 0 of a group
     that computes in bfloat16 with strategy ``request.param``."""
     pool = ResourcePool(2, 1.0, False, 60)
-    wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=120, model_path=str(tiny_model_dir),
-                     roles=("actor",), dtype="bfloat16", strategy=request.param,
-                     optim={"lr": LR, "weight_decay": 0.0, "warmup_steps": 0})
+    wg = WorkerGroup(ProbeWorker, pool, name="sft", timeout_s=120,
+                     model=ModelSpec(str(tiny_model_dir), dtype="bfloat16", strategy=request.param),
+                     optim=OptimSpec(lr=LR))
     try:
-        wg.init_model()
+        ray.get([w.init_model.remote() for w in wg.workers], timeout=120)
         full = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         checkpoint = ray.get([w.checkpoint_state.remote() for w in wg.workers], timeout=120)
         batch = sft_batches(tiny_tokenizer)[0]  # every rank runs the forward: under FSDP it is a collective

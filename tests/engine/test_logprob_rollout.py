@@ -1,4 +1,4 @@
-"""Tests for rlcore.engine.logprob and rlcore.rollout.hf on the one-layer tiny model.
+"""Tests for rlcore.engine.sequence and rlcore.rollout.hf on the one-layer tiny model.
 
 The key property: the log-probs the HF engine returns while sampling equal a full training
 forward over the finished sequences, which is what lets PPO skip recomputing them.
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlcore.engine.logprob import position_ids, response_log_probs, response_logits, trim_left_padding
 from rlcore.engine.model import load_causal_lm
+from rlcore.engine.sequence import PADDED, local_model, position_ids, trim_left_padding
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.hf import HFRolloutEngine, filter_logits, sample_from
 
@@ -92,7 +92,7 @@ def sample(model, prompts, *, eos: int, seed: int, **params):
     return engine(model, eos).generate(ids, mask, SamplingParams(max_new_tokens=MAX_NEW, **params), generator=g)
 
 
-# ------------------------------------------------------------------ logprob.py
+# ------------------------------------------------------------------ sequence.py
 def test_position_ids_skip_left_padding():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 0, 0]])
     assert position_ids(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 1, 1, 1]]
@@ -103,7 +103,7 @@ def test_response_log_probs_equal_a_plain_forward(model, temperature):
     prompt, response = [10, 20, 30, 40], [50, 60, 70]
     ids = torch.tensor([prompt + response])
     with torch.no_grad():
-        lp, ent = response_log_probs(model, ids, torch.ones_like(ids), torch.tensor([response]),
+        lp, ent = local_model(model).response_log_probs(ids, torch.ones_like(ids), torch.tensor([response]),
                                      temperature=temperature, with_entropy=True)
     expected = plain_response_log_probs(model, prompt, response, temperature)
     torch.testing.assert_close(lp[0], expected, atol=1e-5, rtol=0)
@@ -120,7 +120,7 @@ def test_log_probs_do_not_depend_on_left_padding(model, prompts):
         rmask[i, :n] = 1
         responses[i, n:] = PAD
     with torch.no_grad():
-        lp, _ = response_log_probs(model, torch.cat([ids, responses], 1), torch.cat([pmask, rmask], 1), responses)
+        lp, _ = local_model(model).response_log_probs(torch.cat([ids, responses], 1), torch.cat([pmask, rmask], 1), responses)
     for i, n in enumerate(lengths):
         expected = plain_response_log_probs(model, rows[i], responses[i, :n].tolist())
         torch.testing.assert_close(lp[i, :n], expected, atol=1e-5, rtol=0)
@@ -133,7 +133,7 @@ def test_response_logits_equal_the_full_logits_slice_and_only_those_are_projecte
     hook = model.lm_head.register_forward_hook(lambda _, args, out: projected.append(out.shape[1]))
     try:
         with torch.no_grad():
-            got = response_logits(model, seq, mask, 4)
+            got = PADDED.response_logits(model, seq, mask, 4)
             full = model(input_ids=seq, attention_mask=mask, position_ids=position_ids(mask)).logits
     finally:
         hook.remove()
@@ -158,8 +158,8 @@ def test_log_probs_over_trimmed_columns_equal_the_untrimmed_forward(model, promp
     trimmed_ids, trimmed_mask = trim_left_padding(wide_ids, wide_mask)
     assert trimmed_ids.shape[1] == ids.shape[1] + 5
     with torch.no_grad():
-        lp, ent = response_log_probs(model, trimmed_ids, trimmed_mask, responses, with_entropy=True)
-        wide_lp, wide_ent = response_log_probs(model, wide_ids, wide_mask, responses, with_entropy=True)
+        lp, ent = local_model(model).response_log_probs(trimmed_ids, trimmed_mask, responses, with_entropy=True)
+        wide_lp, wide_ent = local_model(model).response_log_probs(wide_ids, wide_mask, responses, with_entropy=True)
     torch.testing.assert_close(lp, wide_lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent, wide_ent, atol=1e-5, rtol=0)
 
@@ -213,7 +213,7 @@ def test_sampled_log_probs_equal_a_training_forward(peaky, prompts):
     rmask = out["response_mask"]
     assert 0 < rmask.sum() < rmask.numel()
     with torch.no_grad():
-        lp, _ = response_log_probs(peaky, torch.cat([ids, out["responses"]], 1), torch.cat([pmask, rmask], 1),
+        lp, _ = local_model(peaky).response_log_probs(torch.cat([ids, out["responses"]], 1), torch.cat([pmask, rmask], 1),
                                    out["responses"], temperature=0.7)
     torch.testing.assert_close(out["log_probs"], lp * rmask, atol=1e-4, rtol=0)
     # Same seed, same draws: the EOS run is the first run cut at each row's first EOS.

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlcore.engine import packed
-from rlcore.engine.logprob import response_log_probs, response_logits, response_values
 from rlcore.engine.model import attention_for, load_causal_lm, load_value_model
+from rlcore.engine.sequence import FORWARDS, forward_for, local_model
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.hf import HFRolloutEngine, distinct_rows
 
@@ -148,8 +148,8 @@ def test_log_probs_and_entropy_equal_the_padded_forward(models, pool):
     plain, fast = models
     ids, mask, responses, rmask = grpo_batch(n=8, seed=2, pool=pool)
     with torch.no_grad():
-        lp, ent = response_log_probs(plain, ids, mask, responses, with_entropy=True, temperature=0.7)
-        fast_lp, fast_ent = response_log_probs(fast, ids, mask, responses, with_entropy=True, temperature=0.7)
+        lp, ent = local_model(plain).response_log_probs(ids, mask, responses, with_entropy=True, temperature=0.7)
+        fast_lp, fast_ent = local_model(fast).response_log_probs(ids, mask, responses, with_entropy=True, temperature=0.7)
     real = rmask.bool()
     assert real.sum() > 20
     torch.testing.assert_close(fast_lp[real], lp[real], atol=1e-5, rtol=1e-5)
@@ -164,12 +164,34 @@ def test_gradients_equal_the_padded_forward(models, pool):
     grads = []
     for model in (plain, fast):
         model.zero_grad(set_to_none=True)
-        lp, _ = response_log_probs(model, ids, mask, responses)
+        lp, _ = local_model(model).response_log_probs(ids, mask, responses)
         (lp * weights).sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name, g in grads[0].items():
         assert g.abs().max() > 0, name
         torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("name", ["padded", "packed"])
+def test_each_forward_of_the_fast_model_equals_the_plain_hugging_face_forward(models, name, monkeypatch):
+    """The reference is a plain HF model (transformers' own sdpa) through the padded forward. The model
+    loaded for packing runs either forward behind the same interface: padded (its attention is then
+    rlcore's hand-written CPU attention, ``small_attention``) or packed; both must agree at every real
+    response token."""
+    plain, fast = models
+    ids, mask, responses, rmask = grpo_batch(n=4, seed=5, pool=2)
+    calls = {"small": 0, "packed": 0}
+    for fn, key in (("small_attention", "small"), ("packed_attention", "packed")):
+        real_fn = getattr(packed, fn)
+        monkeypatch.setattr(packed, fn, lambda *a, _f=real_fn, _k=key, **kw: (calls.__setitem__(_k, calls[_k] + 1),
+                                                                               _f(*a, **kw))[1])
+    with torch.no_grad():
+        reference = FORWARDS.get("padded").response_logits(plain, ids, mask, responses.shape[1])
+        assert calls == {"small": 0, "packed": 0}  # the reference runs transformers' own attention
+        got = FORWARDS.get(name).response_logits(fast, ids, mask, responses.shape[1])
+    assert calls["small" if name == "padded" else "packed"] == plain.config.num_hidden_layers
+    real = rmask.bool()
+    torch.testing.assert_close(got[real], reference[real], atol=1e-5, rtol=1e-5)
 
 
 def test_the_packed_forward_really_runs_fewer_tokens(models, monkeypatch):
@@ -180,7 +202,7 @@ def test_the_packed_forward_really_runs_fewer_tokens(models, monkeypatch):
     try:
         ids, mask, responses, rmask = grpo_batch(n_prompts=3, n=4)
         with torch.no_grad():
-            response_logits(fast, ids, mask, responses.shape[1])
+            forward_for(fast).response_logits(fast, ids, mask, responses.shape[1])
     finally:
         handle.remove()
     assert seen == [packed.pack(ids, mask, responses.shape[1]).n_tokens]
@@ -195,8 +217,8 @@ def test_critic_values_equal_the_padded_forward(model_dir):
     assert packed.uses_packing(fast)
     ids, mask, responses, rmask = grpo_batch(seed=3, n=6, pool=2)
     with torch.no_grad():
-        v = response_values(plain, ids, mask, responses.shape[1])
-        fast_v = response_values(fast, ids, mask, responses.shape[1])
+        v = local_model(plain).response_values(ids, mask, responses.shape[1])
+        fast_v = local_model(fast).response_values(ids, mask, responses.shape[1])
     real = rmask.bool()
     torch.testing.assert_close(fast_v[real], v[real], atol=1e-5, rtol=1e-5)
 
@@ -214,7 +236,7 @@ def test_generation_with_shared_prefill_matches_the_padded_model(models):
     # the sampled log-probs equal a training forward of the packed model over the finished rows
     rmask = outs[1]["response_mask"]
     with torch.no_grad():
-        lp, _ = response_log_probs(fast, torch.cat([prompts, outs[1]["responses"]], 1),
+        lp, _ = local_model(fast).response_log_probs(torch.cat([prompts, outs[1]["responses"]], 1),
                                    torch.cat([pmask, rmask], 1), outs[1]["responses"])
     torch.testing.assert_close(lp[rmask.bool()], outs[1]["log_probs"][rmask.bool()], atol=1e-5, rtol=1e-5)
 

@@ -2,10 +2,10 @@
 
 What runs where (every test is skipped on a machine without CUDA):
 
-* in this process, no Ray: ``ActorRolloutRefWorker`` as rank 0 of a one-rank nccl group. A process
-  initialises its default group once, so one group serves the module and every worker is built on
-  it, for both ``resources.strategy`` values (``ddp``, ``fsdp``). Each is compared with the
-  unwrapped model on the GPU: two float32 SFT steps with plain ``torch.optim.AdamW``; the same
+* in this process, no Ray: the ``SFTWorker`` and the ``ActorRolloutRefWorker`` as rank 0 of a one-rank
+  nccl group. A process initialises its default group once, so one group serves the module and every
+  worker is built on it, for both ``resources.strategy`` values (``ddp``, ``fsdp``). Each is compared
+  with the unwrapped model on the GPU: two float32 SFT steps with plain ``torch.optim.AdamW``; the same
   steps in bfloat16 (the forward, the weight sync and the checkpoint dtypes); greedy generation
   with a full padded forward per token; reference log-probs of the packed forward with the padded one.
 * in a Ray actor (skipped where Ray is not installed): the same worker through ``WorkerGroup`` on a
@@ -28,27 +28,33 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 
+from rlcore.controller import RankPlacement
 from rlcore.engine import distributed, packed
-from rlcore.engine.logprob import response_log_probs
-from rlcore.engine.model import load_causal_lm
+from rlcore.engine.model import ModelSpec, load_causal_lm
+from rlcore.engine.sequence import local_model, sequences
 from rlcore.protocol import Batch
-from rlcore.workers.actor import ActorRolloutRefWorker, sequences
-from tests.engine.dp_cases import LR, WEIGHT_DECAY, reference_training, sft_batches
+from rlcore.rollout import SamplingParams
+from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
+from rlcore.workers.optim import OptimSpec
+from rlcore.workers.rollout import GenerateSpec
+from rlcore.workers.sft import SFTStepSpec, SFTWorker
+from tests.engine.dp_cases import GRAD_CLIP, LR, MICRO, WEIGHT_DECAY, reference_training, sft_batches
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 STRATEGIES = ["ddp", "fsdp"]
-OPTIM = {"lr": LR, "weight_decay": WEIGHT_DECAY, "warmup_steps": 0}
+OPTIM = OptimSpec(lr=LR, weight_decay=WEIGHT_DECAY)
+STEP = SFTStepSpec(micro_batch_size=MICRO, grad_clip=GRAD_CLIP)
 BF16_REL = 2e-2  # bfloat16 forward against the float32 reference
 MAX_NEW_TOKENS = 16
 
 
-class ProbeWorker(ActorRolloutRefWorker):
-    """The real worker plus a probe of where its rank runs (called on the Ray actor's handle)."""
+class ProbeWorker(SFTWorker):
+    """The real SFT worker plus a probe of where its rank runs (called on the Ray actor's handle)."""
 
     def placement(self) -> dict[str, str]:
         return {"device": self.device.type, "backend": str(dist.get_backend()),
-                "weights": next(self.actor.parameters()).device.type}
+                "weights": next(self.model.module.parameters()).device.type}
 
 
 @torch.no_grad()
@@ -81,7 +87,7 @@ def plain_log_probs(model, batch: Batch) -> torch.Tensor:
     ids = torch.cat([batch["prompts"], batch["responses"]], 1).to("cuda")
     mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).to("cuda")
     with torch.no_grad():
-        lp, _ = response_log_probs(model, ids, mask, batch["responses"].to("cuda"))
+        lp, _ = local_model(model).response_log_probs(ids, mask, batch["responses"].to("cuda"))
     return lp.cpu()
 
 
@@ -90,13 +96,16 @@ def cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
-def start_worker(model_dir, *, strategy: str, dtype: str = "float32", roles: tuple[str, ...] = ("actor",),
-                 **kwargs) -> ActorRolloutRefWorker:
-    """A worker on this module's group (``init_distributed`` finds the group up and only picks the
-    device) with its models loaded. Packed forwards, as ``model.packed_forward`` defaults to."""
-    worker = ActorRolloutRefWorker(0, 1, torch.get_num_threads(), model_path=str(model_dir), roles=roles,
-                                   dtype=dtype, strategy=strategy, optim=OPTIM, seed=0, packed_forward=True,
-                                   **kwargs)
+def start_worker(model_dir, *, strategy: str, dtype: str = "float32", ppo: bool = False):
+    """An SFT worker (or, with ``ppo``, an actor/rollout/ref worker) on this module's group
+    (``init_distributed`` finds the group up and only picks the device) with its models loaded.
+    Packed forwards, as ``model.packed_forward`` defaults to."""
+    spec = ModelSpec(str(model_dir), dtype=dtype, strategy=strategy, packed_forward=True)
+    placement = RankPlacement(0, 1, torch.get_num_threads())
+    if ppo:
+        worker = ActorRolloutRefWorker(placement, model=spec, engine="hf", optim=OPTIM, with_ref=True)
+    else:
+        worker = SFTWorker(placement, model=spec, optim=OPTIM)
     worker.init_distributed("127.0.0.1", distributed.free_port(), use_gpu=True, timeout_s=60)
     worker.init_model()
     return worker
@@ -115,7 +124,8 @@ def float32_matmuls():
 def cuda_group(tiny_model_dir):
     """The device a worker gets as rank 0 of a one-rank group in this process; the group is torn
     down after the module (other modules' in-process workers expect no group)."""
-    worker = ActorRolloutRefWorker(0, 1, torch.get_num_threads(), model_path=str(tiny_model_dir), roles=("actor",))
+    worker = SFTWorker(RankPlacement(0, 1, torch.get_num_threads()), model=ModelSpec(str(tiny_model_dir)),
+                       optim=OPTIM)
     worker.init_distributed("127.0.0.1", distributed.free_port(), use_gpu=True, timeout_s=60)
     yield worker.device
     dist.destroy_process_group()
@@ -153,14 +163,14 @@ def test_the_worker_joins_an_nccl_group_on_a_cuda_device(cuda_group):
 def test_float32_sft_steps_equal_plain_adamw_on_the_unwrapped_model(strategy, cuda_group, reference, original,
                                                                    tiny_model_dir):
     worker = start_worker(tiny_model_dir, strategy=strategy)
-    assert isinstance(worker.actor, FSDPModule) == (strategy == "fsdp")
-    assert next(worker.actor.parameters()).device == cuda_group
-    metrics = [worker.train_sft(b).meta["metrics"] for b in reference["batches"]]
+    assert isinstance(worker.model.module, FSDPModule) == (strategy == "fsdp")
+    assert next(worker.model.module.parameters()).device == cuda_group
+    metrics = [worker.train_step(b, STEP) for b in reference["batches"]]
     for got, (loss, norm) in zip(metrics, reference["stats"]):
         assert got["sft/loss"] == pytest.approx(loss, rel=1e-5)
         assert got["sft/grad_norm"] == pytest.approx(norm, rel=1e-4)
         assert got["sft/lr"] == pytest.approx(LR)
-    trained = distributed.checkpoint_state_dict(worker.actor)
+    trained = worker.model.strategy.checkpoint_state_dict(worker.model.module)
     assert set(trained) == set(original)
     for k, v in reference["state"].items():
         assert trained[k].device.type == "cuda" and trained[k].dtype == torch.float32, k
@@ -175,16 +185,17 @@ def bf16_run(request, cuda_group, reference, tiny_model_dir, tmp_path_factory) -
     to the CPU, with their devices) and its logits dtype before training, then the reference's two SFT
     steps' metrics, its float32 weights after them and the folder it saved."""
     worker = start_worker(tiny_model_dir, strategy=request.param, dtype="bfloat16")
-    full = distributed.full_state_dict(worker.actor)
-    checkpoint = distributed.checkpoint_state_dict(worker.actor)
+    model = worker.model
+    full = model.strategy.rollout_state_dict(model.module)
+    checkpoint = model.strategy.checkpoint_state_dict(model.module)
     run = {"full": cpu_copy(full), "checkpoint": cpu_copy(checkpoint),
            "devices": {v.device.type for v in [*full.values(), *checkpoint.values()]}}
     ids, mask = sequences(reference["batches"][0])
-    with torch.no_grad():
-        logits = worker.actor(input_ids=ids.to(cuda_group), attention_mask=mask.to(cuda_group)).logits
+    with torch.no_grad(), model.strategy.autocast():
+        logits = model.module(input_ids=ids.to(cuda_group), attention_mask=mask.to(cuda_group)).logits
     run["logits_dtype"] = logits.dtype
-    run["metrics"] = [worker.train_sft(b).meta["metrics"] for b in reference["batches"]]
-    run["trained"] = cpu_copy(distributed.checkpoint_state_dict(worker.actor))
+    run["metrics"] = [worker.train_step(b, STEP) for b in reference["batches"]]
+    run["trained"] = cpu_copy(model.strategy.checkpoint_state_dict(model.module))
     run["saved"] = worker.save(str(tmp_path_factory.mktemp("bf16") / "saved"))
     return run
 
@@ -222,23 +233,20 @@ def rollout_run(request, cuda_group, reference, tiny_model_dir, tiny_tokenizer) 
     """A float32 worker with roles actor, rollout and ref: greedy responses to the SFT prompts, each
     prompt twice (``[16, 12]`` -> ``[16, MAX_NEW_TOKENS]``), then reference log-probs in micro-batches of 8,
     with the input shape of every reference forward."""
-    worker = start_worker(tiny_model_dir, strategy=request.param, roles=("actor", "rollout", "ref"),
-                          rollout_engine="hf")
+    worker = start_worker(tiny_model_dir, strategy=request.param, ppo=True)
     first = reference["batches"][0]
-    prompts = Batch({"prompts": first["prompts"], "prompt_mask": first["prompt_mask"]},
-                    meta={"sampling": {"max_new_tokens": MAX_NEW_TOKENS, "greedy": True}, "seed": 0,
-                          "micro_batch_size": 8}).repeat(2)
-    batch = prompts.union(worker.generate(prompts))
-    batch.meta.update(micro_batch_size=8, temperature=1.0)
+    prompts = Batch({"prompts": first["prompts"], "prompt_mask": first["prompt_mask"]}).repeat(2)
+    spec = GenerateSpec(SamplingParams(max_new_tokens=MAX_NEW_TOKENS, greedy=True), seed=0, micro_batch_size=8)
+    batch = prompts.union(worker.generate(prompts, spec))
     shapes = []
-    hook = worker.ref.get_input_embeddings().register_forward_hook(
+    hook = worker.ref.module.get_input_embeddings().register_forward_hook(
         lambda module, args, out: shapes.append(tuple(args[0].shape)))
     try:
-        ref = worker.compute_ref_log_prob(batch)
+        ref = worker.compute_ref_log_prob(batch, LogProbSpec(micro_batch_size=8))
     finally:
         hook.remove()
     return {"batch": batch, "ref_log_probs": ref["ref_log_probs"], "shapes": shapes,
-            "packing": packed.uses_packing(worker.ref)}
+            "packing": packed.uses_packing(worker.ref.module)}
 
 
 def test_greedy_generation_equals_a_plain_padded_greedy_decode(rollout_run, plain_model, tiny_tokenizer):
@@ -271,16 +279,17 @@ def test_packed_reference_log_probs_equal_a_plain_forward(rollout_run, plain_mod
 def test_a_ray_worker_group_trains_fsdp_bfloat16_on_the_gpu_over_nccl(request, reference, tiny_model_dir):
     pytest.importorskip("ray")
     ray = request.getfixturevalue("ray_local")  # started without num_gpus: Ray counts the node's GPUs itself
-    from rlcore.controller import ResourcePool, WorkerGroup
+    from rlcore.controller.resource_pool import ResourcePool
+    from rlcore.controller.worker_group import WorkerGroup
 
     assert ray.cluster_resources().get("GPU", 0) >= 1, f"Ray sees no GPU: {ray.cluster_resources()}"
     pool = ResourcePool(1, 1.0, use_gpu=True, timeout_s=60)
-    wg = WorkerGroup(ProbeWorker, pool, name="actor", timeout_s=180, model_path=str(tiny_model_dir),
-                     roles=("actor",), dtype="bfloat16", strategy="fsdp", optim=OPTIM, seed=0, packed_forward=True)
+    wg = WorkerGroup(ProbeWorker, pool, name="sft", timeout_s=180,
+                     model=ModelSpec(str(tiny_model_dir), dtype="bfloat16", strategy="fsdp"), optim=OPTIM)
     try:
-        wg.init_model()
+        wg.call(SFTWorker.init_model)
         placement = ray.get(wg.workers[0].placement.remote(), timeout=60)
-        metrics = wg.train_sft(reference["batches"][0]).meta["metrics"]
+        metrics = wg.call(SFTWorker.train_step, reference["batches"][0], STEP)
     finally:
         wg.shutdown()
         pool.release()
