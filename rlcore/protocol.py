@@ -1,16 +1,18 @@
 """Batch: the one record that crosses every process boundary (verl's DataProto role).
 
-A Batch holds named tensors that share the leading batch dimension, per-sample
-non-tensor fields (numpy object arrays of the same length) and a ``meta`` dict for
-everything that is not per-sample (metrics, sampling settings). Worker groups split
-a Batch by data-parallel rank with :meth:`Batch.chunk` and gather the pieces with
-:meth:`Batch.concat`. Pickling sends tensors as numpy arrays, which Ray moves out-of-band.
+A Batch holds named tensors that share the leading batch dimension and per-sample
+non-tensor fields (numpy object arrays of the same length); nothing else. What is not
+per-sample travels beside it, typed: a worker method takes a Batch plus a frozen settings
+object (``GenerateSpec``, ``ActorUpdateSpec``, ...) and returns a Batch or :data:`Metrics`.
+Worker groups split a Batch by data-parallel rank with :meth:`Batch.chunk` and gather the
+pieces with :meth:`Batch.concat`. Pickling sends tensors as numpy arrays, which Ray moves
+out-of-band.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeAlias
 
 import numpy as np
 import torch
@@ -20,11 +22,14 @@ _NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, 
                  torch.float32, torch.float64, torch.complex64, torch.complex128}
 
 
+Metrics: TypeAlias = dict[str, float]
+"""Scalar metrics under stable namespaced keys (``actor/pg_clipfrac``), as logged to MLflow."""
+
+
 @dataclass
 class Batch:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     non_tensors: dict[str, np.ndarray] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.non_tensors = {k: _as_object_array(v) for k, v in self.non_tensors.items()}
@@ -55,23 +60,21 @@ class Batch:
         zero-copy, and an array of a chunk carries its own rows only (a pickled tensor view carries
         its whole storage). Other tensors (bfloat16, on a GPU, requiring grad) pickle as tensors."""
         tensors = {k: v.numpy() if _numpy_compatible(v) else v for k, v in self.tensors.items()}
-        return _rebuild_batch, (tensors, self.non_tensors, self.meta)
+        return _rebuild_batch, (tensors, self.non_tensors)
 
     def select(self, index: Sequence[int] | np.ndarray | torch.Tensor) -> "Batch":
-        """Rows at ``index`` (any order, repeats allowed); meta is shared."""
+        """Rows at ``index`` (any order, repeats allowed)."""
         idx = torch.as_tensor(np.asarray(index), dtype=torch.long)
         np_idx = idx.numpy()
         return Batch(
             {k: v[idx] for k, v in self.tensors.items()},
             {k: v[np_idx] for k, v in self.non_tensors.items()},
-            dict(self.meta),
         )
 
     def slice(self, start: int, stop: int) -> "Batch":
         return Batch(
             {k: v[start:stop] for k, v in self.tensors.items()},
             {k: v[start:stop] for k, v in self.non_tensors.items()},
-            dict(self.meta),
         )
 
     def chunk(self, n: int) -> list["Batch"]:
@@ -89,6 +92,11 @@ class Batch:
         """Each row repeated n times in place: [a, b] -> [a, a, b, b] (keeps groups together)."""
         return self.select(np.repeat(np.arange(len(self)), n))
 
+    def only(self, *keys: str) -> "Batch":
+        """The tensors among ``keys`` that the batch has (no non-tensor fields): a worker call's input, so a
+        call ships only what the worker reads (smaller messages, less skew between the ranks' starts)."""
+        return Batch({k: self.tensors[k] for k in keys if k in self.tensors})
+
     def union(self, other: "Batch") -> "Batch":
         """Fields of both batches; a key present in both must hold equal values."""
         if len(self) != len(other) and len(self) and len(other):
@@ -102,18 +110,17 @@ class Batch:
             if k in non_tensors and not np.array_equal(non_tensors[k], v):
                 raise ValueError(f"union: field {k!r} differs between batches")
             non_tensors[k] = v
-        return Batch(tensors, non_tensors, {**self.meta, **other.meta})
+        return Batch(tensors, non_tensors)
 
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
-        """Rows of all batches in order; meta comes from the first."""
+        """Rows of all batches in order (each must have the first one's fields)."""
         if not batches:
             return Batch()
         first = batches[0]
         return Batch(
             {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
             {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors},
-            dict(first.meta),
         )
 
 
@@ -121,11 +128,10 @@ def _numpy_compatible(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and not t.requires_grad
 
 
-def _rebuild_batch(tensors: dict[str, np.ndarray | torch.Tensor], non_tensors: dict[str, np.ndarray],
-                   meta: dict[str, Any]) -> Batch:
+def _rebuild_batch(tensors: dict[str, np.ndarray | torch.Tensor], non_tensors: dict[str, np.ndarray]) -> Batch:
     """Unpickle a Batch; ``np.array`` copies each array out of the (read-only) buffer it may view."""
     return Batch({k: torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v for k, v in tensors.items()},
-                 non_tensors, meta)
+                 non_tensors)
 
 
 def _as_object_array(values: Any) -> np.ndarray:

@@ -17,7 +17,6 @@ def make_batch(n: int = 6) -> Batch:
     return Batch(
         {"x": torch.stack([torch.arange(n), 10 * torch.arange(n)], dim=1), "y": torch.arange(n) / 2},
         {"name": [f"row{i}" for i in range(n)], "info": [{"i": i} for i in range(n)]},
-        {"seed": 7},
     )
 
 
@@ -34,10 +33,8 @@ def test_chunk_gives_contiguous_equal_pieces_and_concat_restores_the_batch():
     pieces = batch.chunk(3)
     assert [len(p) for p in pieces] == [2, 2, 2]
     assert [p["name"].tolist() for p in pieces] == [["row0", "row1"], ["row2", "row3"], ["row4", "row5"]]
-    assert all(p.meta == {"seed": 7} for p in pieces)
     back = Batch.concat(pieces)
     assert rows(back) == rows(batch)
-    assert back.meta == {"seed": 7}
     # Non-tensor rows stay python objects (a dict is not flattened into an array).
     assert back["info"].dtype == object and back["info"][4] == {"i": 4}
 
@@ -69,12 +66,10 @@ def test_select_any_order_with_repeats():
 
 def test_union_joins_fields_and_refuses_a_conflicting_tensor():
     a = make_batch(3)
-    b = Batch({"reward": torch.tensor([1.0, 0.0, 1.0]), "y": a["y"].clone()}, {"uid": ["u0", "u1", "u2"]},
-              {"step": 2})
+    b = Batch({"reward": torch.tensor([1.0, 0.0, 1.0]), "y": a["y"].clone()}, {"uid": ["u0", "u1", "u2"]})
     both = a.union(b)
     assert set(both.tensors) == {"x", "y", "reward"} and set(both.non_tensors) == {"name", "info", "uid"}
     assert both["reward"].tolist() == [1.0, 0.0, 1.0] and both["uid"].tolist() == ["u0", "u1", "u2"]
-    assert both.meta == {"seed": 7, "step": 2}
     clash = Batch({"y": torch.tensor([9.0, 9.0, 9.0])})
     with pytest.raises(ValueError, match="'y'"):
         a.union(clash)
@@ -107,6 +102,12 @@ def test_fields_of_different_lengths_are_refused(tensors, non_tensors):
         Batch(tensors, non_tensors)
 
 
+def test_only_keeps_the_named_tensors_it_has():
+    batch = make_batch(3)
+    picked = batch.only("y", "absent")
+    assert list(picked.tensors) == ["y"] and not picked.non_tensors and picked["y"].tolist() == [0.0, 0.5, 1.0]
+
+
 def test_missing_field_names_the_available_ones():
     with pytest.raises(KeyError, match="'nope'.*name"):
         make_batch(2)["nope"]
@@ -121,7 +122,6 @@ def mixed_batch() -> Batch:
          "half": torch.tensor([[0.5, 1.0], [2.0, 3.0], [4.0, 8.0]], dtype=torch.bfloat16),
          "param": torch.ones(3, 2, requires_grad=True)},
         {"name": ["a", "b", "c"], "info": [{"i": 0}, {"i": 1}, {"i": 2}]},
-        {"seed": 7, "sampling": {"temperature": 0.5}},
     )
 
 
@@ -136,7 +136,7 @@ def round_trip(batch: Batch) -> tuple[Batch, list[bytes]]:
         return pickle.loads(data, buffers=[memoryview(r) for r in raw]), raw
 
 
-def test_pickle_round_trip_keeps_dtypes_values_non_tensors_and_meta():
+def test_pickle_round_trip_keeps_dtypes_values_and_non_tensors():
     batch = mixed_batch()
     back, raw = round_trip(batch)
     assert list(back.tensors) == list(batch.tensors)
@@ -144,7 +144,6 @@ def test_pickle_round_trip_keeps_dtypes_values_non_tensors_and_meta():
         assert back[k].dtype == v.dtype and torch.equal(back[k], v.detach()), k
     assert back["param"].requires_grad
     assert back["name"].tolist() == ["a", "b", "c"] and back["info"][2] == {"i": 2}
-    assert back.meta == batch.meta
     assert len(raw) == 3  # bool, int64 and float32 travel out-of-band; bfloat16 and the grad tensor do not
 
 

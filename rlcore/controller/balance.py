@@ -5,12 +5,15 @@ then waits for the slowest at each collective of an update, so a rank that happe
 long responses sets the pace. Reordering the rows once per step, before the first call that
 depends on response lengths, gives every rank about the same number of tokens. Groups (the
 ``n`` responses of one prompt) stay whole, so a rank still runs each prompt once in a packed
-forward. Pure numpy; no Ray.
+forward. No Ray.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from rlcore.protocol import Batch
 
 
 def balanced_partition(costs: np.ndarray, n_parts: int) -> list[np.ndarray]:
@@ -54,3 +57,29 @@ def balanced_row_order(group_costs: np.ndarray, group_size: int, n_ranks: int) -
         return None
     groups = np.concatenate(balanced_partition(group_costs, n_ranks))
     return (groups[:, None] * group_size + np.arange(group_size)[None, :]).reshape(-1)
+
+
+def group_token_costs(batch: Batch, n: int) -> np.ndarray:
+    """Tokens a packed forward runs for each group of ``n`` rows: its prompt once, each distinct
+    response once (``rlcore.engine.packed``); ``[groups]``."""
+    groups = len(batch) // n
+    mask = batch["response_mask"].bool()
+    keyed = torch.where(mask, batch["responses"], -1)
+    group_id = torch.arange(groups).repeat_interleave(n)
+    distinct = torch.unique(torch.cat([group_id[:, None], keyed], 1), dim=0)  # [distinct rows, 1 + len]
+    response_tokens = torch.bincount(distinct[:, 0], weights=(distinct[:, 1:] >= 0).sum(-1).double(),
+                                     minlength=groups)
+    return (response_tokens + batch["prompt_mask"][::n].sum(-1)).numpy()
+
+
+def balance_over_ranks(batch: Batch, n: int, n_ranks: int) -> tuple[Batch, float]:
+    """``batch`` with whole groups reordered so the ``n_ranks`` chunks hold about equal token counts
+    (``group_token_costs``); and the largest rank's share of tokens over the mean share after
+    reordering (1.0 = even)."""
+    costs = group_token_costs(batch, n)
+    order = balanced_row_order(costs, n, n_ranks)
+    if order is None:
+        return batch, float("nan")
+    batch = batch.select(order)
+    per_rank = costs[order[::n] // n].reshape(n_ranks, -1).sum(-1)
+    return batch, float(per_rank.max() / max(per_rank.mean(), 1e-9))

@@ -29,7 +29,8 @@ def start_ray(address: str, num_cpus: int) -> str:
 
 
 class ResourcePool:
-    """``n_workers`` bundles of {CPU: cpus_per_worker (, GPU: 1)}; worker groups may share it."""
+    """``n_workers`` bundles of {CPU: cpus_per_worker (, GPU: 1)}; worker groups may share it.
+    As a context manager it releases its placement group on the way out, whatever happened."""
 
     def __init__(self, n_workers: int, cpus_per_worker: float, use_gpu: bool, timeout_s: float):
         self.n_workers = n_workers
@@ -48,3 +49,9 @@ class ResourcePool:
 
     def release(self) -> None:
         remove_placement_group(self.pg)
+
+    def __enter__(self) -> "ResourcePool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,26 +1,37 @@
 """A group of Ray actors, one per rank, driven as if it were one object.
 
-Every method a worker class marks with ``@register(...)`` becomes a method of the
-group that dispatches to all ranks, waits with a timeout and collects as declared.
+The controller calls a worker method by naming it on the worker class::
+
+    metrics = actor.call(ActorRolloutRefWorker.update_actor, batch, spec)
+
+``call`` is typed from that method (``ParamSpec``): the arguments are checked against the
+worker's signature and the result has the method's return type, so a reader, an IDE or a
+type checker follows the call to its definition. The dispatch mode declared on the method
+(``@register``) says how the call is split over ranks and how results come back.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from typing import Any, Callable, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlcore.controller.decorator import DISPATCH_ATTR, Dispatch
+from rlcore.controller.decorator import Dispatch, RankPlacement, dispatch_of
 from rlcore.controller.resource_pool import ResourcePool
 from rlcore.protocol import Batch
 
+W = TypeVar("W")
+P = ParamSpec("P")
+R = TypeVar("R")
 
-class WorkerGroup:
-    def __init__(self, worker_cls: type, pool: ResourcePool, *, name: str, share: int = 1,
-                 timeout_s: float = 600.0, env: dict[str, str] | None = None, **init_kwargs: Any):
-        """Start one actor per bundle of ``pool``; ``share`` groups colocated on it split its CPUs."""
+
+class WorkerGroup(Generic[W]):
+    def __init__(self, worker_cls: type[W], pool: ResourcePool, *args: Any, name: str, share: int = 1,
+                 timeout_s: float = 600.0, env: dict[str, str] | None = None, **kwargs: Any):
+        """Start one ``worker_cls(RankPlacement(...), *args, **kwargs)`` actor per bundle of ``pool`` and
+        join them in one process group; ``share`` groups colocated on the pool split its CPUs."""
+        self.worker_cls = worker_cls
         self.name = name
         self.world_size = pool.n_workers
         self.timeout_s = timeout_s
@@ -28,36 +39,37 @@ class WorkerGroup:
         remote_cls = ray.remote(worker_cls)
         self.workers = [
             remote_cls.options(
-                name=None,
                 num_cpus=pool.cpus_per_worker / share,
                 num_gpus=(1.0 / share) if pool.use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pool.pg, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads), **(env or {})}},
-            ).remote(rank=rank, world_size=self.world_size, num_threads=threads, **init_kwargs)
+            ).remote(RankPlacement(rank, self.world_size, threads), *args, **kwargs)
             for rank in range(self.world_size)
         ]
         master_addr, master_port = self._get(self.workers[0].master_address.remote())
         self._get([w.init_distributed.remote(master_addr, master_port, pool.use_gpu, timeout_s) for w in self.workers])
-        self._bind_registered_methods(worker_cls)
 
     def _get(self, refs):
         return ray.get(refs, timeout=self.timeout_s)
 
-    def _bind_registered_methods(self, worker_cls: type) -> None:
-        for attr in dir(worker_cls):
-            mode = getattr(getattr(worker_cls, attr, None), DISPATCH_ATTR, None)
-            if mode is not None:
-                setattr(self, attr, functools.partial(self._call, attr, mode))
-
-    def _call(self, method: str, mode: Dispatch, *args: Any, **kwargs: Any) -> Any:
+    def call(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``method`` (a ``@register``-ed method of the worker class) on the ranks as it declares."""
+        mode = dispatch_of(method)
+        name = getattr(method, "__name__", repr(method))
+        if mode is None or getattr(self.worker_cls, name, None) is not method:
+            raise TypeError(f"{name} is not a @register-ed method of {self.worker_cls.__name__}")
+        remote = [getattr(w, name) for w in self.workers]
+        if mode is Dispatch.ONE_TO_ALL:
+            return self._get([m.remote(*args, **kwargs) for m in remote])[0]
+        batch, *rest = args
+        if not isinstance(batch, Batch):
+            raise TypeError(f"{name} is {mode.name}: its first argument must be a Batch, got {type(batch).__name__}")
+        outs = self._get([m.remote(chunk, *rest, **kwargs)
+                          for m, chunk in zip(remote, batch.chunk(self.world_size))])
         if mode is Dispatch.DP_COMPUTE:
-            (batch,) = args
-            refs = [getattr(w, method).remote(chunk, **kwargs)
-                    for w, chunk in zip(self.workers, batch.chunk(self.world_size))]
-            return Batch.concat(self._get(refs))
-        refs = [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
-        return self._get(refs)[0]
+            return cast(R, Batch.concat(outs))
+        return outs[0]  # DP_UPDATE: the ranks all-reduced what they return
 
     def shutdown(self) -> None:
         for w in self.workers:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from rlcore.algos.registry import Registry
 from rlcore.data.arithmetic import DATA_SOURCE as ARITHMETIC
 from rlcore.data.gsm8k import DATA_SOURCE as GSM8K
+from rlcore.registry import Registry
 
 RewardFn = Callable[[str, str], float]
 REWARD_FNS: Registry[RewardFn] = Registry("data_source")

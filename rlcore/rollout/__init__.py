@@ -1,6 +1,6 @@
 """Generation engines behind one interface (:class:`RolloutEngine`), selected by ``rollout.engine``."""
 
-from rlcore.algos.registry import Registry
+from rlcore.registry import Registry
 from rlcore.rollout.base import RolloutEngine, SamplingParams
 
 # name -> factory(model, eos_token_id=..., pad_token_id=...) -> RolloutEngine

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from rlcore.engine.logprob import position_ids, trim_left_padding
+from rlcore.engine.sequence import position_ids, trim_left_padding
 from rlcore.rollout.base import SamplingParams
 
 

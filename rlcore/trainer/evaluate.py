@@ -7,19 +7,28 @@ import numpy as np
 from rlcore.config import Config
 from rlcore.data.collate import decode_responses, prompt_batch
 from rlcore.data.schema import read_rows
-from rlcore.trainer.common import actor_group, pass_at_k, start_pool
-from rlcore.trainer.score import sample_rewards
+from rlcore.trainer.common import start_pool
+from rlcore.trainer.score import rollout_group, sample_rewards
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
 def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: str) -> tuple[dict, list[dict]]:
     """Metrics ``{name}/greedy_pass@1``, ``{name}/pass@k``, ... and a sample table for one model."""
     e = cfg.evaluate
-    wg = actor_group(cfg, pool, model_dir, ("rollout",))
-    greedy, gen = sample_rewards(cfg, wg, tokenizer, prompts, n=1, temperature=1.0, greedy=True, seed=cfg.seed,
-                                 desc=f"eval {name} greedy")
-    sampled, _ = sample_rewards(cfg, wg, tokenizer, prompts, n=e.n_samples, temperature=e.temperature,
-                                greedy=False, seed=cfg.seed + 1, desc=f"eval {name} sampled")
-    wg.shutdown()
+    group = rollout_group(cfg, pool, model_dir)
+    try:
+        greedy, gen = sample_rewards(cfg, group, tokenizer, prompts, n=1, temperature=1.0, greedy=True,
+                                     seed=cfg.seed, desc=f"eval {name} greedy")
+        sampled, _ = sample_rewards(cfg, group, tokenizer, prompts, n=e.n_samples, temperature=e.temperature,
+                                    greedy=False, seed=cfg.seed + 1, desc=f"eval {name} sampled")
+    finally:
+        group.shutdown()
     correct = sampled.sum(axis=1).astype(int)
     lengths = gen["response_mask"].sum(-1).float()
     metrics = {
@@ -37,13 +46,12 @@ def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: 
 def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: str) -> tuple[dict, list[dict]]:
     """Evaluate each named model folder on ``data_path``; also the gain of the last over the first."""
     prompts = prompt_batch(read_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
-    pool = start_pool(cfg)
     metrics, table = {"test/n_prompts": len(prompts)}, []
-    for name, path in models.items():
-        m, t = evaluate_model(cfg, pool, path, tokenizer, prompts, name)
-        metrics.update(m)
-        table += t
-    pool.release()
+    with start_pool(cfg) as pool:
+        for name, path in models.items():
+            m, t = evaluate_model(cfg, pool, path, tokenizer, prompts, name)
+            metrics.update(m)
+            table += t
     first, last = list(models)[0], list(models)[-1]
     metrics["gain/greedy_pass@1"] = metrics[f"{last}/greedy_pass@1"] - metrics[f"{first}/greedy_pass@1"]
     return metrics, table

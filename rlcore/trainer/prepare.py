@@ -10,18 +10,19 @@ from pathlib import Path
 
 from rlcore.config import Config
 from rlcore.data.schema import write_rows
-from rlcore.data.splits import build_splits
+from rlcore.data.splits import build_splits, task_options
+from rlcore.registry import options_from
 
 
 def write_splits(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     """Build the splits of ``cfg.task`` (seeded by ``cfg.seed``), write ``<split>.parquet`` into
     ``out_dir`` and return the stage metrics: rows per split and how many SFT demonstrations are
     wrong (``task.sft_carry_error_rate``)."""
-    t = cfg.task
-    splits = build_splits(task=t.name, seed=cfg.seed, n_sft=t.n_sft, n_rl=t.n_rl, n_test=t.n_test,
-                          min_digits=t.min_digits, max_digits=t.max_digits, ops=tuple(t.ops),
-                          gsm8k_train_path=t.gsm8k_train_path, gsm8k_test_path=t.gsm8k_test_path,
-                          sft_carry_error_rate=t.sft_carry_error_rate)
+    wanted = task_options(cfg.task.name)
+    options = options_from(cfg.task, wanted - {"seed"})
+    if "seed" in wanted:  # a generated task; a file-backed one (gsm8k) has no randomness
+        options["seed"] = cfg.seed
+    splits = build_splits(cfg.task.name, **options)
     for name, rows in splits.items():
         write_rows(rows, Path(out_dir) / f"{name}.parquet")
     metrics: dict[str, float] = {f"prepare/{name}_rows": len(rows) for name, rows in splits.items()}

@@ -2,86 +2,90 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
-from rlcore.algos.losses import value_loss
-from rlcore.controller import Dispatch, register
+from rlcore.algos.losses import AggScale, value_loss
+from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed
-from rlcore.engine.logprob import response_values
-from rlcore.engine.model import DTYPES, load_value_model
-from rlcore.protocol import Batch
-from rlcore.workers.actor import mean_metrics, sequences
-from rlcore.workers.optim import clipped_step, make_optimizer, minibatch_updates
+from rlcore.engine.model import ModelSpec, load_critic, save_pretrained
+from rlcore.engine.sequence import sequences
+from rlcore.protocol import Batch, Metrics
+from rlcore.workers.minibatch import MicroResult, minibatch_updates
+from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, mean_metrics
 from rlcore.workers.rank import RankWorker
 
 
+@dataclass(frozen=True)
+class ValuesSpec:
+    """A no-grad value forward."""
+
+    micro_batch_size: int
+    """Rows per forward on a rank (``critic.micro_batch_size``)."""
+
+
+@dataclass(frozen=True)
+class CriticUpdateSpec:
+    """One critic update (params.yaml ``critic``)."""
+
+    epochs: int
+    mini_batch_size: int
+    """Rows of this rank per optimizer step."""
+    micro_batch_size: int
+    grad_clip: float
+    cliprange_value: float
+    seed: int
+    """Seeds the mini-batch shuffle."""
+    loss_agg_mode: str = "token-mean"
+
+
 class CriticWorker(RankWorker):
-    def __init__(self, rank: int, world_size: int, num_threads: int, *, model_path: str, dtype: str = "float32",
-                 attn_implementation: str = "sdpa", packed_forward: bool = False,
-                 optim: dict[str, Any] | None = None, seed: int = 0, strategy: str = "ddp",
-                 reshard_after_forward: bool = False):
-        super().__init__(rank, world_size, num_threads, seed)
-        self.model_path = model_path
-        self.dtype = dtype
-        self.attn = attn_implementation
-        self.packed_forward = packed_forward
-        self.optim = optim or {}
-        self.strategy = strategy
-        self.reshard_after_forward = reshard_after_forward
+    def __init__(self, placement: RankPlacement, *, model: ModelSpec, optim: OptimSpec, seed: int = 0):
+        super().__init__(placement, seed)
+        self.model_spec = model
+        self.optim_spec = optim
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        torch.manual_seed(self.seed)  # same fresh value head on every rank
-        model = load_value_model(self.model_path, dtype="float32", attn_implementation=self.attn,
-                                 packed_forward=self.packed_forward).to(self.device)
-        mp = DTYPES[self.dtype] if self.dtype != "float32" else None
-        self.critic = distributed.wrap(self.strategy, model.train(), self.device, mp,
-                                       reshard_after_forward=self.reshard_after_forward)
-        self.opt, self.sched = make_optimizer(self.critic, **self.optim)
+        torch.manual_seed(self.seed)  # the same fresh value head on every rank (ddp also broadcasts rank 0's)
+        self.critic = load_critic(self.model_spec, self.device)
+        self.opt, self.sched = make_optimizer(self.critic.module, self.optim_spec)
 
     @register(Dispatch.DP_COMPUTE)
-    def compute_values(self, batch: Batch) -> Batch:
+    def compute_values(self, batch: Batch, spec: ValuesSpec) -> Batch:
+        """``values`` ``[batch, response_len]`` of the states before each response token (0 at padding)."""
         values = []
         with torch.no_grad():
-            for part in batch.split(int(batch.meta["micro_batch_size"])):
+            for part in batch.split(spec.micro_batch_size):
                 ids, mask = sequences(part)
-                v = response_values(self.critic, ids.to(self.device), mask.to(self.device), part["responses"].shape[1])
+                v = self.critic.response_values(ids.to(self.device), mask.to(self.device), part["responses"].shape[1])
                 values.append((v * part["response_mask"].to(self.device)).cpu())
         return Batch({"values": torch.cat(values)})
 
-    @register(Dispatch.DP_COMPUTE)
-    def update_critic(self, batch: Batch) -> Batch:
-        """Clipped value regression on ``returns``; meta['critic'] holds the settings."""
-        cfg = batch.meta["critic"]
+    def _critic_loss(self, part: Batch, spec: CriticUpdateSpec, scale: AggScale) -> MicroResult:
+        ids, mask = sequences(part)
+        rmask = part["response_mask"].to(self.device)
+        vpreds = self.critic.response_values(ids.to(self.device), mask.to(self.device), rmask.shape[1])
+        loss, clipfrac = value_loss(vpreds, part["returns"].to(self.device), part["values"].to(self.device), rmask,
+                                    cliprange_value=spec.cliprange_value, loss_agg_mode=spec.loss_agg_mode,
+                                    agg_scale=scale)
+        vmean = (vpreds.detach() * rmask).sum() / rmask.sum().clamp(min=1)
+        return MicroResult(loss, {"critic/vf_loss": float(loss.detach())},
+                           {"critic/vf_clipfrac": float(clipfrac), "critic/vpred_mean": float(vmean)})
 
-        def micro_loss(part: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-            ids, mask = sequences(part)
-            rmask = part["response_mask"].to(self.device)
-            vpreds = response_values(self.critic, ids.to(self.device), mask.to(self.device), rmask.shape[1])
-            loss, clipfrac = value_loss(vpreds, part["returns"].to(self.device), part["values"].to(self.device),
-                                        rmask, cliprange_value=cfg["cliprange_value"])
-            vmean = (vpreds.detach() * rmask).sum() / rmask.sum().clamp(min=1)
-            return loss, {"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": float(clipfrac),
-                          "critic/vpred_mean": float(vmean)}
-
+    @register(Dispatch.DP_UPDATE)
+    def update_critic(self, batch: Batch, spec: CriticUpdateSpec) -> Metrics:
+        """Clipped value regression on ``returns``, in mini-batches of this rank's shard."""
         rows = minibatch_updates(
-            batch, epochs=cfg["ppo_epochs"], mini_batch_size=cfg["mini_batch_size"],
-            micro_batch_size=cfg["micro_batch_size"], agg_mode="token-mean",
-            generator=torch.Generator().manual_seed(int(batch.meta["seed"]) * 104729 + self.rank),
-            world_size=self.world_size, global_sum=lambda x: distributed.all_reduce_sum(x, self.device),
-            micro_loss=micro_loss,
+            batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size, micro_batch_size=spec.micro_batch_size,
+            generator=torch.Generator().manual_seed(spec.seed * 104729 + self.rank), device=self.device,
+            micro_loss=lambda part, scale: self._critic_loss(part, spec, scale),
             optimizer_step=lambda: {"critic/grad_norm": clipped_step(self.critic, self.opt, self.sched,
-                                                                     cfg["grad_clip"])})
-        return Batch(meta={"metrics": distributed.all_reduce_mean(mean_metrics(rows), self.device)})
+                                                                     spec.grad_clip)})
+        return distributed.all_reduce_mean(mean_metrics(rows), self.device)
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
-        state = distributed.checkpoint_state_dict(self.critic)
-        if self.rank == 0:
-            Path(path).mkdir(parents=True, exist_ok=True)
-            self.critic.save_pretrained(path, state_dict={k: v.cpu().contiguous() for k, v in state.items()},
-                                        safe_serialization=True)
+        save_pretrained(self.critic, path, rank=self.rank)
         return path

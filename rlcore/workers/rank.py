@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import torch
 
+from rlcore.controller.decorator import RankPlacement
 from rlcore.engine import distributed
 
 
 class RankWorker:
-    """One rank of a worker group; subclasses add roles (actor, critic)."""
+    """One rank of a worker group; the worker classes add their models and methods."""
 
-    def __init__(self, rank: int, world_size: int, num_threads: int, seed: int = 0):
-        self.rank = rank
-        self.world_size = world_size
+    def __init__(self, placement: RankPlacement, seed: int = 0):
+        self.rank = placement.rank
+        self.world_size = placement.world_size
         self.seed = seed
-        torch.set_num_threads(num_threads)
-        torch.manual_seed(seed + rank)
+        torch.set_num_threads(placement.num_threads)
+        torch.manual_seed(seed + self.rank)
         self.device = torch.device("cpu")
 
     def master_address(self) -> tuple[str, int]:
-        """Called on rank 0: where the other ranks rendezvous."""
-        return distributed.node_address(), distributed.free_port()
+        """Called on rank 0: where the other ranks rendezvous. The address is this node's as Ray
+        knows it (the one other nodes of the cluster reach it at), so a group spread over several
+        nodes needs no setting; the port is one that is free on this node now."""
+        import ray  # a worker only ever runs this inside Ray
+
+        return ray.util.get_node_ip_address(), distributed.free_port()
 
     def init_distributed(self, master_addr: str, master_port: int, use_gpu: bool, timeout_s: float) -> None:
         self.device = distributed.init_process_group(self.rank, self.world_size, master_addr, master_port,

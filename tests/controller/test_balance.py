@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlcore.controller.balance import balanced_partition, balanced_row_order
+from rlcore.controller.balance import balance_over_ranks, balanced_partition, balanced_row_order, group_token_costs
 from rlcore.protocol import Batch
-from rlcore.trainer.ppo import balance_over_ranks, group_token_costs
 
 
 def test_a_hand_worked_partition():

@@ -1,31 +1,58 @@
 """Tests for rlcore.controller: dispatch modes, the process group, resource pools and Ray start-up.
 
-One two-rank group of a toy worker serves the whole module (actor start-up dominates).
+One two-rank group of a toy worker serves the whole module (actor start-up dominates). The
+controller names each worker method on the worker class (``group.call(ToyWorker.square_rows, ...)``);
+the dispatch mode declared on the method decides how the call is split and gathered.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import pytest
 import ray
 import torch
 import torch.distributed as dist
 
-from rlcore.controller import Dispatch, ResourcePool, WorkerGroup, register, resource_pool, start_ray
-from rlcore.protocol import Batch
+from rlcore.controller import Dispatch, RankPlacement, register, resource_pool
+from rlcore.controller.resource_pool import ResourcePool, start_ray
+from rlcore.controller.worker_group import WorkerGroup
+from rlcore.protocol import Batch, Metrics
 from rlcore.workers.rank import RankWorker
+
+
+@dataclass(frozen=True)
+class Offset:
+    """A typed settings object, as every worker method takes one."""
+
+    add: float
 
 
 class ToyWorker(RankWorker):
     """Reports who it is and what it was given; does no model work."""
 
+    def __init__(self, placement: RankPlacement, *, tag: str):
+        super().__init__(placement, seed=0)
+        self.tag = tag
+
     @register(Dispatch.DP_COMPUTE)
-    def square_rows(self, batch: Batch) -> Batch:
+    def square_rows(self, batch: Batch, spec: Offset) -> Batch:
         n = len(batch)
-        return Batch({"sq": batch["x"] ** 2, "rank": torch.full((n,), self.rank), "x": batch["x"]},
+        return Batch({"sq": batch["x"] ** 2 + spec.add, "rank": torch.full((n,), self.rank), "x": batch["x"]},
                      {"name": batch["name"]})
+
+    @register(Dispatch.DP_UPDATE)
+    def summed_rows(self, batch: Batch, spec: Offset) -> Metrics:
+        """Each rank sums its rows; the all-reduce makes every rank return the group's total."""
+        t = batch["x"].sum().reshape(1) + spec.add
+        dist.all_reduce(t)
+        return {"total": float(t), "rank": float(self.rank)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def who(self) -> str:
+        return f"{self.tag}-{self.rank}"
 
     @register(Dispatch.ONE_TO_ALL)
     def echo(self, value, *, scale: int = 1):
@@ -50,7 +77,7 @@ class ToyWorker(RankWorker):
 @pytest.fixture(scope="module")
 def group(ray_local):
     pool = ResourcePool(2, 1.0, False, 60)
-    wg = WorkerGroup(ToyWorker, pool, name="toy", timeout_s=60)
+    wg = WorkerGroup(ToyWorker, pool, name="toy", timeout_s=60, tag="toy")
     yield wg
     wg.shutdown()
     pool.release()
@@ -59,26 +86,48 @@ def group(ray_local):
 def test_dp_compute_splits_by_rank_in_order(group):
     n = 6
     batch = Batch({"x": torch.arange(n, dtype=torch.float32) - 2.5}, {"name": [f"r{i}" for i in range(n)]})
-    out = group.square_rows(batch)
+    out = group.call(ToyWorker.square_rows, batch, Offset(0.5))
     # Rank r gets the r-th contiguous half and the pieces come back in rank order.
     assert out["rank"].tolist() == [0, 0, 0, 1, 1, 1]
     assert out["x"].tolist() == batch["x"].tolist()
     assert out["name"].tolist() == ["r0", "r1", "r2", "r3", "r4", "r5"]
-    assert torch.equal(out["sq"], batch["x"] ** 2)
+    assert torch.equal(out["sq"], batch["x"] ** 2 + 0.5)  # the spec reached every rank
+
+
+def test_dp_update_splits_the_batch_and_returns_rank_0s_reduced_result(group):
+    batch = Batch({"x": torch.tensor([1.0, 2.0, 3.0, 10.0, 20.0, 30.0])})
+    # rank 0 sums 6 + 1, rank 1 sums 60 + 1; both return the all-reduced 68
+    assert group.call(ToyWorker.summed_rows, batch, Offset(1.0)) == {"total": 68.0, "rank": 0.0}
 
 
 def test_dp_compute_refuses_a_batch_that_does_not_split(group):
     with pytest.raises(ValueError, match="3 into 2"):
-        group.square_rows(Batch({"x": torch.zeros(3)}, {"name": ["a", "b", "c"]}))
+        group.call(ToyWorker.square_rows, Batch({"x": torch.zeros(3)}, {"name": ["a", "b", "c"]}), Offset(0.0))
 
 
 def test_one_to_all_sends_the_same_arguments_and_returns_rank_0(group):
-    assert group.echo(21, scale=2) == {"rank": 0, "value": 42}
+    assert group.call(ToyWorker.echo, 21, scale=2) == {"rank": 0, "value": 42}
     assert ray.get([w.last_value.remote() for w in group.workers]) == [42, 42]
+    assert group.call(ToyWorker.who) == "toy-0"  # the constructor's keyword reached the ranks
+
+
+def test_only_a_registered_method_of_the_worker_class_can_be_called(group):
+    with pytest.raises(TypeError, match="last_value is not a @register-ed method of ToyWorker"):
+        group.call(ToyWorker.last_value)
+
+    class Other(RankWorker):
+        @register(Dispatch.ONE_TO_ALL)
+        def echo(self, value):
+            return value
+
+    with pytest.raises(TypeError, match="echo is not a @register-ed method of ToyWorker"):
+        group.call(Other.echo, 1)
+    with pytest.raises(TypeError, match="first argument must be a Batch"):
+        group.call(ToyWorker.square_rows, {"x": [1.0]}, Offset(0.0))
 
 
 def test_workers_form_one_gloo_group(group):
-    assert group.all_reduce_rank() == 3.0
+    assert group.call(ToyWorker.all_reduce_rank) == 3.0
     # Every rank took part and saw the same sum (the group method only shows rank 0's).
     assert ray.get([w.all_reduce_rank.remote() for w in group.workers]) == [3.0, 3.0]
     infos = ray.get([w.group_info.remote() for w in group.workers])

@@ -1,24 +1,29 @@
-"""Tests for the parts of rlcore.workers.actor that need no Ray: sequences and the actor loss.
+"""Tests for the parts of rlcore.workers.actor that need no Ray: the actor loss and the update.
 
-The loss tests build the worker in this process and give it an unsharded model: ``_actor_loss``
-only runs forwards through ``self.actor``.
+The worker is built in this process, as a single rank with no process group; its loss is checked
+against the same loss written out independently on a plain Hugging Face model.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
-from rlcore.algos.losses import entropy_from_logits
-from rlcore.engine import logprob
-from rlcore.engine.model import load_causal_lm
+from rlcore.algos.losses import AggScale, PolicyLossOptions
+from rlcore.controller import RankPlacement
+from rlcore.engine.model import ModelSpec, load_causal_lm
+from rlcore.engine.sequence import sequences
 from rlcore.protocol import Batch
-from rlcore.workers import actor
-from rlcore.workers.actor import ActorRolloutRefWorker, sequences
+from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec
+from rlcore.workers.optim import OptimSpec
 
-LOSS_CFG = {"temperature": 1.0, "loss_agg_mode": "token-mean", "policy_loss": "vanilla", "clip_ratio": 0.2,
-            "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": 3.0, "use_kl_loss": True,
-            "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.001}
+SPEC = ActorUpdateSpec(epochs=1, mini_batch_size=4, micro_batch_size=2, grad_clip=1.0, temperature=1.0,
+                       policy_loss="vanilla", loss=PolicyLossOptions(), entropy_coeff=0.0,
+                       kl=KLLossSpec("low_var_kl", 0.001), seed=0)
 
 
 def test_sequences_drop_the_prompt_columns_that_no_row_uses():
@@ -31,18 +36,20 @@ def test_sequences_drop_the_prompt_columns_that_no_row_uses():
     assert mask.tolist() == [[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]
 
 
-@pytest.fixture(scope="module")
-def worker(tiny_model_dir) -> ActorRolloutRefWorker:
-    w = ActorRolloutRefWorker(0, 1, torch.get_num_threads(), model_path=str(tiny_model_dir), roles=("actor",))
-    w.actor = load_causal_lm(tiny_model_dir).train()
+def fresh_worker(model_dir, lr: float = 0.05, packed: bool = True) -> ActorRolloutRefWorker:
+    """A single-rank worker (no process group) with an actor, its optimizer, a rollout engine and a reference."""
+    w = ActorRolloutRefWorker(RankPlacement(0, 1, torch.get_num_threads()),
+                              model=ModelSpec(str(model_dir), packed_forward=packed), engine="hf",
+                              optim=OptimSpec(lr=lr), with_ref=True)
+    w.init_model()
     return w
 
 
 @pytest.fixture(scope="module")
-def part(worker) -> Batch:
+def part(tiny_model_dir) -> Batch:
     """Four (prompt ; response) rows with PPO inputs: old and reference log-probs, advantages."""
     g = torch.Generator().manual_seed(0)
-    vocab = worker.actor.config.vocab_size
+    vocab = load_causal_lm(tiny_model_dir).config.vocab_size
     prompts, responses = torch.randint(7, vocab, (4, 5), generator=g), torch.randint(7, vocab, (4, 3), generator=g)
     return Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts), "responses": responses,
                   "response_mask": torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]]),
@@ -50,67 +57,97 @@ def part(worker) -> Batch:
                   "ref_log_probs": -3 - torch.rand(4, 3, generator=g), "advantages": torch.randn(4, 3, generator=g)})
 
 
-def loss_and_grads(worker, part: Batch, entropy_coeff: float):
-    worker.actor.zero_grad(set_to_none=True)
-    loss, metrics = worker._actor_loss(part, {**LOSS_CFG, "entropy_coeff": entropy_coeff})
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in worker.actor.named_parameters()}, metrics
+def plain_loss(model, part: Batch, entropy_coeff: float, kl_coef: float):
+    """The actor loss written out on a plain padded forward: token-mean PPO-clip (eps 0.2, dual clip 3),
+    minus the entropy bonus, plus k3 KL to the reference; and the entropy alone."""
+    ids = torch.cat([part["prompts"], part["responses"]], 1)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, 4:-1].float()
+    logp_all = F.log_softmax(logits, -1)
+    lp = logp_all.gather(-1, part["responses"][..., None])[..., 0]
+    m = part["response_mask"].float()
+    ratio = torch.exp(lp - part["old_log_probs"])
+    a = part["advantages"]
+    pg = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
+    pg = torch.where(a < 0, torch.minimum(pg, -a * 3.0), pg)
+    x = part["ref_log_probs"] - lp
+    kl = torch.exp(x) - x - 1
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    mean = lambda t: (t * m).sum() / m.sum()  # noqa: E731
+    return mean(pg) - entropy_coeff * mean(entropy) + kl_coef * mean(kl), mean(entropy)
 
 
-def test_a_zero_entropy_coeff_keeps_the_entropy_off_the_graph_and_changes_nothing_else(worker, part, monkeypatch):
-    on_graph = []
-
-    def spy(logits: torch.Tensor) -> torch.Tensor:
-        on_graph.append(logits.requires_grad)
-        return entropy_from_logits(logits)
-
-    monkeypatch.setattr(logprob, "entropy_from_logits", spy)
-    loss, grads, metrics = loss_and_grads(worker, part, 0.0)
-    # As before: the entropy on the graph, in the loss times 0.
-    monkeypatch.setattr(actor, "response_log_probs",
-                        lambda *a, **kw: logprob.response_log_probs(*a, **{**kw, "entropy_grad": True}))
-    old_loss, old_grads, old_metrics = loss_and_grads(worker, part, 0.0)
-    assert on_graph == [False, True]
-    assert torch.equal(loss, old_loss)
-    assert metrics == old_metrics and metrics["actor/entropy"] > 0
-    for name, g in grads.items():
-        assert torch.equal(g, old_grads[name]), name
+@pytest.mark.parametrize("entropy_coeff", [0.0, 0.5])
+def test_actor_loss_equals_the_loss_written_out_and_so_does_its_gradient(tiny_model_dir, part, entropy_coeff):
+    worker = fresh_worker(tiny_model_dir)
+    spec = dataclasses.replace(SPEC, entropy_coeff=entropy_coeff)
+    scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
+    result = worker._actor_loss(part, spec, scale)
+    result.loss.backward()
+    plain = load_causal_lm(tiny_model_dir)
+    expected, entropy = plain_loss(plain, part, entropy_coeff, 0.001)
+    expected.backward()
+    assert result.loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    assert result.sums["actor/entropy"] == pytest.approx(entropy.item(), rel=1e-5)
+    assert result.sums["actor/entropy"] > 0
+    grads = dict(plain.named_parameters())
+    for name, p in worker.actor.module.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_an_entropy_bonus_still_reaches_the_gradient(worker, part):
-    _, plain, plain_metrics = loss_and_grads(worker, part, 0.0)
-    _, bonus, bonus_metrics = loss_and_grads(worker, part, 0.5)
-    assert bonus_metrics["actor/entropy"] == plain_metrics["actor/entropy"]
-    assert not torch.equal(bonus["lm_head.weight"], plain["lm_head.weight"])
+def test_a_zero_entropy_coeff_keeps_the_entropy_off_the_backward_graph(tiny_model_dir, part):
+    """The entropy is logged either way; with coefficient 0 no gradient path runs through it."""
+    worker = fresh_worker(tiny_model_dir)
+    seen = []
+    import rlcore.engine.sequence as sequence_module
 
-
-def fresh_worker(model_dir) -> ActorRolloutRefWorker:
-    """A single-rank worker (no process group) with an actor, its optimizer and a reference."""
-    w = ActorRolloutRefWorker(0, 1, torch.get_num_threads(), model_path=str(model_dir), roles=("actor", "ref"),
-                              packed_forward=True, optim={"lr": 0.05, "weight_decay": 0.0, "warmup_steps": 0})
-    w.init_model()
-    return w
+    real = sequence_module.entropy_from_logits
+    sequence_module.entropy_from_logits = lambda logits: (seen.append(logits.requires_grad), real(logits))[1]
+    try:
+        scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
+        worker._actor_loss(part, SPEC, scale)
+        worker._actor_loss(part, dataclasses.replace(SPEC, entropy_coeff=0.5), scale)
+    finally:
+        sequence_module.entropy_from_logits = real
+    assert seen == [False, True]
 
 
 def test_update_computes_the_missing_reference_log_probs_exactly_as_the_controller_would(tiny_model_dir, part):
-    update_cfg = {**LOSS_CFG, "entropy_coeff": 0.0, "ppo_epochs": 1, "mini_batch_size": 4, "micro_batch_size": 2,
-                  "grad_clip": 1.0}
     given, computed = fresh_worker(tiny_model_dir), fresh_worker(tiny_model_dir)
     ref = load_causal_lm(tiny_model_dir).eval()  # an independent, plain copy of the reference
     ids, mask = sequences(part)
     with torch.no_grad():
-        ref_lp, _ = logprob.response_log_probs(ref, ids, mask, part["responses"])
+        logits = ref(input_ids=ids, attention_mask=mask).logits[:, -4:-1].float()
+        ref_lp = F.log_softmax(logits, -1).gather(-1, part["responses"][..., None])[..., 0]
     tensors = {k: v for k, v in part.tensors.items() if k != "ref_log_probs"}
-    with_ref = Batch({**tensors, "ref_log_probs": ref_lp}, meta={"actor": update_cfg, "seed": 0})
-    without = Batch(tensors, meta={"actor": update_cfg, "seed": 0})
-    m_given = given.update_actor(with_ref).meta["metrics"]
-    m_computed = computed.update_actor(without).meta["metrics"]
+    m_given = given.update_actor(Batch({**tensors, "ref_log_probs": ref_lp}), SPEC)
+    m_computed = computed.update_actor(Batch(tensors), SPEC)
     assert m_computed["perf/ref_in_update_s"] > 0 and "perf/ref_in_update_s" not in m_given
     for key in ("actor/kl_loss", "actor/pg_loss", "actor/grad_norm", "actor/kl_ref"):
         assert m_computed[key] == pytest.approx(m_given[key], rel=1e-5, abs=1e-7), key
     rmask = part["response_mask"].float()
     expected_kl = ((part["old_log_probs"] - ref_lp) * rmask).sum() / rmask.sum()
     assert m_computed["actor/kl_ref"] == pytest.approx(float(expected_kl), rel=1e-5)
-    for (name, a), b in zip(given.actor.named_parameters(), computed.actor.parameters()):
+    for (name, a), b in zip(given.actor.module.named_parameters(), computed.actor.module.parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
-    assert any(not torch.equal(a, r) for a, r in zip(given.actor.parameters(), ref.parameters()))
+    assert any(not torch.equal(a, r) for a, r in zip(given.actor.module.parameters(), ref.parameters()))
+
+
+def test_one_update_in_micro_batches_is_one_plain_adamw_step_on_the_whole_loss(tiny_model_dir, part):
+    """update_actor over 2 micro-batches of 2 rows = one AdamW step on the plain loss of all 4 rows
+    (token-mean over the mini-batch, not a mean of micro-batch means: the rows have 3, 2, 1, 3 tokens),
+    and its pg_loss metric is that loss's policy term."""
+    lr = 0.01
+    worker = fresh_worker(tiny_model_dir, lr=lr, packed=False)
+    metrics = worker.update_actor(part, dataclasses.replace(SPEC, kl=None, loss=PolicyLossOptions(), seed=3))
+    plain = load_causal_lm(tiny_model_dir)
+    opt = torch.optim.AdamW(plain.parameters(), lr=lr, weight_decay=0.0)
+    loss, _ = plain_loss(plain, part, 0.0, 0.0)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)
+    opt.step()
+    assert metrics["actor/pg_loss"] == pytest.approx(loss.item(), abs=1e-6)
+    assert metrics["actor/grad_norm"] == pytest.approx(norm.item(), rel=1e-4)
+    trained = dict(plain.named_parameters())
+    for name, p in worker.actor.module.named_parameters():
+        torch.testing.assert_close(p, trained[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert not math.isnan(metrics["actor/pg_clipfrac"])

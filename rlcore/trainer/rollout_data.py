@@ -1,0 +1,80 @@
+"""What a PPO step does to its rollout batch on the controller, besides calling workers: prompt
+sampling, reward shaping (outcome scores on the last token, DAPO's overlong penalty), DAPO's
+dynamic-sampling filter, and the samples kept for inspection (``ppo.log_samples``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlcore.data.collate import decode_responses
+from rlcore.protocol import Batch
+
+
+@dataclass
+class PromptSampler:
+    """Epoch-shuffled prompt indices, seeded: the same params give the same prompt order."""
+
+    size: int
+    seed: int
+    order: np.ndarray = field(init=False)
+    pos: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+        self.order = self.rng.permutation(self.size)
+
+    def take(self, n: int) -> np.ndarray:
+        out: list[int] = []
+        while len(out) < n:
+            if self.pos == self.size:
+                self.order, self.pos = self.rng.permutation(self.size), 0
+            step = min(n - len(out), self.size - self.pos)
+            out.extend(self.order[self.pos : self.pos + step])
+            self.pos += step
+        return np.asarray(out)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float) -> torch.Tensor:
+    """DAPO soft overlong punishment: 0 up to ``max_len - buffer``, then linear down to ``-factor``."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    exceed = lengths.float() - (max_len - buffer)
+    return torch.clamp(-exceed / buffer * factor, max=0.0)
+
+
+def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Sequence scores ``[batch]`` onto the last valid response token: ``[batch, response_len]``."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(-1) - 1).clamp(min=0)
+    out[torch.arange(len(scores)), last] = scores.float()
+    return out * response_mask
+
+
+def keep_informative_groups(batch: Batch, n: int) -> Batch:
+    """DAPO dynamic sampling: drop groups whose ``scores`` are all equal."""
+    acc = batch["scores"].view(-1, n)
+    keep = (acc.max(-1).values > acc.min(-1).values).nonzero().squeeze(-1)
+    rows = (keep[:, None] * n + torch.arange(n)).reshape(-1)
+    return batch.select(rows)
+
+
+def sample_rows(batch: Batch, tokenizer, step: int, k: int) -> list[dict[str, Any]]:
+    """``k`` rows of a step's batch, spread evenly over it (so over its prompts), as plain records:
+    prompt, response, rewards, the mean advantage over the response, its length and log-prob."""
+    if k <= 0 or len(batch) == 0:
+        return []
+    rows = np.unique(np.linspace(0, len(batch) - 1, min(k, len(batch))).round().astype(int))
+    part = batch.select(rows)
+    mask = part["response_mask"].float()
+    lengths = mask.sum(-1)
+    texts = decode_responses(tokenizer, part["responses"], part["response_mask"])
+    adv = (part["advantages"] * mask).sum(-1) / lengths.clamp(min=1)
+    logp = (part["rollout_log_probs"] * mask).sum(-1)
+    return [{"step": step, "uid": str(part["uid"][i]), "question": str(part["question"][i]),
+             "ground_truth": str(part["ground_truth"][i]), "response": texts[i],
+             "acc": float(part["acc"][i]), "score": float(part["scores"][i]), "advantage": float(adv[i]),
+             "response_length": int(lengths[i]), "log_prob": float(logp[i])} for i in range(len(rows))]

@@ -1,0 +1,66 @@
+"""The rollout worker (one rank): generation only, for scoring and evaluation.
+
+The PPO worker (``rlcore.workers.actor``) generates with the same :func:`generate_on`, from a
+rollout copy it refreshes with the actor's weights after every update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlcore.controller.decorator import Dispatch, RankPlacement, register
+from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
+from rlcore.protocol import Batch
+from rlcore.rollout import ENGINES, RolloutEngine, SamplingParams
+from rlcore.workers.rank import RankWorker
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """One generation call: how to sample, the call's seed, rows generated at once on a rank."""
+
+    sampling: SamplingParams
+    seed: int
+    micro_batch_size: int
+
+
+def make_engine(name: str, model: ModelSpec, device: torch.device) -> RolloutEngine:
+    """The rollout engine ``name`` over a plain copy of the model at ``model.path``."""
+    tok = load_tokenizer(model.path)
+    return ENGINES.get(name)(load_rollout_model(model, device), eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.pad_token_id)
+
+
+def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank: int,
+                device: torch.device) -> Batch:
+    """``responses``, ``response_mask`` and ``rollout_log_probs`` for ``prompts``/``prompt_mask``, in
+    micro-batches. The sampling generator is seeded by the call's seed and the rank, so a call is
+    reproducible and the ranks draw different samples."""
+    gen = torch.Generator(device=device).manual_seed(spec.seed * 1009 + rank)
+    outs = []
+    for part in batch.split(spec.micro_batch_size):
+        out = engine.generate(part["prompts"].to(device), part["prompt_mask"].to(device), spec.sampling,
+                              generator=gen)
+        outs.append(Batch({"responses": out["responses"].cpu(), "response_mask": out["response_mask"].cpu(),
+                           "rollout_log_probs": out["log_probs"].cpu()}))
+    return Batch.concat(outs)
+
+
+class RolloutWorker(RankWorker):
+    """Holds a rollout engine over the model at ``model.path``; nothing trains here."""
+
+    def __init__(self, placement: RankPlacement, *, model: ModelSpec, engine: str, seed: int = 0):
+        super().__init__(placement, seed)
+        self.model_spec = model
+        self.engine_name = engine
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self.engine = make_engine(self.engine_name, self.model_spec, self.device)
+
+    @register(Dispatch.DP_COMPUTE)
+    def generate(self, batch: Batch, spec: GenerateSpec) -> Batch:
+        """Sample responses for this rank's ``prompts``/``prompt_mask``."""
+        return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)

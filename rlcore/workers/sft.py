@@ -1,0 +1,62 @@
+"""The SFT worker (one rank): the policy and its optimizer, trained on demonstrations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlcore.controller.decorator import Dispatch, RankPlacement, register
+from rlcore.engine import distributed
+from rlcore.engine.model import ModelSpec, load_policy, load_tokenizer, save_pretrained
+from rlcore.engine.sequence import sequences
+from rlcore.protocol import Batch, Metrics
+from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer
+from rlcore.workers.rank import RankWorker
+
+
+@dataclass(frozen=True)
+class SFTStepSpec:
+    """One SFT optimizer step."""
+
+    micro_batch_size: int
+    """Rows per forward/backward on a rank (gradient accumulation above it)."""
+    grad_clip: float
+    """Max global gradient norm."""
+
+
+class SFTWorker(RankWorker):
+    def __init__(self, placement: RankPlacement, *, model: ModelSpec, optim: OptimSpec, seed: int = 0):
+        super().__init__(placement, seed)
+        self.model_spec = model
+        self.optim_spec = optim
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        self.tokenizer = load_tokenizer(self.model_spec.path)
+        self.model = load_policy(self.model_spec, self.device)
+        self.opt, self.sched = make_optimizer(self.model.module, self.optim_spec)
+
+    @register(Dispatch.DP_UPDATE)
+    def train_step(self, batch: Batch, spec: SFTStepSpec) -> Metrics:
+        """One optimizer step on the mean negative log-likelihood of the response tokens of the whole
+        global batch: each micro-batch's summed NLL is divided by the global token count (and
+        multiplied by the rank count, which the gradient average divides out again)."""
+        global_tokens = max(distributed.all_reduce_sum(float(batch["response_mask"].sum()), self.device), 1.0)
+        world = distributed.world_size()
+        total = 0.0
+        for part in batch.split(spec.micro_batch_size):
+            ids, mask = sequences(part)
+            lp, _ = self.model.response_log_probs(ids.to(self.device), mask.to(self.device),
+                                                  part["responses"].to(self.device))
+            nll_sum = -(lp * part["response_mask"].to(self.device)).sum()
+            (nll_sum / global_tokens * world).backward()
+            total += float(nll_sum.detach())
+        lr = self.sched.get_last_lr()[0]
+        grad_norm = clipped_step(self.model, self.opt, self.sched, spec.grad_clip)
+        loss = distributed.all_reduce_sum(total, self.device) / global_tokens
+        return {"sft/loss": loss, "sft/grad_norm": grad_norm, "sft/lr": lr}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save(self, path: str) -> str:
+        """Write a Hugging Face folder (weights + tokenizer) from rank 0."""
+        save_pretrained(self.model, path, rank=self.rank, tokenizer=self.tokenizer)
+        return path

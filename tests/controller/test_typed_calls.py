@@ -1,0 +1,54 @@
+"""A controller call can be followed to the worker method by a type checker, not only by a reader.
+
+``WorkerGroup.call(Worker.method, *args)`` is typed from the method (``ParamSpec``): mypy checks
+every call site of the trainers against the worker methods' signatures and return types, and
+refuses a call that passes the wrong settings object.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ..conftest import REPO_ROOT
+
+
+def mypy(*paths: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", "/dev/null", *paths],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+WRONG_CALLS = '''
+from rlcore.controller.worker_group import WorkerGroup
+from rlcore.protocol import Batch
+from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
+from rlcore.workers.critic import ValuesSpec
+
+
+def right(group: WorkerGroup[ActorRolloutRefWorker], batch: Batch) -> Batch:
+    return group.call(ActorRolloutRefWorker.compute_log_prob, batch, LogProbSpec(8))
+
+
+def wrong_settings(group: WorkerGroup[ActorRolloutRefWorker], batch: Batch) -> Batch:
+    return group.call(ActorRolloutRefWorker.compute_log_prob, batch, ValuesSpec(8))
+
+
+def wrong_result(group: WorkerGroup[ActorRolloutRefWorker], batch: Batch) -> float:
+    return group.call(ActorRolloutRefWorker.compute_log_prob, batch, LogProbSpec(8))
+'''
+
+
+def test_every_controller_to_worker_call_type_checks():
+    proc = mypy("rlcore/trainer", "rlcore/controller", "rlcore/workers")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no issues found" in proc.stdout
+
+
+def test_a_call_with_the_wrong_settings_or_result_type_is_caught(tmp_path):
+    snippet = tmp_path / "calls.py"
+    snippet.write_text(WRONG_CALLS)
+    out = mypy(str(snippet)).stdout
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert len(errors) == 2, out
+    assert "calls.py:13:" in errors[0] and '"ValuesSpec"; expected "LogProbSpec"' in errors[0]
+    assert "calls.py:17:" in errors[1] and 'got "Batch", expected "float"' in errors[1]
