@@ -64,7 +64,7 @@ def run_config(model_dir: Path, data: Path, strategy: str, packed: bool, args) -
     from rlcore.data.collate import prompt_batch
     from rlcore.data.schema import read_rows
     from rlcore.engine.model import load_tokenizer
-    from rlcore.trainer.ppo import RoundRunner
+    from rlcore.trainer.ppo import running_round
 
     cfg = parse_config({
         "tracking": {"enabled": False}, "ray": {"num_cpus": os.cpu_count() or 8},
@@ -77,8 +77,7 @@ def run_config(model_dir: Path, data: Path, strategy: str, packed: bool, args) -
     }, "bench.gpu_scale")
     tok = load_tokenizer(model_dir)
     prompts = prompt_batch(read_rows(data), tok, 16, str(data))
-    runner = RoundRunner(cfg, init_dir=str(model_dir), tokenizer=tok, prompts=prompts, seed=0)
-    try:
+    with running_round(cfg, init_dir=str(model_dir), tokenizer=tok, prompts=prompts, seed=0) as runner:
         rows = []
         for step in range(args.warmup + args.steps):
             start = time.perf_counter()
@@ -86,8 +85,6 @@ def run_config(model_dir: Path, data: Path, strategy: str, packed: bool, args) -
             m["wall_s"] = time.perf_counter() - start
             rows.append(m)
         peak = peak_gpu_gib(runner)
-    finally:
-        runner.close()
     used = rows[args.warmup:]
 
     def med(key: str) -> float:

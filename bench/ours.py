@@ -9,7 +9,6 @@ Each of the 2 worker ranks runs torch with 1 thread (rlcore's resources.cpus_per
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import time
@@ -25,17 +24,17 @@ def ours_overrides() -> dict:
     return json.loads(os.environ.get("BENCH_OURS_SET") or "{}")
 
 
-def build_runner(total_steps: int):
+def running_runner():
+    """rlcore's RoundRunner over its worker groups (a context manager that stops them)."""
     from rlcore.data.collate import prompt_batch
     from rlcore.data.schema import read_rows
     from rlcore.engine.model import load_tokenizer
-    from rlcore.trainer.ppo import RoundRunner
+    from rlcore.trainer.ppo import running_round
 
     cfg, p = rl_config(ours_overrides()), paths()
     tok = load_tokenizer(p["sft"])
     prompts = prompt_batch(read_rows(p["rl_data"]), tok, cfg.task.max_prompt_length, str(p["rl_data"]))
-    kwargs = {"total_steps": total_steps} if "total_steps" in inspect.signature(RoundRunner).parameters else {}
-    return RoundRunner(cfg, init_dir=str(p["sft"]), tokenizer=tok, prompts=prompts, seed=RL_SEED, **kwargs)
+    return running_round(cfg, init_dir=str(p["sft"]), tokenizer=tok, prompts=prompts, seed=RL_SEED)
 
 
 def step_record(step: int, m: dict[str, float], wall: float) -> dict:
@@ -80,7 +79,7 @@ def step_sized_batch(runner):
 
 
 def ray_probe(runner, reps: int) -> dict[str, float]:
-    """Median seconds of one call to all ranks (as WorkerGroup._call makes it, chunking included):
+    """Median seconds of one call to all ranks (as WorkerGroup.call makes it, chunking included):
     empty, carrying one step's Batch in (and its tensors alone), and carrying it in and back out."""
     import statistics
 
@@ -107,22 +106,21 @@ def ray_probe(runner, reps: int) -> dict[str, float]:
 
 def main() -> None:
     t0 = time.perf_counter()
-    runner = build_runner(total_steps=10_000)
-    wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),
-              resources=runner.cfg.resources.model_dump(mode="json"),
-              packed_forward=runner.cfg.model.packed_forward, balance_batch=runner.cfg.ppo.balance_batch)
-    step = 0
-    while (cmd := wire.next_command())[0] in ("run", "probe"):
-        if cmd[0] == "probe":
-            wire.emit("probe", **ray_probe(runner, cmd[1]))
-            continue
-        for _ in range(cmd[1]):
-            start = time.perf_counter()
-            m = runner.step(step)
-            wire.emit("step", **step_record(step, m, time.perf_counter() - start))
-            step += 1
-        wire.emit("paused", step=step)
-    runner.close()
+    with running_runner() as runner:
+        wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),
+                  resources=runner.cfg.resources.model_dump(mode="json"),
+                  packed_forward=runner.cfg.model.packed_forward, balance_batch=runner.cfg.ppo.balance_batch)
+        step = 0
+        while (cmd := wire.next_command())[0] in ("run", "probe"):
+            if cmd[0] == "probe":
+                wire.emit("probe", **ray_probe(runner, cmd[1]))
+                continue
+            for _ in range(cmd[1]):
+                start = time.perf_counter()
+                m = runner.step(step)
+                wire.emit("step", **step_record(step, m, time.perf_counter() - start))
+                step += 1
+            wire.emit("paused", step=step)
     wire.emit("closed")
 
 

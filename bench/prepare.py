@@ -16,11 +16,10 @@ import shutil
 import time
 from pathlib import Path
 
+from bench.settings import fixture_config, paths
 from rlcore.config import Config
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.trainer.prepare import write_splits
-
-from bench.settings import fixture_config, paths
 
 STAMP = "bench_ready.json"
 

@@ -28,7 +28,7 @@ WORKER_METHODS = ("generate", "compute_log_prob", "compute_ref_log_prob", "updat
 
 # (bucket, substrings of which one must be on the stack), checked in order, innermost meaning first.
 WORKER_RULES = {
-    "generate": [("weight sync: gather weights (FSDP) or copy (DDP)", ("full_state_dict",)),
+    "generate": [("weight sync: gather weights (FSDP) or copy (DDP)", ("rollout_state_dict",)),
                  ("weight sync: load_state_dict", ("load_weights",)),
                  ("sampling loop (KV-cache decode)", ("HFRolloutEngine.generate",))],
     "compute_ref_log_prob": [("forward", ("response_log_probs",))],

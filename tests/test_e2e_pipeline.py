@@ -81,9 +81,13 @@ def test_repro_writes_every_declared_output(workdir, first_run):
         assert list((root / model).glob("*.safetensors"))
     ev = json.loads((root / "metrics/eval.json").read_text())
     for name in ("sft", "final"):
-        assert 0.0 <= ev[f"{name}/greedy_pass@1"] <= 1.0
+        solved = ev[f"{name}/greedy_pass@1"] * 16  # a share of the 16 test prompts
+        assert abs(solved - round(solved)) < 1e-9
         assert ev[f"{name}/pass@1"] <= ev[f"{name}/pass@2"] + 1e-9  # pass@k grows with k
+    assert ev["gain/greedy_pass@1"] == ev["final/greedy_pass@1"] - ev["sft/greedy_pass@1"]
     assert ev["test/n_prompts"] == 16
+    samples = [json.loads(line) for line in (root / "metrics/ppo_r1_samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [0] * 8 + [1] * 8  # ppo.log_samples rows of each of the 2 steps
     steps = (root / "plots/ppo_r1.csv").read_text().splitlines()
     assert len(steps) == 1 + 2 and "rollout/acc" in steps[0]  # header + one row per step
     assert "val/greedy_pass@1" in steps[0]
@@ -120,3 +124,16 @@ def test_estimator_switch_reruns_only_ppo_and_evaluate(workdir, first_run):
     assert runs["metrics.final/greedy_pass_at_1"].notna().all()
     ppo_runs = mlflow.search_runs(experiment_names=["rlcore"], filter_string="tags.`rlcore.stage` = 'ppo'")
     assert sorted(ppo_runs["tags.rlcore.round"]) == ["r1", "r1", "r2", "r2"]
+
+
+def test_editing_algorithm_code_leaves_data_sft_and_scoring_up_to_date(workdir, first_run):
+    """A comment appended to the advantage estimators and the losses changes neither the data, the
+    SFT model nor the scores: `dvc status` must report only the PPO rounds (which run that code)."""
+    root, env = workdir
+    run(["dvc", "repro"], root, env)  # up to date after the estimator switch above, whatever ran last
+    for code in ("rlcore/algos/advantage.py", "rlcore/algos/losses.py"):
+        with open(root / code, "a") as f:
+            f.write("# an edit that changes no behaviour\n")
+    status = run(["dvc", "status"], root, env)
+    stale = {line.rstrip(":").strip() for line in status.splitlines() if line and not line[0].isspace()}
+    assert stale == {"ppo@r1", "ppo@r2"}, status

@@ -173,6 +173,26 @@ def test_declared_deps_cover_every_rlcore_module_the_stage_loads(name, loaded_rl
     assert not uncovered, f"dvc.yaml stage {name} loads {uncovered} but does not declare them as deps"
 
 
+@pytest.mark.parametrize("name", STAGES)
+def test_every_declared_code_dep_is_code_the_stage_loads(name, loaded_rlcore_files):
+    """The other direction: a declared rlcore file (or folder) that the stage never loads would
+    re-run the stage for an edit that cannot change it."""
+    files = {str(Path(f).resolve().relative_to(REPO_ROOT)) for f in loaded_rlcore_files[name]}
+    unused = [d for d in entries(dvc_stages()[name].get("deps")) if d.startswith("rlcore/")
+              and not any(f == d or f.startswith(d.rstrip("/") + "/") for f in files)]
+    assert not unused, f"dvc.yaml stage {name} declares {unused}, which it does not load"
+
+
+@pytest.mark.parametrize("name", ["prepare", "sft", "score"])
+def test_algorithm_code_is_not_a_dependency_of_data_sft_or_scoring(name, loaded_rlcore_files):
+    """Editing the RL algorithms must not throw away the SFT model (an hour on a real model)."""
+    algorithm_code = ("rlcore/algos/advantage.py", "rlcore/algos/losses.py", "rlcore/algos/kl_control.py")
+    for d in entries(dvc_stages()[name].get("deps")):
+        assert not any(code == d or code.startswith(d.rstrip("/") + "/") for code in algorithm_code), (name, d)
+    files = {str(Path(f).resolve().relative_to(REPO_ROOT)) for f in loaded_rlcore_files[name]}
+    assert not files & set(algorithm_code)
+
+
 def test_changing_the_algorithm_does_not_rerun_data_sft_or_scoring():
     stages = dvc_stages()
     for name in ("prepare", "sft", "score"):
