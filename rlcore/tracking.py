@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,16 +56,28 @@ class NullTracker(_RunContext):
 
 
 class MlflowTracker(_RunContext):
-    """One MLflow run; each call is guarded and degrades to a no-op after a failure."""
+    """One MLflow run; each call is guarded and degrades to a no-op after a failure.
 
-    def __init__(self, uri: str, experiment: str, run_name: str, tags: dict[str, str]):
+    Step metrics are buffered and written in batches (``log_batch``) at most every ``flush_s``
+    seconds, on 1000 buffered values (MLflow's batch limit) and when the run ends: one sqlite
+    write per step cost about 15 ms, a quarter of an SFT step on the default model."""
+
+    MAX_BATCH = 1000
+
+    def __init__(self, uri: str, experiment: str, run_name: str, tags: dict[str, str], flush_s: float = 5.0):
         import mlflow
+        from mlflow.entities import Metric
 
         self._mlflow = mlflow
+        self._metric = Metric
         self._broken = False
         self._closed = False
+        self._buffer: list = []
+        self._flush_s = flush_s
+        self._last_flush = time.monotonic()
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(experiment)
+        self._client = mlflow.MlflowClient()
         self.run_id = mlflow.start_run(run_name=run_name, tags=tags).info.run_id
 
     def _guard(self, what: str, fn: Callable[[], Any]) -> None:
@@ -85,8 +98,17 @@ class MlflowTracker(_RunContext):
             self._guard("log_params", lambda chunk=dict(items[i : i + 100]): self._mlflow.log_params(chunk))
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        clean = {k.replace("@", "_at_"): float(v) for k, v in metrics.items()}
-        self._guard("log_metrics", lambda: self._mlflow.log_metrics(clean, step=step))
+        now_ms = int(time.time() * 1000)
+        self._buffer += [self._metric(k.replace("@", "_at_"), float(v), now_ms, step or 0) for k, v in metrics.items()]
+        if len(self._buffer) >= self.MAX_BATCH or time.monotonic() - self._last_flush >= self._flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered metrics now."""
+        while self._buffer:
+            batch, self._buffer = self._buffer[: self.MAX_BATCH], self._buffer[self.MAX_BATCH :]
+            self._guard("log_metrics", lambda b=batch: self._client.log_batch(self.run_id, metrics=b))
+        self._last_flush = time.monotonic()
 
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         if rows:
@@ -100,6 +122,7 @@ class MlflowTracker(_RunContext):
     def close(self, status: str = "FINISHED") -> None:
         if not self._closed:
             self._closed = True
+            self.flush()
             self._guard("end_run", lambda: self._mlflow.end_run(status=status))
 
 

@@ -115,10 +115,11 @@ def test_a_failing_backend_never_stops_the_stage(logged_run, store_root, tmp_pat
         calls.append(args)
         raise ConnectionError("tracking server went away")
 
-    monkeypatch.setattr(mlflow, "log_metrics", broken)
+    monkeypatch.setattr(tracker._client, "log_batch", broken)
     monkeypatch.setattr(mlflow, "log_params", broken)
     for step in range(3):  # the training loop keeps logging
         tracker.log_metrics({"actor/pg_loss": 0.1 * step}, step=step)
+        tracker.flush()
     tracker.log_params({"extra": 1})
     tracker.log_table([{"prompt": "1+1=", "response": "2"}], "samples.json")
     tracker.log_artifact(store_root / "runs.db")
@@ -183,3 +184,16 @@ def test_a_run_ends_finished_failed_or_killed_never_running(store_root, raised, 
     client = MlflowClient(tracking_uri=f"sqlite:///{store_root / 'runs.db'}")
     assert client.get_run(run_id).info.status == status
     assert mlflow.active_run() is None
+
+
+def test_step_metrics_are_buffered_and_all_written_by_the_end(store_root):
+    """Metrics are written in batches, not one sqlite write per step; every step is there after close."""
+    with open_run(TrackingConfig(uri="sqlite:///runs.db", experiment="batched"), stage="sft", params=PARAMS,
+                  root=store_root) as tracker:
+        for step in range(700):  # 1400 values: one full batch of 1000 is written before the end
+            tracker.log_metrics({"sft/loss": 1.0 / (step + 1), "sft/lr": 0.5}, step=step)
+        assert len(tracker._buffer) == 400
+    client = MlflowClient(tracking_uri=f"sqlite:///{store_root / 'runs.db'}")
+    history = client.get_metric_history(tracker.run_id, "sft/loss")
+    assert sorted(m.step for m in history) == list(range(700))
+    assert {m.step: m.value for m in history}[9] == pytest.approx(0.1)

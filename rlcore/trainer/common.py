@@ -37,23 +37,32 @@ def model_spec(cfg: Config, path: str | Path) -> ModelSpec:
 
 
 class StepLog:
-    """Per-step metrics to MLflow and to a CSV (the stage's DVC plot), flushed every step."""
+    """Per-step metrics to MLflow and to a CSV (the stage's DVC plot), written every step: a row is
+    appended, and the file rewritten only when a step brings a metric the header lacks."""
 
     def __init__(self, tracker, csv_path: str | Path | None):
         self.tracker = tracker
         self.path = Path(csv_path) if csv_path else None
         self.rows: list[dict[str, float]] = []
+        self.columns: list[str] = []
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self.rows.append({"step": step, **metrics})
+        row = {"step": step, **metrics}
+        self.rows.append(row)
         self.tracker.log_metrics(metrics, step=step)
-        if self.path is not None:
+        if self.path is None:
+            return
+        new = [k for k in row if k not in self.columns]
+        if new or len(self.rows) == 1:
+            self.columns += new
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            keys = list(dict.fromkeys(k for r in self.rows for k in r))
             with self.path.open("w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
+                w = csv.DictWriter(f, fieldnames=self.columns)
                 w.writeheader()
                 w.writerows(self.rows)
+        else:
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.columns).writerow(row)
 
 
 @contextmanager
