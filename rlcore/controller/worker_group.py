@@ -8,10 +8,14 @@ The controller calls a worker method by naming it on the worker class::
 worker's signature and the result has the method's return type, so a reader, an IDE or a
 type checker follows the call to its definition. The dispatch mode declared on the method
 (``@register``) says how the call is split over ranks and how results come back.
+``submit`` starts the same call without waiting (each rank runs its calls in order), so a
+loop whose next call does not depend on the last result keeps the ranks busy while the
+controller logs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import ray
@@ -24,6 +28,21 @@ from rlcore.protocol import Batch
 W = TypeVar("W")
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+@dataclass
+class Pending(Generic[R]):
+    """A call started on every rank; ``result`` waits for it and collects as the method declares."""
+
+    group: "WorkerGroup"
+    mode: Dispatch
+    refs: list
+
+    def result(self) -> R:
+        outs = self.group._get(self.refs)
+        if self.mode is Dispatch.DP_COMPUTE:
+            return cast(R, Batch.concat(outs))
+        return outs[0]  # ONE_TO_ALL, DP_UPDATE: the ranks agree (DP_UPDATE ranks all-reduced what they return)
 
 
 class WorkerGroup(Generic[W]):
@@ -55,21 +74,22 @@ class WorkerGroup(Generic[W]):
 
     def call(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run ``method`` (a ``@register``-ed method of the worker class) on the ranks as it declares."""
+        return self.submit(method, *args, **kwargs).result()
+
+    def submit(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
+        """Start ``call(method, ...)`` and return at once; ``.result()`` waits for it."""
         mode = dispatch_of(method)
         name = getattr(method, "__name__", repr(method))
         if mode is None or getattr(self.worker_cls, name, None) is not method:
             raise TypeError(f"{name} is not a @register-ed method of {self.worker_cls.__name__}")
         remote = [getattr(w, name) for w in self.workers]
         if mode is Dispatch.ONE_TO_ALL:
-            return self._get([m.remote(*args, **kwargs) for m in remote])[0]
+            return Pending(self, mode, [m.remote(*args, **kwargs) for m in remote])
         batch, *rest = args
         if not isinstance(batch, Batch):
             raise TypeError(f"{name} is {mode.name}: its first argument must be a Batch, got {type(batch).__name__}")
-        outs = self._get([m.remote(chunk, *rest, **kwargs)
-                          for m, chunk in zip(remote, batch.chunk(self.world_size))])
-        if mode is Dispatch.DP_COMPUTE:
-            return cast(R, Batch.concat(outs))
-        return outs[0]  # DP_UPDATE: the ranks all-reduced what they return
+        return Pending(self, mode, [m.remote(chunk, *rest, **kwargs)
+                                    for m, chunk in zip(remote, batch.chunk(self.world_size))])
 
     def shutdown(self) -> None:
         for w in self.workers:

@@ -55,6 +55,13 @@ class ToyWorker(RankWorker):
         return f"{self.tag}-{self.rank}"
 
     @register(Dispatch.ONE_TO_ALL)
+    def tick(self, pause_s: float) -> int:
+        """Counts its calls, after a pause: calls submitted together still run one after another."""
+        time.sleep(pause_s)
+        self.ticks = getattr(self, "ticks", 0) + 1
+        return self.ticks
+
+    @register(Dispatch.ONE_TO_ALL)
     def echo(self, value, *, scale: int = 1):
         self.last = value * scale
         return {"rank": self.rank, "value": value * scale}
@@ -109,6 +116,15 @@ def test_one_to_all_sends_the_same_arguments_and_returns_rank_0(group):
     assert group.call(ToyWorker.echo, 21, scale=2) == {"rank": 0, "value": 42}
     assert ray.get([w.last_value.remote() for w in group.workers]) == [42, 42]
     assert group.call(ToyWorker.who) == "toy-0"  # the constructor's keyword reached the ranks
+
+
+def test_submitted_calls_run_in_order_and_return_without_waiting(group):
+    start = time.monotonic()
+    pending = [group.submit(ToyWorker.tick, 0.2) for _ in range(3)]
+    submitted = time.monotonic() - start
+    results = [p.result() for p in pending]
+    assert submitted < 0.2  # nothing waited for a rank
+    assert results[1] == results[0] + 1 and results[2] == results[0] + 2
 
 
 def test_only_a_registered_method_of_the_worker_class_can_be_called(group):

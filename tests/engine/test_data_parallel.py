@@ -133,7 +133,7 @@ def dp_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory)
 
 @pytest.fixture(scope="module", params=["fsdp", "ddp"])
 def bf16_states(request, ray_local, tiny_model_dir, tiny_tokenizer):
-    """(full_state_dict, checkpoint_state_dict, dtype of the forward's logits) of rank 0 of a group
+    """(rollout_state_dict, checkpoint_state_dict, dtype of the forward's logits) of rank 0 of a group
     that computes in bfloat16 with strategy ``request.param``."""
     pool = ResourcePool(2, 1.0, False, 60)
     wg = WorkerGroup(ProbeWorker, pool, name="sft", timeout_s=120,
@@ -182,7 +182,7 @@ def test_gradients_are_reduced_in_one_collective_under_ddp_and_by_backward_under
     assert dp_run["reduce_costs"] == ([1, 1] if dp_run["strategy"] == "ddp" else [0, 0])
 
 
-def test_full_state_dict_equals_the_original_weights_on_every_rank(dp_run, tiny_model_dir):
+def test_rollout_state_dict_equals_the_original_weights_on_every_rank(dp_run, tiny_model_dir):
     original = load_file(str(tiny_model_dir / "model.safetensors"))
     for state in dp_run["states"]:
         assert set(state) == set(original)
@@ -190,14 +190,14 @@ def test_full_state_dict_equals_the_original_weights_on_every_rank(dp_run, tiny_
             assert torch.equal(state[k], v), k
 
 
-def test_full_state_dict_after_training_equals_the_saved_weights(dp_run):
+def test_rollout_state_dict_after_training_equals_the_saved_weights(dp_run):
     for state in dp_run["trained"]:
         assert set(state) == set(dp_run["saved"])
         for k, v in dp_run["saved"].items():
             assert torch.equal(state[k], v), k
 
 
-def test_full_state_dict_gathers_once_per_fsdp_group_and_ddp_not_at_all(dp_run):
+def test_rollout_state_dict_gathers_once_per_fsdp_group_and_ddp_not_at_all(dp_run):
     for cost in dp_run["costs"]:
         if dp_run["strategy"] == "fsdp":
             assert cost["groups"] == 2  # the one decoder layer and the root
