@@ -26,6 +26,7 @@ PARAMS = REPO_ROOT / "params.yaml"
 # gradient-accumulation window covers the whole generation batch).
 OVERRIDES: dict[str, Any] = {
     "tracking.enabled": False,
+    "ppo.train_batch_size": 32,  # the benchmark's step: 32 prompts x rollout.n responses, whatever the recipe uses
     "actor.ppo_mini_batch_size": 32,  # == ppo.train_batch_size
 }
 RL_SEED = 1234  # prompt order and sampling seed of the RL phase (both systems take the same prompt order)
