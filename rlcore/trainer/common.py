@@ -53,7 +53,7 @@ class StepLog:
         if self.path is None:
             return
         new = [k for k in row if k not in self.columns]
-        if new or len(self.rows) == 1:
+        if new:  # always on the first row ("step" is new then)
             self.columns += new
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("w", newline="") as f:
