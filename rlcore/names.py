@@ -25,7 +25,7 @@ KL_CONTROLLERS = ("adaptive", "fixed")
 STRATEGIES = ("ddp", "fsdp")
 SHARDED_STRATEGIES = ("fsdp",)
 # rlcore.rollout.ENGINES
-ROLLOUT_ENGINES = ("hf",)
+ROLLOUT_ENGINES = ("hf", "static")
 # rlcore.data.splits.TASKS
 TASKS = ("arithmetic", "gsm8k")
 

@@ -1,17 +1,45 @@
-"""Generation engines behind one interface (:class:`RolloutEngine`), selected by ``rollout.engine``."""
+"""Generation engines behind one interface (:class:`RolloutEngine`), selected by ``rollout.engine``.
+
+Engines that exist: ``hf`` (the transformers model in a token loop with a dynamic KV cache; any
+causal LM) and ``static`` (``rlcore.rollout.static``: a preallocated KV cache, compacted batches,
+CUDA graphs on a GPU; Llama and Qwen2 layouts, other architectures fall back to ``hf`` with a
+warning). An adapter for an external server engine (vLLM, SGLang) would be one more entry here
+that implements :class:`RolloutEngine`; none exists, because neither runs on this project's machines.
+"""
+
+from __future__ import annotations
+
+import sys
 
 from rlcore.registry import Registry
-from rlcore.rollout.base import RolloutEngine, SamplingParams
+from rlcore.rollout.base import EngineSpec, RolloutEngine, SamplingParams
 
-# name -> factory(model, eos_token_id=..., pad_token_id=...) -> RolloutEngine
+# name -> factory(model, spec, eos_token_id=..., pad_token_id=...) -> RolloutEngine
 ENGINES: Registry = Registry("rollout engine")
 
 
 @ENGINES.register("hf")
-def _hf_engine(model, *, eos_token_id: int, pad_token_id: int) -> RolloutEngine:
+def _hf_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int) -> RolloutEngine:
     from rlcore.rollout.hf import HFRolloutEngine
 
     return HFRolloutEngine(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
 
-__all__ = ["ENGINES", "RolloutEngine", "SamplingParams"]
+@ENGINES.register("static")
+def _static_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int) -> RolloutEngine:
+    from rlcore.rollout.static import StaticRolloutEngine, unsupported_reason
+
+    reason = unsupported_reason(model.config)
+    if reason:
+        print(f"rollout.engine static: {reason}; generating with hf", file=sys.stderr, flush=True)
+        return _hf_engine(model, spec, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    return StaticRolloutEngine(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, compile=spec.compile,
+                               cuda_graphs=spec.cuda_graphs)
+
+
+def make_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int) -> RolloutEngine:
+    """The engine ``spec`` names, over ``model`` (a plain causal LM on its device, in its compute dtype)."""
+    return ENGINES.get(spec.name)(model, spec, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+
+
+__all__ = ["ENGINES", "EngineSpec", "RolloutEngine", "SamplingParams", "make_engine"]

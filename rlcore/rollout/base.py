@@ -17,6 +17,18 @@ class SamplingParams:
     greedy: bool = False
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """Which engine a worker builds and how (params.yaml ``rollout``)."""
+
+    name: str = "static"
+    """``rlcore.rollout.ENGINES`` name."""
+    compile: bool = False
+    """static: ``torch.compile`` the decode step (costs a compilation per process and batch bucket)."""
+    cuda_graphs: bool = True
+    """static, on a GPU: capture each decode step in a CUDA graph and replay it."""
+
+
 class RolloutEngine(Protocol):
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the trainer's current (unsharded) weights before generating."""

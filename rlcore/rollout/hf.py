@@ -13,41 +13,7 @@ from transformers import DynamicCache
 
 from rlcore.engine.sequence import position_ids, trim_left_padding
 from rlcore.rollout.base import SamplingParams
-
-
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask (to -inf) tokens outside the top-k and outside the top-p nucleus; ``[batch, vocab]``."""
-    if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = sorted_logits.softmax(-1)
-        # drop a token when the mass before it already reaches top_p (the first always stays)
-        drop_sorted = probs.cumsum(-1) - probs >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of ``probs`` (``[batch, vocab]``, non-negative), drawn with probability
-    ``probs / probs.sum(-1)``: the first token whose cumulative sum exceeds a uniform draw (inverse
-    CDF). One random number per row, where ``torch.multinomial`` draws one per vocabulary entry
-    (ten times slower on a CPU at vocabulary 102). Float64 sums keep ``u * total < total``, so the
-    index stays in range and a token of probability 0 is never drawn."""
-    cdf = probs.double().cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
-    return (cdf <= u * cdf[:, -1:]).sum(-1)
-
-
-def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The distinct (ids, mask) rows and, for every row, the index of its distinct row."""
-    keyed = torch.where(attention_mask.bool(), input_ids, -1)
-    distinct, index = torch.unique(keyed, dim=0, return_inverse=True)
-    mask = (distinct >= 0).to(attention_mask.dtype)
-    return torch.where(distinct >= 0, distinct, input_ids.new_zeros(())), mask, index
+from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
 
 
 class HFRolloutEngine:

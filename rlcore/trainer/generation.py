@@ -11,10 +11,16 @@ from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import decode_responses
 from rlcore.protocol import Batch
 from rlcore.rewards.rule import compute_score
-from rlcore.rollout import SamplingParams
+from rlcore.rollout import EngineSpec, SamplingParams
 from rlcore.workers.rollout import GenerateSpec
 
 W = TypeVar("W")
+
+
+def engine_spec(cfg: Config) -> EngineSpec:
+    """The rollout engine workers build (params.yaml ``rollout``)."""
+    r = cfg.rollout
+    return EngineSpec(name=r.engine, compile=r.compile, cuda_graphs=r.cuda_graphs)
 
 
 def generate_spec(cfg: Config, *, temperature: float, seed: int, greedy: bool = False) -> GenerateSpec:

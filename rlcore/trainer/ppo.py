@@ -37,7 +37,7 @@ from rlcore.data.schema import read_rows
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.trainer.common import StepLog, model_spec, start_pool, timer
-from rlcore.trainer.generation import generate, generate_spec, rule_rewards
+from rlcore.trainer.generation import engine_spec, generate, generate_spec, rule_rewards
 from rlcore.trainer.rollout_data import (
     PromptSampler,
     keep_informative_groups,
@@ -101,7 +101,7 @@ class RoundGroups:
         share = 2 if use_critic else 1  # colocated groups split each bundle's CPUs
         a, c, timeout = cfg.actor, cfg.critic, cfg.ray.timeout_s
         actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor", share=share, timeout_s=timeout,
-                            model=model_spec(cfg, init_dir), engine=cfg.rollout.engine,
+                            model=model_spec(cfg, init_dir), engine=engine_spec(cfg),
                             optim=OptimSpec(lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps),
                             with_ref=needs_reference(cfg), seed=cfg.seed)
         groups = cls(actor)

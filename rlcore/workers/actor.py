@@ -24,6 +24,7 @@ from rlcore.engine.model import ModelSpec, load_policy, load_tokenizer, save_pre
 from rlcore.engine.sequence import SequenceModel, sequences
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
+from rlcore.rollout.base import EngineSpec
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, mean_metrics
 from rlcore.workers.rank import RankWorker
@@ -71,11 +72,11 @@ class ActorUpdateSpec:
 
 
 class ActorRolloutRefWorker(RankWorker):
-    def __init__(self, placement: RankPlacement, *, model: ModelSpec, engine: str, optim: OptimSpec,
+    def __init__(self, placement: RankPlacement, *, model: ModelSpec, engine: EngineSpec, optim: OptimSpec,
                  with_ref: bool, seed: int = 0):
         super().__init__(placement, seed)
         self.model_spec = model
-        self.engine_name = engine
+        self.engine_spec = engine
         self.optim_spec = optim
         self.with_ref = with_ref
         self.rollout_stale = True
@@ -85,7 +86,7 @@ class ActorRolloutRefWorker(RankWorker):
         self.tokenizer = load_tokenizer(self.model_spec.path)
         self.actor = load_policy(self.model_spec, self.device)
         self.opt, self.sched = make_optimizer(self.actor.module, self.optim_spec)
-        self.engine = make_engine(self.engine_name, self.model_spec, self.device)
+        self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
         self.ref = load_policy(self.model_spec, self.device, frozen=True) if self.with_ref else None
 
     # ---------------------------------------------------------------- rollout

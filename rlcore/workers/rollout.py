@@ -13,7 +13,8 @@ import torch
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
 from rlcore.protocol import Batch
-from rlcore.rollout import ENGINES, RolloutEngine, SamplingParams
+from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams
+from rlcore.rollout import make_engine as build_engine
 from rlcore.workers.rank import RankWorker
 
 
@@ -26,11 +27,11 @@ class GenerateSpec:
     micro_batch_size: int
 
 
-def make_engine(name: str, model: ModelSpec, device: torch.device) -> RolloutEngine:
-    """The rollout engine ``name`` over a plain copy of the model at ``model.path``."""
+def make_engine(spec: EngineSpec, model: ModelSpec, device: torch.device) -> RolloutEngine:
+    """The rollout engine ``spec`` names over a plain copy of the model at ``model.path``."""
     tok = load_tokenizer(model.path)
-    return ENGINES.get(name)(load_rollout_model(model, device), eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)
+    return build_engine(load_rollout_model(model, device), spec, eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.pad_token_id)
 
 
 def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank: int,
@@ -51,14 +52,14 @@ def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank
 class RolloutWorker(RankWorker):
     """Holds a rollout engine over the model at ``model.path``; nothing trains here."""
 
-    def __init__(self, placement: RankPlacement, *, model: ModelSpec, engine: str, seed: int = 0):
+    def __init__(self, placement: RankPlacement, *, model: ModelSpec, engine: EngineSpec, seed: int = 0):
         super().__init__(placement, seed)
         self.model_spec = model
-        self.engine_name = engine
+        self.engine_spec = engine
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        self.engine = make_engine(self.engine_name, self.model_spec, self.device)
+        self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
 
     @register(Dispatch.DP_COMPUTE)
     def generate(self, batch: Batch, spec: GenerateSpec) -> Batch:

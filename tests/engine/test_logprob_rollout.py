@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from rlcore.engine.model import load_causal_lm
 from rlcore.engine.sequence import PADDED, local_model, position_ids, trim_left_padding
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.hf import HFRolloutEngine, filter_logits, sample_from
+from rlcore.rollout.hf import HFRolloutEngine
+from rlcore.rollout.sampling import filter_logits, sample_from
 
 PAD = 0
 NO_EOS = -1  # an id no model can emit: nothing stops early

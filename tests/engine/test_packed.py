@@ -16,7 +16,8 @@ from rlcore.engine import packed
 from rlcore.engine.model import attention_for, load_causal_lm, load_value_model
 from rlcore.engine.sequence import FORWARDS, forward_for, local_model
 from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.hf import HFRolloutEngine, distinct_rows
+from rlcore.rollout.hf import HFRolloutEngine
+from rlcore.rollout.sampling import distinct_rows
 
 VOCAB = 50
 PAD = 0

@@ -33,7 +33,7 @@ from rlcore.engine import distributed, packed
 from rlcore.engine.model import ModelSpec, load_causal_lm
 from rlcore.engine.sequence import local_model, sequences
 from rlcore.protocol import Batch
-from rlcore.rollout import SamplingParams
+from rlcore.rollout import EngineSpec, SamplingParams
 from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.rollout import GenerateSpec
@@ -103,7 +103,7 @@ def start_worker(model_dir, *, strategy: str, dtype: str = "float32", ppo: bool 
     spec = ModelSpec(str(model_dir), dtype=dtype, strategy=strategy, packed_forward=True)
     placement = RankPlacement(0, 1, torch.get_num_threads())
     if ppo:
-        worker = ActorRolloutRefWorker(placement, model=spec, engine="hf", optim=OPTIM, with_ref=True)
+        worker = ActorRolloutRefWorker(placement, model=spec, engine=EngineSpec("static"), optim=OPTIM, with_ref=True)
     else:
         worker = SFTWorker(placement, model=spec, optim=OPTIM)
     worker.init_distributed("127.0.0.1", distributed.free_port(), use_gpu=True, timeout_s=60)

@@ -18,6 +18,7 @@ from rlcore.controller import RankPlacement
 from rlcore.engine.model import ModelSpec, load_causal_lm
 from rlcore.engine.sequence import sequences
 from rlcore.protocol import Batch
+from rlcore.rollout import EngineSpec
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec
 from rlcore.workers.optim import OptimSpec
 
@@ -39,7 +40,7 @@ def test_sequences_drop_the_prompt_columns_that_no_row_uses():
 def fresh_worker(model_dir, lr: float = 0.05, packed: bool = True) -> ActorRolloutRefWorker:
     """A single-rank worker (no process group) with an actor, its optimizer, a rollout engine and a reference."""
     w = ActorRolloutRefWorker(RankPlacement(0, 1, torch.get_num_threads()),
-                              model=ModelSpec(str(model_dir), packed_forward=packed), engine="hf",
+                              model=ModelSpec(str(model_dir), packed_forward=packed), engine=EngineSpec(),
                               optim=OptimSpec(lr=lr), with_ref=True)
     w.init_model()
     return w

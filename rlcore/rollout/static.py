@@ -1,0 +1,387 @@
+"""A generation engine with a preallocated KV cache, compacted batches and, on a GPU, CUDA graphs.
+
+The Hugging Face token loop (``rlcore.rollout.hf``) spends most of a decode step in Python:
+module calls, a growing ``DynamicCache`` re-concatenated every token, attention masks rebuilt
+from scratch. This engine runs the same decoder (Llama and Qwen2 layouts) as a lean functional
+forward over the model's own parameters:
+
+* **static KV cache**: ``[slots, kv_heads, max_len, head_dim]`` per layer, allocated once for the
+  largest batch seen; each row's prompt starts at cache index 0, so a row's cache index is its
+  position id and the keys it may attend to are simply ``index <= position``;
+* **prefill once per distinct prompt**: the ``n`` rows of a group share a prompt; its keys and
+  values are computed once and copied to every row;
+* **compaction**: when rows finish (EOS), the rows still running are moved to the front of the
+  cache as soon as they fit a smaller batch bucket, so finished rows stop costing work;
+* **compiled decode step** (``compile=True``): ``torch.compile`` of one decode step per bucket;
+* **CUDA graphs** (on a GPU, ``cuda_graphs=True``): each bucket's decode step is captured once and
+  replayed; weights are updated in place (``load_weights`` copies into the same tensors), so a
+  training step never triggers a recapture or a recompilation.
+
+Sampling, EOS tracking and the sampled tokens' log-probs are those of the HF engine
+(``rlcore.rollout.sampling``); the random stream is drawn for every row of the original batch at
+every step, so with bitwise-equal logits the two engines sample the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def unsupported_reason(config) -> str | None:
+    """Why this engine cannot run a model of ``config`` (None: it can)."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {config.model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (only silu)"
+    if getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    rope = getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) in ("dynamic", "longrope"):
+        return f"rope_scaling {rope.get('rope_type', rope.get('type'))!r} (position-dependent frequencies)"
+    return None
+
+
+def buckets_for(batch: int) -> list[int]:
+    """Batch sizes a decode step runs at: powers of two below ``batch``, and ``batch`` itself."""
+    sizes, b = [batch], 1
+    while b < batch:
+        sizes.append(b)
+        b *= 2
+    return sorted(set(sizes))
+
+
+def bucket_of(n: int, sizes: list[int]) -> int:
+    """The smallest bucket that holds ``n`` rows."""
+    return next(s for s in sizes if s >= n)
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    q_w: torch.Tensor
+    q_b: torch.Tensor | None
+    k_w: torch.Tensor
+    k_b: torch.Tensor | None
+    v_w: torch.Tensor
+    v_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    ln2: torch.Tensor
+    gate_w: torch.Tensor
+    up_w: torch.Tensor
+    down_w: torch.Tensor
+    gate_b: torch.Tensor | None
+    up_b: torch.Tensor | None
+    down_b: torch.Tensor | None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama/Qwen2 RMSNorm: normalised in float32, cast back, then scaled."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Decoder:
+    """The forward of a Llama/Qwen2 causal LM over a static KV cache, reading the HF model's own
+    parameters (so ``model.load_state_dict`` updates it in place)."""
+
+    def __init__(self, model):
+        cfg = model.config
+        self.model = model
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        self.max_positions = cfg.max_position_embeddings
+        inner = model.model
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.lm_head = model.lm_head.weight
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(_Layer(
+                layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
+                a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
+                m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight, m.gate_proj.bias, m.up_proj.bias,
+                m.down_proj.bias))
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq
+        self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self._rope: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[length, head_dim]`` for positions ``0..length-1``, as the HF rotary embedding
+        computes them (float32 products and cos/sin, times the attention scaling, cast to the dtype)."""
+        key = (length, self.dtype, self.device)
+        if key not in self._rope:
+            pos = torch.arange(length, device=self.device, dtype=torch.float32)
+            freqs = pos[:, None] * self.inv_freq.float()[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope = {key: ((emb.cos() * self.attention_scaling).to(self.dtype),
+                                (emb.sin() * self.attention_scaling).to(self.dtype))}
+        return self._rope[key]
+
+    def new_cache(self, slots: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        shape = (slots, self.n_kv, length, self.head_dim)
+        return ([torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers],
+                [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers])
+
+    def _attention_block(self, x, lay: _Layer, cos, sin):
+        b, t, _ = x.shape
+        h = _rms_norm(x, lay.ln1, self.eps)
+        q = F.linear(h, lay.q_w, lay.q_b).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = F.linear(h, lay.k_w, lay.k_b).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = F.linear(h, lay.v_w, lay.v_b).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+    def _finish_layer(self, x, attn, lay: _Layer):
+        b, _, t, _ = attn.shape
+        x = x + F.linear(attn.transpose(1, 2).reshape(b, t, -1), lay.o_w, lay.o_b)
+        h = _rms_norm(x, lay.ln2, self.eps)
+        return x + F.linear(F.silu(F.linear(h, lay.gate_w, lay.gate_b)) * F.linear(h, lay.up_w, lay.up_b),
+                            lay.down_w, lay.down_b)
+
+    def _attend(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+                                              enable_gqa=self.n_kv != self.n_heads)
+
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, list, list]:
+        """Right-padded prompts ``ids [p, t]`` of ``lengths``: the logits after each prompt's last token
+        ``[p, vocab]`` (float32) and every layer's keys and values ``[p, kv_heads, t, head_dim]``."""
+        p, t = ids.shape
+        cos, sin = self.rope_tables(t)
+        cos, sin = cos[None, None], sin[None, None]
+        cols = torch.arange(t, device=ids.device)
+        causal = cols[None, :] <= cols[:, None]
+        mask = (causal[None] & (cols[None, None, :] < lengths[:, None, None]))[:, None]  # [p, 1, t, t]
+        x = F.embedding(ids, self.embed)
+        keys, values = [], []
+        for lay in self.layers:
+            q, k, v = self._attention_block(x, lay, cos, sin)
+            keys.append(k)
+            values.append(v)
+            x = self._finish_layer(x, self._attend(q, k, v, mask), lay)
+        last = x[torch.arange(p, device=ids.device), lengths - 1]
+        return F.linear(_rms_norm(last, self.norm, self.eps), self.lm_head).float(), keys, values
+
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, k_cache: list[torch.Tensor],
+               v_cache: list[torch.Tensor], attend: int | None = None) -> torch.Tensor:
+        """One token per row: ``tokens [b]`` at positions ``pos [b]``; writes their keys and values at
+        ``pos`` in the first ``b`` cache slots, attends to cache indices ``<= pos`` and returns the
+        next-token logits ``[b, vocab]`` (float32).
+
+        ``attend=None``: attention over the whole cache with SDPA; every shape is fixed per ``b``, so the
+        step compiles and captures as is. ``attend=n`` (eager): only the first ``n`` cache indices
+        (``n > pos.max()``), with batched matmuls, which beat SDPA's kernels for one query on a CPU."""
+        b = tokens.shape[0]
+        length = k_cache[0].shape[2] if attend is None else attend
+        cos_t, sin_t = self.rope_tables(k_cache[0].shape[2])
+        cos, sin = cos_t[pos][:, None, None], sin_t[pos][:, None, None]  # [b, 1, 1, d]
+        valid = torch.arange(length, device=pos.device)[None, :] <= pos[:, None]  # [b, len]
+        if attend is None:
+            mask = valid[:, None, None]
+        else:  # additive mask [b * kv_heads, 1, len] for baddbmm over (row, kv head) pairs
+            groups = self.n_heads // self.n_kv
+            bias = torch.zeros(valid.shape, dtype=self.dtype, device=pos.device).masked_fill_(~valid, float("-inf"))
+            bias = bias[:, None, None].expand(b, self.n_kv, 1, length).reshape(b * self.n_kv, 1, length)
+        rows = torch.arange(b, device=pos.device)
+        x = F.embedding(tokens[:, None], self.embed)
+        for lay, kc, vc in zip(self.layers, k_cache, v_cache):
+            q, k, v = self._attention_block(x, lay, cos, sin)
+            kc[rows, :, pos] = k[:, :, 0]
+            vc[rows, :, pos] = v[:, :, 0]
+            if attend is None:
+                attn = self._attend(q, kc[:b], vc[:b], mask)
+            else:
+                keys = kc[:b, :, :length].reshape(b * self.n_kv, length, self.head_dim)
+                vals = vc[:b, :, :length].reshape(b * self.n_kv, length, self.head_dim)
+                scores = torch.baddbmm(bias, q.reshape(b * self.n_kv, groups, self.head_dim), keys.transpose(1, 2),
+                                       alpha=self.scale)
+                attn = torch.bmm(scores.softmax(-1), vals).view(b, self.n_heads, 1, self.head_dim)
+            x = self._finish_layer(x, attn, lay)
+        return F.linear(_rms_norm(x[:, 0], self.norm, self.eps), self.lm_head).float()
+
+
+class _GraphedStep:
+    """One bucket's decode step captured in a CUDA graph over static inputs and outputs."""
+
+    def __init__(self, step, size: int, k_cache, v_cache, device, pool=None):
+        self.tokens = torch.zeros(size, dtype=torch.long, device=device)
+        self.pos = torch.zeros(size, dtype=torch.long, device=device)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm-up runs (lazy inits, compilation) outside the capture
+            for _ in range(2):
+                step(self.tokens, self.pos, k_cache, v_cache)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = step(self.tokens, self.pos, k_cache, v_cache)
+
+    def __call__(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.pos.copy_(pos)
+        self.graph.replay()
+        return self.logits
+
+
+class StaticRolloutEngine:
+    """Generates with its own copy of the policy (an HF Llama/Qwen2 model), refreshed by ``load_weights``."""
+
+    def __init__(self, model, *, eos_token_id: int, pad_token_id: int, compile: bool = False,
+                 cuda_graphs: bool = True):
+        reason = unsupported_reason(model.config)
+        if reason:
+            raise ValueError(f"static rollout engine: {reason}")
+        self.model = model.eval()
+        self.decoder = Decoder(self.model)
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.use_graphs = cuda_graphs and self.decoder.device.type == "cuda"
+        self.compiled = compile
+        self.step_fn = torch.compile(self.decoder.decode, dynamic=False, fullgraph=True) if compile \
+            else self.decoder.decode
+        self.cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.graphs: dict[int, _GraphedStep] = {}
+        self.graph_pool = None
+        self.stats = {"compactions": 0, "graph_captures": 0, "decode_rows": 0, "decode_steps": 0}
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        # load_state_dict copies into the existing tensors: compiled steps and graphs keep reading them
+        self.model.load_state_dict(state_dict)
+
+    def _ensure_cache(self, slots: int, length: int) -> None:
+        if self.cache is not None and self.cache[0][0].shape[0] >= slots and self.cache[0][0].shape[2] == length:
+            return
+        old = self.cache[0][0].shape[0] if self.cache is not None else 0
+        self.graphs.clear()  # graphs read the old cache tensors
+        self.cache = None
+        self.cache = self.decoder.new_cache(max(slots, old), length)
+
+    def _target_size(self, n_alive: int, size: int, batch: int) -> int:
+        """Slots to run once ``n_alive`` rows are left: the smallest captured bucket that holds them
+        (CUDA graphs), or ``n_alive`` itself once a quarter of the slots are idle (eager; compacting
+        copies the cache, so not at every finished row)."""
+        if self.use_graphs:
+            return bucket_of(n_alive, buckets_for(batch))
+        return n_alive if n_alive <= size * 3 // 4 else size
+
+    def _step(self, size: int, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = self.cache
+        if not self.use_graphs:
+            attend = None if self.compiled else int(pos.max()) + 1
+            return self.step_fn(tokens, pos, [c[:size] for c in k_cache], [c[:size] for c in v_cache], attend)
+        if size not in self.graphs:
+            if self.graph_pool is None:
+                self.graph_pool = torch.cuda.graph_pool_handle()
+            self.graphs[size] = _GraphedStep(self.step_fn, size, [c[:size] for c in k_cache],
+                                             [c[:size] for c in v_cache], self.decoder.device, self.graph_pool)
+            self.stats["graph_captures"] += 1
+        return self.graphs[size](tokens, pos)
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
+                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        batch, width = input_ids.shape
+        device = input_ids.device
+        new = params.max_new_tokens
+        tokens = torch.full((batch, new), self.pad_token_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros((batch, new), dtype=torch.float32, device=device)
+        resp_mask = torch.zeros((batch, new), dtype=torch.long, device=device)
+        if batch == 0 or new == 0:
+            return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}
+        lengths = attention_mask.long().sum(-1)
+        if int(lengths.min()) < 1:
+            raise ValueError("static rollout engine: every prompt needs at least one token")
+        max_len = int(lengths.max())
+        length = max_len + new
+        if length > self.decoder.max_positions:
+            raise ValueError(f"static rollout engine: prompt ({max_len}) + max_new_tokens ({new}) exceed the "
+                             f"model's max_position_embeddings ({self.decoder.max_positions})")
+        # left-padded -> right-padded (each row's prompt starts at cache index 0)
+        cols = torch.arange(max_len, device=device)
+        src = (width - lengths)[:, None] + cols[None, :]
+        right = torch.where(cols[None, :] < lengths[:, None], input_ids.gather(1, src.clamp(max=width - 1)),
+                            torch.zeros((), dtype=input_ids.dtype, device=device))
+        self._ensure_cache(bucket_of(batch, buckets_for(batch)) if self.use_graphs else batch, length)
+        k_cache, v_cache = self.cache
+        # prefill each distinct prompt once; every row gets its prompt's keys, values and logits
+        uniq, uniq_mask, row_of = distinct_rows(right, (cols[None, :] < lengths[:, None]).long())
+        logits, keys, values = self.decoder.prefill(uniq, uniq_mask.sum(-1))
+        for kc, vc, k, v in zip(k_cache, v_cache, keys, values):
+            kc[:batch, :, :max_len] = k[row_of]
+            vc[:batch, :, :max_len] = v[row_of]
+        logits = logits[row_of]
+        size = bucket_of(batch, buckets_for(batch)) if self.use_graphs else batch  # slots a decode step runs
+        rows = torch.arange(batch, device=device)  # original row of each running sequence
+        slots = rows.clone()  # its cache slot
+        dense = size == batch  # slots == arange(size): no gather/scatter around the step
+        pos = lengths.clone()  # the position (= cache index) its next token is written at
+        for t in range(new):
+            scaled = logits / params.temperature
+            if params.greedy:
+                next_tok = logits.argmax(-1)
+            else:
+                u = torch.rand((batch, 1), generator=generator, device=device, dtype=torch.float64)
+                probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
+                next_tok = sample_from(probs, u=u if len(rows) == batch else u[rows])
+            logp = scaled.log_softmax(-1).gather(-1, next_tok[:, None]).squeeze(-1)
+            tokens[rows, t] = next_tok
+            log_probs[rows, t] = logp
+            resp_mask[rows, t] = 1
+            if t == new - 1:
+                break
+            alive = next_tok != self.eos_token_id
+            n_alive = int(alive.sum())
+            if n_alive == 0:
+                break
+            if n_alive < len(rows):
+                keep = alive.nonzero().squeeze(-1)
+                rows, next_tok, pos, slots = rows[keep], next_tok[keep], pos[keep], slots[keep]
+                target = self._target_size(n_alive, size, batch)
+                if target < size:  # compact: running rows to the front of the cache
+                    for kc, vc in zip(k_cache, v_cache):
+                        kc[:n_alive] = kc[slots]
+                        vc[:n_alive] = vc[slots]
+                    slots = torch.arange(n_alive, device=device)
+                    size = target
+                    self.stats["compactions"] += 1
+                dense = n_alive == size
+            if dense:
+                logits = self._step(size, next_tok, pos)
+            else:  # finished or padding slots run a dummy token at position 0 of their own slot
+                step_tok = torch.full((size,), self.pad_token_id, dtype=torch.long, device=device)
+                step_pos = torch.zeros(size, dtype=torch.long, device=device)
+                step_tok[slots] = next_tok
+                step_pos[slots] = pos
+                logits = self._step(size, step_tok, step_pos)[slots]
+            pos = pos + 1
+            self.stats["decode_steps"] += 1
+            self.stats["decode_rows"] += size
+        return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}
