@@ -24,7 +24,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench,test]"
-	$(PY) -m bench.run_bench
+	$(PY) -m bench.run_bench --configs default,realistic
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

@@ -2,6 +2,7 @@
 
     python -m bench.gpu_scale                       # Qwen2-0.5B shape, 3 configurations, markdown to stdout
     python -m bench.gpu_scale --steps 4 --out gpu.md
+    python -m bench.gpu_scale --engines static,hf --configs ddp:packed   # the rollout engines side by side
 
 Nothing is downloaded: the model is a randomly initialised decoder with the shape of Qwen2-0.5B
 (24 layers, hidden 896, 14 query / 2 key-value heads, vocabulary 151,936, tied embeddings) and
@@ -10,7 +11,10 @@ A random model never emits EOS, so every response runs to ``--response-len`` tok
 are throughput at a fixed length, not learning. Each configuration (``resources.strategy``,
 ``model.packed_forward``) runs ``--warmup`` + ``--steps`` RL steps of ``RoundRunner`` on one
 rank with ``resources.use_gpu: true`` (nccl) in bfloat16, and reports the median seconds per
-step, its phases, rollout and training tokens per second and the rank's peak GPU memory.
+step, its phases, the share of the step spent generating, rollout and training tokens per second,
+the rank's peak GPU memory and, for the static engine, its CUDA-graph captures (after the first step
+and at the end: captures during the timed steps would be recaptures). ``--engines`` runs every
+configuration once per rollout engine (``rollout.engine``; ``--compile`` sets ``rollout.compile``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,19 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                  intermediate_size=4864, vocab_size=151_936, max_position_embeddings=4096, tie_word_embeddings=True)
 CONFIGS = [("ddp", True), ("fsdp", True), ("ddp", False)]  # (resources.strategy, model.packed_forward)
+
+
+def parse_configs(text: str) -> list[tuple[str, bool]]:
+    """``ddp:packed,fsdp:padded`` -> [("ddp", True), ("fsdp", False)]; "all": CONFIGS."""
+    if text == "all":
+        return list(CONFIGS)
+    out = []
+    for item in text.split(","):
+        strategy, _, layout = item.partition(":")
+        if layout not in ("packed", "padded"):
+            raise SystemExit(f"bench.gpu_scale: --configs item {item!r} is not STRATEGY:packed|padded")
+        out.append((strategy, layout == "packed"))
+    return out
 
 
 def build_model(folder: Path, layers: int) -> int:
@@ -59,7 +76,17 @@ def peak_gpu_gib(runner) -> float:
     return ray.get(runner.actor.workers[0].__ray_call__.remote(probe), timeout=60)
 
 
-def run_config(model_dir: Path, data: Path, strategy: str, packed: bool, args) -> dict:
+def engine_stats(runner) -> dict:
+    """The rank's rollout engine counters (``StaticRolloutEngine.stats``; empty for the hf engine)."""
+    import ray
+
+    def probe(worker):
+        return dict(getattr(worker.engine, "stats", {}))
+
+    return ray.get(runner.actor.workers[0].__ray_call__.remote(probe), timeout=60)
+
+
+def run_config(model_dir: Path, data: Path, strategy: str, packed: bool, args, engine: str = "static") -> dict:
     from rlcore.config import parse_config
     from rlcore.data.collate import prompt_batch
     from rlcore.data.schema import read_rows
@@ -71,7 +98,7 @@ def run_config(model_dir: Path, data: Path, strategy: str, packed: bool, args) -
         "model": {"path": str(model_dir), "dtype": "bfloat16", "packed_forward": packed},
         "task": {"max_prompt_length": 16, "max_response_length": args.response_len},
         "resources": {"n_workers": 1, "cpus_per_worker": 4, "use_gpu": True, "strategy": strategy},
-        "rollout": {"n": args.n},
+        "rollout": {"n": args.n, "engine": engine, "compile": args.compile},
         "actor": {"ppo_mini_batch_size": args.prompts, "micro_batch_size": args.micro, "lr": 1e-6},
         "ppo": {"train_batch_size": args.prompts},
     }, "bench.gpu_scale")
@@ -84,14 +111,19 @@ def run_config(model_dir: Path, data: Path, strategy: str, packed: bool, args) -
             m = runner.step(step)
             m["wall_s"] = time.perf_counter() - start
             rows.append(m)
+            if step == 0:
+                first_stats = engine_stats(runner)
         peak = peak_gpu_gib(runner)
+        last_stats = engine_stats(runner)
     used = rows[args.warmup:]
 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in used)
 
     phases = sorted({k for r in used for k in r if k.startswith("timing_s/") and k != "timing_s/step"})
-    return {"strategy": strategy, "packed": packed, "s_per_step": med("wall_s"),
+    return {"strategy": strategy, "packed": packed, "engine": engine, "s_per_step": med("wall_s"),
+            "gen_share": statistics.median(r["timing_s/gen"] / r["timing_s/step"] for r in used),
+            "captures": (first_stats.get("graph_captures"), last_stats.get("graph_captures")),
             "spread": (min(r["wall_s"] for r in used), max(r["wall_s"] for r in used)),
             "phases": {k.removeprefix("timing_s/"): med(k) for k in phases},
             "gen_tok_s": med("perf/gen_tokens_per_s"), "train_tok_s": med("perf/tokens_per_s"),
@@ -103,14 +135,17 @@ def render(results: list[dict], n_params: int, args, device: str) -> str:
              f"Random Qwen2-0.5B-shaped model ({n_params / 1e6:.0f}M parameters, {args.layers} layers), bfloat16, "
              f"one rank (nccl), {args.prompts} prompts x {args.n} responses of {args.response_len} tokens, "
              f"one optimizer step per RL step, micro-batch {args.micro}; median of {args.steps} steps after "
-             f"{args.warmup} warm-up. `python -m bench.gpu_scale` reproduces it.", "",
-             "| strategy | packed forward | s/step (min-max) | phases (s) | rollout tok/s | training tok/s | "
-             "peak GPU GiB |", "|---|---|---|---|---|---|---|"]
+             f"{args.warmup} warm-up. `python -m bench.gpu_scale --engines {args.engines} --configs {args.configs}"
+             f"{' --compile' if args.compile else ''}` reproduces it.", "",
+             "| engine | strategy | packed forward | s/step (min-max) | gen share | phases (s) | rollout tok/s | "
+             "training tok/s | peak GPU GiB | graph captures (after step 1, end) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         phases = ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items() if v >= 0.005)
-        lines.append(f"| {r['strategy']} | {r['packed']} | {r['s_per_step']:.2f} ({r['spread'][0]:.2f}-"
-                     f"{r['spread'][1]:.2f}) | {phases} | {r['gen_tok_s']:,.0f} | {r['train_tok_s']:,.0f} | "
-                     f"{r['peak_gib']:.1f} |")
+        captures = "-" if r["captures"][0] is None else f"{r['captures'][0]}, {r['captures'][1]}"
+        lines.append(f"| {r['engine']} | {r['strategy']} | {r['packed']} | {r['s_per_step']:.2f} ({r['spread'][0]:.2f}-"
+                     f"{r['spread'][1]:.2f}) | {r['gen_share']:.0%} | {phases} | {r['gen_tok_s']:,.0f} | "
+                     f"{r['train_tok_s']:,.0f} | {r['peak_gib']:.1f} | {captures} |")
     return "\n".join(lines) + "\n"
 
 
@@ -123,8 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--micro", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--engines", default="static", help="comma list of rollout engines (rollout.engine)")
+    p.add_argument("--compile", action="store_true", help="rollout.compile: true")
+    p.add_argument("--configs", default="all", help="all, or a comma list of STRATEGY:packed|padded")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    configs = parse_configs(args.configs)
 
     import torch
 
@@ -140,9 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     write_rows(build_splits(task="arithmetic", seed=0, n_sft=1, n_rl=2048, n_test=1, min_digits=1, max_digits=2,
                             ops=("+",))["rl_train"], data)
     results = []
-    for strategy, packed in CONFIGS:
-        results.append(run_config(work / "model", data, strategy, packed, args))
-        print(results[-1], flush=True)
+    for strategy, packed in configs:
+        for engine in args.engines.split(","):
+            results.append(run_config(work / "model", data, strategy, packed, args, engine))
+            print(results[-1], flush=True)
     text = render(results, n_params, args, device)
     print(text)
     if args.out:

@@ -63,5 +63,25 @@ def matmul_flops(n: int = 1024, threads: int | None = None, seconds: float = 2.0
         torch.set_num_threads(old)
 
 
+def memory_bandwidth(mib: int = 256, threads: int | None = None, seconds: float = 2.0) -> float:
+    """Best-of-repeats bytes/s of copying a ``mib`` MiB fp32 tensor (bytes read + bytes written), far larger
+    than the caches: the ceiling for a decode step that streams its weights and KV cache."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    try:
+        a = torch.randn(mib * 2**20 // 4)
+        b = torch.empty_like(a)
+        b.copy_(a)  # warm-up (pages touched)
+        best, end = float("inf"), time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            b.copy_(a)
+            best = min(best, time.perf_counter() - start)
+        return 2 * a.numel() * 4 / best
+    finally:
+        torch.set_num_threads(old)
+
+
 if __name__ == "__main__":
-    print(describe(), versions(), f"{matmul_flops() / 1e9:.0f} GFLOP/s", sep="\n")
+    print(describe(), versions(), f"{matmul_flops() / 1e9:.0f} GFLOP/s", f"{memory_bandwidth() / 1e9:.1f} GB/s",
+          sep="\n")

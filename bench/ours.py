@@ -109,7 +109,8 @@ def main() -> None:
     with running_runner() as runner:
         wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),
                   resources=runner.cfg.resources.model_dump(mode="json"),
-                  packed_forward=runner.cfg.model.packed_forward, balance_batch=runner.cfg.ppo.balance_batch)
+                  packed_forward=runner.cfg.model.packed_forward, balance_batch=runner.cfg.ppo.balance_batch,
+                  engine=runner.cfg.rollout.engine)
         step = 0
         while (cmd := wire.next_command())[0] in ("run", "probe"):
             if cmd[0] == "probe":

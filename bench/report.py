@@ -58,6 +58,28 @@ def summarize(measured: list[dict], used: list[dict], all_steps: list[dict], n_p
     }
 
 
+def generation_efficiency(used: list[dict], n_params: int, shape: dict[str, int], shared: dict, peak_flops: float,
+                          bandwidth: float, weight_copies: int) -> dict[str, float]:
+    """How close generation runs to this machine's two ceilings, over the ``used`` steps.
+
+    FLOPs: 2 x N per generated token (the matmuls; attention scores left out). Bytes: every decode step
+    reads the fp32 weights once per copy of the model (ours: one per rank; TRL: one) and, per row, the
+    KV cache up to its context (layers x 2 x kv heads x head size x 4 bytes per position). Decode steps
+    per RL step are taken as ``task.max_response_length`` (exact when answers run to the limit, an upper
+    bound otherwise), the context of a token as the mean prompt plus half the mean response."""
+    gen_s = sum(r["gen_s"] for r in used)
+    tokens = sum(r["rollout_tokens"] for r in used)
+    prompt_tokens = sum(r["train_tokens"] for r in used) - tokens
+    responses = shared["completions_per_step"] * len(used)
+    kv_per_position = shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * 4
+    context = prompt_tokens / responses + tokens / responses / 2
+    weight_bytes = 4 * n_params * weight_copies * shared["max_response_length"] * len(used)
+    total_bytes = weight_bytes + tokens * kv_per_position * context
+    flop_s, bytes_s = 2 * n_params * tokens / gen_s, total_bytes / gen_s
+    return {"flop_s": flop_s, "flop_frac": flop_s / peak_flops, "bytes_s": bytes_s, "bw_frac": bytes_s / bandwidth,
+            "tokens_per_step": tokens / len(used), "gen_s_per_step": gen_s / len(used)}
+
+
 def paired_reward_gap(ours: list[dict], trl: list[dict]) -> tuple[float, float, int]:
     """Mean over steps of ours' reward minus TRL's at the same step (both draw the same prompts at
     each step, so pairing removes the prompts' difficulty from the comparison), its standard error

@@ -3,6 +3,13 @@
     make bench                                          # installs the `bench` extra, then runs this
     .venv/bin/python -m bench.run_bench                 # full run (default: 2 warm-up + 20 measured steps)
     .venv/bin/python -m bench.run_bench --steps 2 --warmup 1 --no-profile --out /tmp/r.md   # quick check
+    .venv/bin/python -m bench.run_bench --configs default,realistic         # what `make bench` runs
+    .venv/bin/python -m bench.run_bench --set model.tiny.hidden_size=128 --set task.max_response_length=16 \
+        --fixture-set sft.steps=50                                           # any other shape
+
+``--set KEY=VALUE`` applies to both systems and to the fixture (model shape under ``model.tiny.*``,
+``task.max_response_length``, ``ppo.train_batch_size``, ``rollout.n``, ...); ``--fixture-set`` to the
+fixture build only (``sft.steps=20``: a barely trained model whose answers run to the length limit).
 
 The first run builds a fixture in bench/_work (data, tiny model, SFT checkpoint; ~5 min),
 later runs reuse it. Each system runs in its own child process (``bench.ours``, ``bench.trl_side``);
@@ -27,7 +34,8 @@ from bench.children import Child, ChildError
 from bench.monitor import LoadMeter, MemoryMonitor
 from bench.prepare import ensure_prepared
 from bench.profile import profile_ours, pyspy_available
-from bench.settings import BENCH_DIR, REPO_ROOT, WORK_DIR, paths, rl_config, shared
+from bench.settings import (BENCH_DIR, CONFIGS, FIXTURE_SET_ENV, REPO_ROOT, SET_ENV, WORK_DIR, paths, rl_config,
+                            shared)
 from bench.text import render
 
 QUIET_WAIT_PER_BLOCK_S = 15.0
@@ -47,6 +55,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="niceness increment for the run, inherited by both systems' processes (default: -10 as "
                         "root, to shield them from other load on the machine; 0 otherwise)")
     p.add_argument("--out", default=str(BENCH_DIR / "RESULTS.md"))
+    p.add_argument("--configs", default="default",
+                   help=f"comma-separated named configurations to run one after the other ({', '.join(CONFIGS)}); "
+                        "make bench runs default,realistic")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                   help="rlcore config for both systems and the fixture, on top of each configuration "
+                        "(e.g. model.tiny.hidden_size=256, task.max_response_length=32)")
+    p.add_argument("--fixture-set", action="append", default=[], metavar="KEY=VALUE", dest="fixture_sets",
+                   help="rlcore config for the fixture build only (e.g. sft.steps=20)")
     p.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra rlcore config for our side only, e.g. resources.n_workers=1 (experiments)")
     return p.parse_args(argv)
@@ -74,6 +90,14 @@ def count_params(model_dir: Path) -> dict[str, int]:
             total += size
             embed += size if "embed_tokens" in k else 0
     return {"total": total, "matmul": total - embed}
+
+
+def model_shape(model_dir: Path) -> dict[str, int]:
+    """What the generation byte count needs: layers, KV heads, head size (from the fixture's config.json)."""
+    c = json.loads((model_dir / "config.json").read_text())
+    heads = c["num_attention_heads"]
+    return {"layers": c["num_hidden_layers"], "kv_heads": c.get("num_key_value_heads") or heads,
+            "head_dim": c.get("head_dim") or c["hidden_size"] // heads}
 
 
 def alternate(kids: dict[str, Child], steps: int, block: int, meter: LoadMeter, quiet_budget: float):
@@ -106,13 +130,16 @@ def renice(nice: int | None) -> None:
 def describe_run(args: argparse.Namespace) -> dict:
     """Everything about the run that is known before any system starts (and the matmul peak)."""
     prepared = ensure_prepared()  # builds the SFT fixture on a fresh machine; count_params reads it
-    info = {"machine": machine.describe(), "versions": machine.versions(), "shared": shared(rl_config()),
+    cfg = rl_config()
+    info = {"machine": machine.describe(), "versions": machine.versions(), "shared": shared(cfg),
+            "model_shape": model_shape(paths()["sft"]),
             "params": count_params(paths()["sft"]), "prepare": prepared, "args": vars(args),
             "ours_overrides": parse_sets(args.ours_set),
             "fixture": str(paths()["sft"].relative_to(REPO_ROOT))}
     idle = LoadMeter([])
     idle.start()
     info["peak_flops"] = machine.matmul_flops()
+    info["mem_bandwidth"] = machine.memory_bandwidth()
     info["load_during_matmul"] = idle.stop()
     return info
 
@@ -169,19 +196,37 @@ def run(args: argparse.Namespace) -> dict:
     used, info["clean_only"] = report.choose_steps(measured)
     info["summary"] = {name: report.summarize(measured[name], used[name], warm[name] + measured[name], n,
                                               FWD_ONLY_PASSES, info["peak_flops"]) for name in kids}
+    info["generation"] = {name: report.generation_efficiency(
+        used[name], n, info["model_shape"], info["shared"], info["peak_flops"], info["mem_bandwidth"],
+        weight_copies=info["ours_ready"]["resources"]["n_workers"] if name == "ours" else 1) for name in kids}
     info.update(memory={"total": mem.peak_total, "compute": mem.peak_compute}, profile=prof,
                 records={n: warm[n] + measured[n] for n in kids}, measured=measured, total_steps=total,
                 wall_s=time.perf_counter() - started)
     return info
 
 
+def configure(name: str, args: argparse.Namespace) -> dict:
+    """Point this process and the children it starts at configuration ``name`` (plus --set/--fixture-set)."""
+    if name not in CONFIGS:
+        raise SystemExit(f"bench: --configs: unknown configuration {name!r}; expected one of {', '.join(CONFIGS)}")
+    sets, fixture = CONFIGS[name]
+    sets, fixture = {**sets, **parse_sets(args.sets)}, {**fixture, **parse_sets(args.fixture_sets)}
+    os.environ[SET_ENV], os.environ[FIXTURE_SET_ENV] = json.dumps(sets), json.dumps(fixture)
+    return {"name": name, "sets": sets, "fixture_sets": fixture}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    info = run(args)
-    text = render(info)
+    infos = []
+    for name in args.configs.split(","):
+        config = configure(name.strip(), args)
+        info = run(args)
+        info["config"] = config
+        infos.append(info)
+        (WORK_DIR / f"last_run-{config['name']}.json").write_text(json.dumps(info, indent=1, default=str))
+    text = render(infos)
     print(text)
     Path(args.out).write_text(text)
-    (WORK_DIR / "last_run.json").write_text(json.dumps(info, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ PARAMS = REPO_ROOT / "params.yaml"
 OVERRIDES: dict[str, Any] = {
     "tracking.enabled": False,
     "ppo.train_batch_size": 32,  # the benchmark's step: 32 prompts x rollout.n responses, whatever the recipe uses
-    "actor.ppo_mini_batch_size": 32,  # == ppo.train_batch_size
 }
 RL_SEED = 1234  # prompt order and sampling seed of the RL phase (both systems take the same prompt order)
 # The SFT checkpoint is a fixture (both systems start from it), not what is measured: its length is
@@ -39,9 +39,40 @@ SFT_KEYS = ("seed", "model", "sft", "task.name", "task.min_digits", "task.max_di
 DATA_KEYS = ("seed", "task")
 
 
+# Named configurations of `make bench` (``run_bench --configs``): (shared sets, fixture sets).
+# realistic: a 6.3M-parameter Llama (hidden 256, 6 layers), 16 prompts x 8 = 128 responses of up to 32
+# tokens per step, from a practically untrained model (one SFT step at lr 1e-6) whose answers mostly run to
+# the limit (78% of them; 5 or 20 SFT steps at the recipe's lr already teach the arithmetic answers' early EOS:
+# 3-4 tokens). The generation-bound regime of long reasoning answers; its rewards are ~0 for both systems.
+CONFIGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "default": ({}, {}),
+    "realistic": ({"model.tiny.hidden_size": 256, "model.tiny.num_layers": 6, "model.tiny.num_heads": 4,
+                   "model.tiny.intermediate_size": 1024, "task.max_response_length": 32,
+                   "ppo.train_batch_size": 16, "rollout.n": 8},
+                  {"sft.steps": 1, "sft.lr": 1e-6}),
+}
+SET_ENV, FIXTURE_SET_ENV = "BENCH_SET", "BENCH_FIXTURE_SET"
+
+
+def shared_sets() -> dict[str, Any]:
+    """``--set KEY=VALUE`` of the run (both systems and the fixture), passed to the children in the environment."""
+    return json.loads(os.environ.get(SET_ENV) or "{}")
+
+
+def fixture_sets() -> dict[str, Any]:
+    """``--fixture-set KEY=VALUE`` of the run (the fixture build only, e.g. ``sft.steps=20``)."""
+    return json.loads(os.environ.get(FIXTURE_SET_ENV) or "{}")
+
+
+def with_one_update(sets: dict[str, Any]) -> dict[str, Any]:
+    """``actor.ppo_mini_batch_size`` = ``ppo.train_batch_size`` (whatever the sets choose): one optimizer
+    step per RL step."""
+    return {**sets, "actor.ppo_mini_batch_size": sets["ppo.train_batch_size"]}
+
+
 def rl_config(extra: dict[str, Any] | None = None) -> Config:
-    """The rlcore Config of the benchmark (params.yaml + OVERRIDES + ``extra``, e.g. from --ours-set)."""
-    cfg = load_config(PARAMS, {**OVERRIDES, **(extra or {})})
+    """The rlcore Config of the benchmark (params.yaml + OVERRIDES + ``--set`` + ``extra``, e.g. from --ours-set)."""
+    cfg = load_config(PARAMS, with_one_update({**OVERRIDES, **shared_sets(), **(extra or {})}))
     assert cfg.actor.ppo_mini_batch_size == cfg.ppo.train_batch_size, "one optimizer step per RL step"
     return cfg
 
@@ -74,7 +105,7 @@ def shared(cfg: Config) -> dict[str, Any]:
 
 def fixture_config() -> Config:
     """The config the data, base model and SFT checkpoint are built from."""
-    return load_config(PARAMS, {**OVERRIDES, **FIXTURE_OVERRIDES})
+    return load_config(PARAMS, with_one_update({**OVERRIDES, **shared_sets(), **FIXTURE_OVERRIDES, **fixture_sets()}))
 
 
 def fixture_key(cfg: Config, keys: tuple[str, ...]) -> str:

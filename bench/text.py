@@ -29,8 +29,9 @@ DIFFERENCES = """\
   per-token loss; rlcore clamps x to [-20, 20] and k3 to [-10, 10] (verl), TRL does not clamp.
 - **Optimizer.** Both AdamW (0.9, 0.999, eps 1e-8), weight decay 0, constant LR without warm-up,
   grad-norm clip 1.0. TRL uses its default `adamw_torch_fused`; rlcore `torch.optim.AdamW(foreach=True)`.
-- **Generation.** rlcore: its own KV-cache decode loop (`rollout.engine: hf`, inverse-CDF sampling,
-  each distinct prompt prefilled once) on a copy of the weights refreshed after every update.
+- **Generation.** rlcore: its static-cache engine (`rollout.engine: static`: a preallocated KV cache,
+  each distinct prompt prefilled once, finished rows compacted out of the batch, inverse-CDF sampling)
+  on a copy of the weights refreshed after every update.
   TRL: `model.generate(do_sample=True)` on the training model. Both stop at EOS or max length;
   TRL's `top_k=0` and rlcore's `top_k: 0` both mean no top-k filter.
 - **Padding and repeats.** rlcore's forwards are packed (`model.packed_forward`): no padding token,
@@ -127,7 +128,7 @@ def settings_section(info: dict) -> list[str]:
             f"`strategy: {res['strategy']}`, `model.packed_forward: {str(ready['packed_forward']).lower()}`, "
             f"`ppo.balance_batch: {str(ready['balance_batch']).lower()}`, "
             "`actor.ppo_mini_batch_size` = `ppo.train_batch_size` (one optimizer step per RL step), "
-            "`rollout.engine: hf`, `actor.recompute_log_prob: false`."]
+            f"`rollout.engine: {ready.get('engine', 'static')}`, `actor.recompute_log_prob: false`."]
 
 
 def tiny_shape(info: dict) -> str:
@@ -137,8 +138,24 @@ def tiny_shape(info: dict) -> str:
 
 def command(info: dict) -> str:
     args = info["args"]
-    cmd = f"python -m bench.run_bench --steps {args['steps']} --warmup {args['warmup']} --block {args['block']}"
-    return cmd + "".join(f" --ours-set {k}={v}" for k, v in info["ours_overrides"].items())
+    cmd = (f"python -m bench.run_bench --configs {args['configs']} --steps {args['steps']} --warmup {args['warmup']} "
+           f"--block {args['block']}")
+    return cmd + "".join(f" --{flag} {v}" for flag, key in (("set", "sets"), ("fixture-set", "fixture_sets"))
+                         for v in args[key]) + "".join(f" --ours-set {k}={v}" for k, v in info["ours_overrides"].items())
+
+
+def generation_section(info: dict) -> list[str]:
+    g, sh = info["generation"], info["shared"]
+    return ["Generation against this machine's ceilings (see `bench/report.py: generation_efficiency`): matmul "
+            f"FLOPs = 2 x N per generated token; bytes = the fp32 weights once per decode step per model copy (ours: "
+            f"one per rank, TRL: one) plus each row's KV cache; {sh['max_response_length']} decode steps per RL step "
+            "(`task.max_response_length`: exact when answers run to the limit, an upper bound otherwise). "
+            f"Memory bandwidth: {info['mem_bandwidth'] / 1e9:.1f} GB/s (a 256 MiB copy, 2 threads).", "",
+            "| system | generated tokens/step | generation s/step | FLOP/s (of matmul peak) | bytes/s (of bandwidth) |",
+            "|---|---|---|---|---|",
+            *[f"| {name} | {g[name]['tokens_per_step']:,.0f} | {g[name]['gen_s_per_step']:.3f} | "
+              f"{g[name]['flop_s'] / 1e9:.1f} G ({g[name]['flop_frac']:.0%}) | {g[name]['bytes_s'] / 1e9:.2f} G "
+              f"({g[name]['bw_frac']:.0%}) |" for name in ("ours", "trl")], ""]
 
 
 def results_section(info: dict) -> list[str]:
@@ -176,13 +193,42 @@ def reproduce_section(info: dict) -> list[str]:
             "at least 5 of them.", ""]
 
 
-def render(info: dict) -> str:
+def config_title(info: dict) -> str:
+    c = info["config"]
+    sets = ", ".join(f"`{k}={v}`" for k, v in {**c["sets"], **{f"fixture {k}": v for k, v in c["fixture_sets"].items()}
+                                                 }.items())
+    return f"Configuration `{c['name']}`" + (f" ({sets})" if sets else " (params.yaml as is)")
+
+
+def summary_table(infos: list[dict]) -> list[str]:
+    lines = ["| configuration | parameters | completions/step x max tokens | ours s/step | TRL s/step | **TRL/ours** | "
+             "reward last 5 steps, ours / TRL |", "|---|---|---|---|---|---|---|"]
+    for info in infos:
+        s, sh = info["summary"], info["shared"]
+        lines.append(f"| {info['config']['name']} | {info['params']['total'] / 1e6:.2f}M | "
+                     f"{sh['completions_per_step']} x {sh['max_response_length']} | {s['ours']['median_s']:.3f} | "
+                     f"{s['trl']['median_s']:.3f} | **{s['trl']['median_s'] / s['ours']['median_s']:.2f}** | "
+                     f"{s['ours']['reward_last5']:.3f} / {s['trl']['reward_last5']:.3f} |")
+    return lines
+
+
+def render(infos: list[dict]) -> str:
+    """One document: a summary over the configurations, then each configuration's report."""
+    lines = ["# rlcore vs TRL: GRPO on the arithmetic task, on this machine", "",
+             f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `{command(infos[0])}` in "
+             f"{sum(i['wall_s'] for i in infos):.0f} s.", "", *summary_table(infos), "",
+             f"Target: TRL/ours >= {TARGET:.1f} with the reward no worse.", ""]
+    for info in infos:
+        lines += [f"# {config_title(info)}", "", render_one(info)]
+    return "\n".join(lines)
+
+
+def render_one(info: dict) -> str:
     lines = [
-        "# rlcore vs TRL: GRPO on the tiny arithmetic task", "",
-        f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `{command(info)}` in {info['wall_s']:.0f} s "
-        f"(setup: ours {info['setup_s']['ours']:.0f} s, TRL {info['setup_s']['trl']:.0f} s, not in the step times).",
+        f"Ran in {info['wall_s']:.0f} s (setup: ours {info['setup_s']['ours']:.0f} s, TRL {info['setup_s']['trl']:.0f} s, "
+        "not in the step times).",
         "", headline(info["summary"]), "", *experiment_note(info),
-        *results_section(info),
+        *results_section(info), *generation_section(info),
         "## Where the time goes", "", *where_time_goes(info), "",
         "## Machine", "", *kv_table(info["machine"]), "",
         "## Versions", "", *kv_table(info["versions"], ("package", "version")), "",

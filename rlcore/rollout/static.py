@@ -143,8 +143,9 @@ class Decoder:
             pos = torch.arange(length, device=self.device, dtype=torch.float32)
             freqs = pos[:, None] * self.inv_freq.float()[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            self._rope = {key: ((emb.cos() * self.attention_scaling).to(self.dtype),
-                                (emb.sin() * self.attention_scaling).to(self.dtype))}
+            # kept for the life of the decoder: captured CUDA graphs read these very tensors
+            self._rope[key] = ((emb.cos() * self.attention_scaling).to(self.dtype),
+                               (emb.sin() * self.attention_scaling).to(self.dtype))
         return self._rope[key]
 
     def new_cache(self, slots: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -233,7 +234,9 @@ class _GraphedStep:
 
     def __init__(self, step, size: int, k_cache, v_cache, device, pool=None):
         self.tokens = torch.zeros(size, dtype=torch.long, device=device)
-        self.pos = torch.zeros(size, dtype=torch.long, device=device)
+        # the warm-up steps write keys and values at the cache's last index: no row ever holds a live
+        # entry there (a row's last decode step writes at most at prompt + max_new_tokens - 2)
+        self.pos = torch.full((size,), k_cache[0].shape[2] - 1, dtype=torch.long, device=device)
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm-up runs (lazy inits, compilation) outside the capture
@@ -277,12 +280,19 @@ class StaticRolloutEngine:
         self.model.load_state_dict(state_dict)
 
     def _ensure_cache(self, slots: int, length: int) -> None:
-        if self.cache is not None and self.cache[0][0].shape[0] >= slots and self.cache[0][0].shape[2] == length:
+        """A cache of at least ``slots`` rows and ``length`` positions. A longer one than needed is kept
+        (positions past a row's context are masked), so batches with shorter prompts reuse it and the
+        graphs captured over it; a larger one is allocated once, with the positions up to the model's
+        limit when that costs at most twice the asked length."""
+        if self.cache is not None and self.cache[0][0].shape[0] >= slots and self.cache[0][0].shape[2] >= length:
             return
-        old = self.cache[0][0].shape[0] if self.cache is not None else 0
+        old_slots, old_len = (self.cache[0][0].shape[0], self.cache[0][0].shape[2]) if self.cache else (0, 0)
         self.graphs.clear()  # graphs read the old cache tensors
         self.cache = None
-        self.cache = self.decoder.new_cache(max(slots, old), length)
+        length = max(length, old_len)
+        if self.decoder.max_positions <= 2 * length:
+            length = self.decoder.max_positions
+        self.cache = self.decoder.new_cache(max(slots, old_slots), length)
 
     def _target_size(self, n_alive: int, size: int, batch: int) -> int:
         """Slots to run once ``n_alive`` rows are left: the smallest captured bucket that holds them
@@ -365,10 +375,11 @@ class StaticRolloutEngine:
                 keep = alive.nonzero().squeeze(-1)
                 rows, next_tok, pos, slots = rows[keep], next_tok[keep], pos[keep], slots[keep]
                 target = self._target_size(n_alive, size, batch)
-                if target < size:  # compact: running rows to the front of the cache
+                if target < size:  # compact: running rows (their live positions) to the front of the cache
+                    live = int(pos.max())
                     for kc, vc in zip(k_cache, v_cache):
-                        kc[:n_alive] = kc[slots]
-                        vc[:n_alive] = vc[slots]
+                        kc[:n_alive, :, :live] = kc[slots, :, :live]
+                        vc[:n_alive, :, :live] = vc[slots, :, :live]
                     slots = torch.arange(n_alive, device=device)
                     size = target
                     self.stats["compactions"] += 1
