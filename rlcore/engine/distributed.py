@@ -66,6 +66,14 @@ def all_reduce_mean(values: dict[str, float], device: torch.device) -> dict[str,
     return dict(zip(keys, t.tolist()))
 
 
+def all_reduce_max(x: float, device: torch.device) -> float:
+    if not dist.is_initialized():
+        return float(x)
+    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def all_reduce_sum(x: float, device: torch.device) -> float:
     if not dist.is_initialized():
         return float(x)

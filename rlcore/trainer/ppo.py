@@ -212,7 +212,11 @@ class RoundRunner:
                                               dataclasses.replace(self.critic_spec, seed=self.seed + step)))
             if self.critic is None or step >= cfg.critic.warmup_steps:
                 with timer(t, "update_actor"):
-                    m.update(self.actor.call(ActorRolloutRefWorker.update_actor, batch.only(*ACTOR_UPDATE_KEYS),
+                    # without a recompute, the update's first mini-batch (before any optimizer step, the
+                    # rollout's weights) measures the rollout/trainer mismatch from the rollout log-probs
+                    keys = ACTOR_UPDATE_KEYS if cfg.actor.recompute_log_prob else ACTOR_UPDATE_KEYS + (
+                        "rollout_log_probs",)
+                    m.update(self.actor.call(ActorRolloutRefWorker.update_actor, batch.only(*keys),
                                              dataclasses.replace(self.actor_spec, seed=self.seed + step)))
         self.samples += sample_rows(batch, self.tok, step, cfg.ppo.log_samples)
         self.last_batch = batch

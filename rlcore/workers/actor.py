@@ -80,6 +80,7 @@ class ActorRolloutRefWorker(RankWorker):
         self.optim_spec = optim
         self.with_ref = with_ref
         self.rollout_stale = True
+        self.mismatch: dict[str, float] | None = None  # accumulated by update_actor's first mini-batch
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -141,6 +142,8 @@ class ActorRolloutRefWorker(RankWorker):
         pg, m = policy_loss(spec.policy_loss, old_log_prob=part["old_log_probs"].to(self.device), log_prob=lp,
                             advantages=part["advantages"].to(self.device), response_mask=rmask, agg_scale=scale,
                             **options)
+        if self.mismatch is not None and "rollout_log_probs" in part:
+            self._track_mismatch(lp.detach(), part["rollout_log_probs"].to(self.device), rmask)
         mode, factor = spec.loss.loss_agg_mode, spec.loss.loss_scale_factor
         entropy = agg_loss(ent, rmask, mode, loss_scale_factor=factor, scale=scale)
         loss = pg - spec.entropy_coeff * entropy
@@ -151,6 +154,28 @@ class ActorRolloutRefWorker(RankWorker):
             loss = loss + spec.kl.coef * kl
             sums["actor/kl_loss"] = float(kl.detach())
         return MicroResult(loss, sums, {f"actor/{k}": float(v) for k, v in m.items()})
+
+    def _track_mismatch(self, trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> None:
+        """Accumulate how far the rollout's log-probs are from this (pre-update) forward's, over response tokens."""
+        valid = mask.bool()
+        diff = (trainer_lp - rollout_lp).abs()[valid]
+        m = self.mismatch
+        m["abs_sum"] += float(diff.sum())
+        m["abs_max"] = max(m["abs_max"], float(diff.max())) if diff.numel() else m["abs_max"]
+        m["k3_sum"] += float(kl_penalty(trainer_lp, rollout_lp, "k3")[valid].sum())
+        m["tokens"] += float(valid.sum())
+
+    def _mismatch_metrics(self) -> Metrics:
+        """``rollout/logprob_abs_diff_mean``/``_max`` and ``rollout/logprob_k3_kl`` over every rank's tokens
+        of the first mini-batch (collectives: every rank calls this)."""
+        m = self.mismatch
+        tokens = distributed.all_reduce_sum(m["tokens"], self.device)
+        out = {"rollout/logprob_abs_diff_max": distributed.all_reduce_max(m["abs_max"], self.device)}
+        abs_sum = distributed.all_reduce_sum(m["abs_sum"], self.device)
+        k3_sum = distributed.all_reduce_sum(m["k3_sum"], self.device)
+        if tokens:
+            out.update({"rollout/logprob_abs_diff_mean": abs_sum / tokens, "rollout/logprob_k3_kl": k3_sum / tokens})
+        return out
 
     @staticmethod
     def _kl_to_ref(batch: Batch) -> Metrics:
@@ -176,7 +201,16 @@ class ActorRolloutRefWorker(RankWorker):
         if "ref_log_probs" in batch:
             extra.update(self._kl_to_ref(batch))
 
+        # the first mini-batch's forwards run the weights the rollout sampled with: the training-inference
+        # mismatch of the same tokens, for free (no extra forward)
+        self.mismatch = {"abs_sum": 0.0, "abs_max": 0.0, "k3_sum": 0.0, "tokens": 0.0} \
+            if "rollout_log_probs" in batch else None
+        mismatch_metrics: Metrics = {}
+
         def optimizer_step() -> Metrics:
+            if self.mismatch is not None:  # the first step: later mini-batches run updated weights
+                mismatch_metrics.update(self._mismatch_metrics())
+                self.mismatch = None
             lr = self.sched.get_last_lr()[0]
             return {"actor/grad_norm": clipped_step(self.actor, self.opt, self.sched, spec.grad_clip), "actor/lr": lr}
 
@@ -186,6 +220,7 @@ class ActorRolloutRefWorker(RankWorker):
             micro_loss=lambda part, scale: self._actor_loss(part, spec, scale), optimizer_step=optimizer_step)
         self.rollout_stale = True
         metrics = distributed.all_reduce_mean({**mean_metrics(rows), **extra}, self.device)
+        metrics.update(mismatch_metrics)
         if "kl_ref_sum" in metrics:
             metrics["actor/kl_ref"] = metrics.pop("kl_ref_sum") / max(metrics.pop("kl_ref_tokens"), 1.0)
         return metrics

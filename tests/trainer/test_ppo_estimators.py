@@ -178,10 +178,25 @@ def test_recomputed_old_log_probs_come_from_the_trainer_and_report_the_rollout_m
     assert m["rollout/logprob_abs_diff_mean"] == pytest.approx(float(diff.mean()), abs=1e-9)
     assert m["rollout/logprob_abs_diff_max"] == pytest.approx(float(diff.max()), abs=1e-9)
     assert 0 <= m["rollout/logprob_abs_diff_max"] < 1e-4  # same weights, same dtype: rounding only
-    off = runner_for(config("grpo"), tiny, groups, seed=5)
-    m_off = off.step(0)
-    assert torch.equal(off.last_batch["old_log_probs"], off.last_batch["rollout_log_probs"])
-    assert "rollout/logprob_abs_diff_mean" not in m_off
+
+
+
+def test_without_a_recompute_the_update_reports_the_rollout_mismatch_of_its_first_mini_batch(tiny, groups, tmp_path):
+    """actor.recompute_log_prob off: the old log-probs are the rollout's, and the update's first forward
+    (one mini-batch = the whole step here, before the optimizer step) gives the mismatch metrics: those
+    of the rollout's log-probs against a plain forward of the weights the rollout sampled with."""
+    runner = runner_for(config("grpo", actor={"ppo_mini_batch_size": 4}), tiny, groups, seed=5)
+    runner.save(str(tmp_path / "now"))
+    m = runner.step(0)
+    batch = runner.last_batch
+    assert torch.equal(batch["old_log_probs"], batch["rollout_log_probs"])
+    mask = batch["response_mask"].bool()
+    trainer = plain_log_probs(load_causal_lm(tmp_path / "now"), batch)
+    diff = (trainer - batch["rollout_log_probs"])[mask].abs()
+    assert m["rollout/logprob_abs_diff_mean"] == pytest.approx(float(diff.mean()), abs=2e-6)
+    assert m["rollout/logprob_abs_diff_max"] == pytest.approx(float(diff.max()), abs=2e-6)
+    assert 0 <= m["rollout/logprob_k3_kl"] < 1e-8
+    assert 0 < m["rollout/logprob_abs_diff_max"] < 1e-4  # two different computations: rounding only
 
 
 def test_log_samples_keeps_that_many_rows_of_each_step(tiny, groups):
