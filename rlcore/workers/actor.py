@@ -160,6 +160,7 @@ class ActorRolloutRefWorker(RankWorker):
         valid = mask.bool()
         diff = (trainer_lp - rollout_lp).abs()[valid]
         m = self.mismatch
+        assert m is not None, "only called while update_actor tracks the mismatch"
         m["abs_sum"] += float(diff.sum())
         m["abs_max"] = max(m["abs_max"], float(diff.max())) if diff.numel() else m["abs_max"]
         m["k3_sum"] += float(kl_penalty(trainer_lp, rollout_lp, "k3")[valid].sum())
@@ -169,6 +170,7 @@ class ActorRolloutRefWorker(RankWorker):
         """``rollout/logprob_abs_diff_mean``/``_max`` and ``rollout/logprob_k3_kl`` over every rank's tokens
         of the first mini-batch (collectives: every rank calls this)."""
         m = self.mismatch
+        assert m is not None, "only called while update_actor tracks the mismatch"
         tokens = distributed.all_reduce_sum(m["tokens"], self.device)
         out = {"rollout/logprob_abs_diff_max": distributed.all_reduce_max(m["abs_max"], self.device)}
         abs_sum = distributed.all_reduce_sum(m["abs_sum"], self.device)
