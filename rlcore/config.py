@@ -372,8 +372,10 @@ class PPOConfig(_Section):
     dapo: DAPOConfig = DAPOConfig()
     """DAPO recipe tricks."""
     log_samples: int = Field(8, ge=0)
-    """Rollout samples kept per step for inspection (prompt, response, reward, advantage, length): written to
-    the round's samples file and logged to MLflow as the table ``rollout_samples.json``; 0 = none."""
+    """Rollouts kept per step for inspection (prompt, response, reward, advantage, length, log-prob, policy
+    version): rewritten after every step to the round's parquet ``metrics/ppo_<round>_rollouts.parquet``
+    and logged to MLflow at the end, as the table ``rollout_samples.json`` and the page ``rollouts.html``
+    (``rlcore view`` renders the same page from the parquet); 0 = none."""
     balance_batch: bool = True
     """Reorder each step's groups so every data-parallel rank gets about the same number of tokens
     (rlcore.controller.balance); ranks then wait less for each other in the log-prob and update calls."""
@@ -473,13 +475,20 @@ def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
         raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
-    for dotted, value in (overrides or {}).items():
+    return parse_config(apply_overrides(raw, overrides or {}), str(path))
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set each dotted key of ``overrides`` (``{"rollout.top_p": 0.9}``) in the raw params mapping."""
+    for dotted, value in overrides.items():
         node = raw
         *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
+        for i, part in enumerate(parents):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {dotted}: {'.'.join(parents[:i + 1])} is a value, not a section")
         node[leaf] = value
-    return parse_config(raw, str(path))
+    return raw
 
 
 def section_dict(cfg: Config, sections: tuple[str, ...]) -> dict[str, Any]:

@@ -7,15 +7,9 @@ import numpy as np
 from rlcore.config import Config
 from rlcore.data.collate import decode_responses, prompt_batch
 from rlcore.data.schema import read_rows
+from rlcore.rewards.generations import pass_at_k
 from rlcore.trainer.common import start_pool
 from rlcore.trainer.score import rollout_group, sample_rewards
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
-    if n - c < k:
-        return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
 def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: str) -> tuple[dict, list[dict]]:

@@ -23,10 +23,12 @@ def engine_spec(cfg: Config) -> EngineSpec:
     return EngineSpec(name=r.engine, compile=r.compile, cuda_graphs=r.cuda_graphs)
 
 
-def generate_spec(cfg: Config, *, temperature: float, seed: int, greedy: bool = False) -> GenerateSpec:
-    """A generation call with the task's response length and the rollout's top-p/top-k and micro-batch."""
+def generate_spec(cfg: Config, *, temperature: float, seed: int, greedy: bool = False,
+                  max_new_tokens: int | None = None) -> GenerateSpec:
+    """A generation call with the rollout's top-p/top-k and micro-batch, and the task's response length
+    unless ``max_new_tokens`` says otherwise."""
     r = cfg.rollout
-    sampling = SamplingParams(max_new_tokens=cfg.task.max_response_length, temperature=temperature,
+    sampling = SamplingParams(max_new_tokens=max_new_tokens or cfg.task.max_response_length, temperature=temperature,
                               top_p=r.top_p, top_k=r.top_k, greedy=greedy)
     return GenerateSpec(sampling=sampling, seed=seed, micro_batch_size=r.micro_batch_size)
 

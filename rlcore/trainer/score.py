@@ -28,15 +28,24 @@ def rollout_group(cfg: Config, pool, model_dir: str) -> WorkerGroup[RolloutWorke
     return group
 
 
-def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, n: int,
-                   temperature: float, greedy: bool, seed: int, desc: str) -> tuple[np.ndarray, Batch]:
-    """Rewards ``[prompts, n]`` and the generated Batch, chunk by chunk with a progress bar."""
+def sample_chunks(cfg: Config, group: WorkerGroup[RolloutWorker], prompts: Batch, *, n: int, temperature: float,
+                  greedy: bool, seed: int, desc: str, max_new_tokens: int | None = None) -> Batch:
+    """``n`` responses per prompt (rows ``i * n ... i * n + n - 1`` are prompt ``i``'s), generated
+    ``CHUNK_PROMPTS`` prompts at a time with a progress bar. Chunk ``i`` is seeded by ``seed`` and
+    ``i``, so the same prompts, seed and resources give the same responses."""
     outs = []
     for i, start in enumerate(tqdm(range(0, len(prompts), CHUNK_PROMPTS), desc=desc, unit="chunk")):
         chunk = prompts.slice(start, start + CHUNK_PROMPTS).repeat(n)
-        spec = generate_spec(cfg, temperature=temperature, greedy=greedy, seed=seed * 100003 + i)
+        spec = generate_spec(cfg, temperature=temperature, greedy=greedy, seed=seed * 100003 + i,
+                             max_new_tokens=max_new_tokens)
         outs.append(generate(group, RolloutWorker.generate, chunk, spec))
-    gen = Batch.concat(outs)
+    return Batch.concat(outs)
+
+
+def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, n: int,
+                   temperature: float, greedy: bool, seed: int, desc: str) -> tuple[np.ndarray, Batch]:
+    """Rewards ``[prompts, n]`` and the generated Batch (:func:`sample_chunks`)."""
+    gen = sample_chunks(cfg, group, prompts, n=n, temperature=temperature, greedy=greedy, seed=seed, desc=desc)
     return rule_rewards(tokenizer, gen).reshape(len(prompts), n), gen
 
 

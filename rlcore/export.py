@@ -1,0 +1,72 @@
+"""Export of a saved policy as a self-contained Hugging Face folder (``rlcore export``).
+
+The stages already save Hugging Face folders (``models/sft``, ``models/ppo/<round>``; a round trained
+with a critic keeps it under ``critic/``). An export is the policy alone, in the chosen dtype, with its
+tokenizer and chat template, written under a temporary name and renamed, then loaded back with
+``AutoModelForCausalLM.from_pretrained`` and compared with the source on a fixed probe batch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from rlcore.errors import ConfigError, InputNotFound
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Largest |logit difference| accepted for a float32 export: the weights are copied, not recomputed.
+FLOAT32_TOLERANCE = 1e-5
+
+
+def check_source(path: Path) -> dict:
+    """The source folder's config, after checking it holds a causal LM."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise InputNotFound(f"{path}: expected a saved model folder with config.json (a stage output such as "
+                            "models/ppo/r1)")
+    config = json.loads(config_file.read_text())
+    archs = config.get("architectures") or []
+    if archs and not any(a.endswith("ForCausalLM") for a in archs):
+        raise ConfigError(f"{path}: holds {', '.join(archs)}, not a causal LM (a critic folder?); "
+                          "export takes a policy folder")
+    return config
+
+
+def probe_logits(model, vocab: int, seed: int = 0) -> torch.Tensor:
+    """Logits of a fixed batch of random tokens (2 rows of 16, or the context if shorter), in float32."""
+    context = int(getattr(model.config, "max_position_embeddings", 16) or 16)
+    ids = torch.randint(0, vocab, (2, min(16, context)), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+def export_model(source: str | Path, out: str | Path, *, dtype: str = "float32", verify: bool = True) -> str:
+    """Write ``source``'s policy to ``out`` in ``dtype``; returns a one-line report."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src, out = Path(source), Path(out)
+    check_source(src)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {out}: exists and is not an empty folder; choose a new path")
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    reference = probe_logits(model, model.config.vocab_size) if verify else None
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(DTYPES[dtype]).save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+    n_params = sum(p.numel() for p in model.parameters())
+    report = f"exported {src} -> {out} ({dtype}, {n_params / 1e6:.2f}M parameters)"
+    if reference is None:
+        return report
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    diff = float((probe_logits(loaded, model.config.vocab_size) - reference).abs().max())
+    if dtype == "float32" and diff > FLOAT32_TOLERANCE:
+        raise RuntimeError(f"export of {src}: reloaded logits differ from the source by {diff:.3g}")
+    return f"{report}; reloaded with from_pretrained: max |logit difference| {diff:.3g}"

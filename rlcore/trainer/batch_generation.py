@@ -1,0 +1,137 @@
+"""Batch generation to a file (``rlcore generate``; ``rlcore.rewards.generations`` scores such a file).
+
+Generation runs on the same Ray worker group, engine and seeding as the score and evaluate stages
+(:func:`rlcore.trainer.score.sample_chunks`): with the evaluate stage's settings (``--n``, ``--temperature``
+and ``--seed`` = ``seed + 1``, the seed its sampled pass@k uses) on the test split, ``generate`` then
+``eval`` gives exactly the stage's ``final/pass@1`` and ``pass@k`` on the same machine and resources.
+
+Input rows are either the pipeline's row schema (``prompt`` is a list of chat messages; ``data_source``
+and ``reward_model.ground_truth`` let ``eval`` score them) or plain rows of a jsonl file with a ``prompt``
+string or ``messages`` list. Every input column is kept; generation adds, per prompt, the lists
+``responses``, ``response_tokens``, ``response_logprobs`` (summed over the response, under
+``softmax(logits / T)``) and ``finish_reasons`` (``stop`` at EOS, ``length`` at the token limit).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rlcore.config import Config
+from rlcore.errors import DataError
+from rlcore.rewards.generations import read_records
+
+OUTPUT_COLUMNS = ("responses", "response_tokens", "response_logprobs", "finish_reasons")
+METADATA_KEY = b"rlcore.generate"
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    """One ``rlcore generate`` run."""
+
+    n: int
+    """Responses per prompt."""
+    temperature: float
+    """Sampling temperature; 0 is greedy decoding."""
+    max_new_tokens: int
+    seed: int
+
+
+def chat_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:
+    """The chat messages of one input row: ``prompt`` as a string (one user message) or a message list,
+    or ``messages``."""
+    value = row.get("prompt", row.get("messages"))
+    if value is None:
+        raise DataError(f"{where}: missing field 'prompt' (a string or a list of chat messages)")
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: field 'prompt' is empty")
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise DataError(f"{where}: field 'prompt' should be a string or a non-empty list of messages, "
+                        f"got {type(value).__name__}")
+    for k, m in enumerate(value):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: prompt[{k}] should be a message {{'role': str, 'content': str}}, got {m!r}")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def model_context(model_dir: str | Path) -> int:
+    """The longest sequence the model at ``model_dir`` accepts (its ``max_position_embeddings``)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or config.get("n_positions") or 2048)
+
+
+def encode_for_generation(tokenizer, messages: list[list[dict[str, str]]], *, min_width: int, context: int,
+                          max_new_tokens: int, source: str):
+    """Left-padded prompt ids and mask, as wide as the longest prompt (at least ``min_width``, the
+    pipeline's ``task.max_prompt_length``), after checking each prompt leaves room for the response."""
+    from rlcore.data.collate import encode_prompts
+
+    longest = 0
+    for i, m in enumerate(messages):
+        text = tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+        length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if length + max_new_tokens > context:
+            raise DataError(f"{source}: row {i}: prompt is {length} tokens after the chat template; with "
+                            f"{max_new_tokens} new tokens that exceeds the model's context of {context}")
+        longest = max(longest, length)
+    return encode_prompts(tokenizer, messages, max(min_width, longest), source)
+
+
+def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: GenerateSettings) -> list[dict]:
+    """Input rows of ``data_path`` plus their generations (module docstring), from the model at
+    ``model_dir`` on a Ray worker group of ``resources.n_workers`` ranks."""
+    from rlcore.data.collate import decode_responses
+    from rlcore.engine.model import load_tokenizer
+    from rlcore.protocol import Batch
+    from rlcore.trainer.common import start_pool
+    from rlcore.trainer.score import rollout_group, sample_chunks
+
+    rows = read_records(data_path)
+    messages = [chat_messages(r, f"{data_path}: row {i}") for i, r in enumerate(rows)]
+    tokenizer = load_tokenizer(model_dir)
+    ids, mask = encode_for_generation(tokenizer, messages, min_width=cfg.task.max_prompt_length,
+                                      context=model_context(model_dir), max_new_tokens=settings.max_new_tokens,
+                                      source=data_path)
+    prompts = Batch({"prompts": ids, "prompt_mask": mask})
+    greedy = settings.temperature == 0
+    with start_pool(cfg) as pool:
+        group = rollout_group(cfg, pool, model_dir)
+        try:
+            gen = sample_chunks(cfg, group, prompts, n=settings.n, temperature=settings.temperature or 1.0,
+                                greedy=greedy, seed=settings.seed, desc="generate",
+                                max_new_tokens=settings.max_new_tokens)
+        finally:
+            group.shutdown()
+    resp_mask = gen["response_mask"]
+    texts = decode_responses(tokenizer, gen["responses"], resp_mask)
+    lengths = resp_mask.sum(-1)
+    logps = (gen["rollout_log_probs"] * resp_mask).sum(-1)
+    last = gen["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+    stopped = (lengths > 0) & (last == tokenizer.eos_token_id)
+    n = settings.n
+    out = []
+    for i, row in enumerate(rows):
+        part = slice(i * n, (i + 1) * n)
+        out.append({**row, "responses": texts[part], "response_tokens": lengths[part].tolist(),
+                    "response_logprobs": logps[part].tolist(),
+                    "finish_reasons": ["stop" if s else "length" for s in stopped[part].tolist()]})
+    return out
+
+
+def write_generations(records: list[dict], path: str | Path, meta: dict[str, Any]) -> None:
+    """The generations parquet, with the run's settings in the file's metadata; written to a temporary
+    name and renamed, so an interrupted write never leaves a partial file under ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(records)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta).encode()})
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
