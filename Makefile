@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench setup mlflow-ui clean
+.PHONY: run test bench bench-serve setup mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench,test]"
 	$(PY) -m bench.run_bench --configs default,realistic
+
+# rlcore serve under load (64 clients, batching vs --no-batching): its own section of bench/RESULTS.md
+bench-serve: $(STAMP)
+	$(PY) -m bench.serve_load
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

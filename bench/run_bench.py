@@ -14,7 +14,8 @@ fixture build only (``sft.steps=20``: a barely trained model whose answers run t
 The first run builds a fixture in bench/_work (data, tiny model, SFT checkpoint; ~5 min),
 later runs reuse it. Each system runs in its own child process (``bench.ours``, ``bench.trl_side``);
 they take turns in blocks of ``--block`` steps, alternating who goes first, so drift and
-other load on the machine hit both. Writes the report to stdout and ``--out``.
+other load on the machine hit both. Writes the report to stdout and ``--out`` (keeping the sections other
+benchmarks wrote there: ``bench/sections.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bench.children import Child, ChildError
 from bench.monitor import LoadMeter, MemoryMonitor
 from bench.prepare import ensure_prepared
 from bench.profile import profile_ours, pyspy_available
+from bench.sections import write_keeping_sections
 from bench.settings import (BENCH_DIR, CONFIGS, FIXTURE_SET_ENV, REPO_ROOT, SET_ENV, WORK_DIR, paths, rl_config,
                             shared)
 from bench.text import render
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         (WORK_DIR / f"last_run-{config['name']}.json").write_text(json.dumps(info, indent=1, default=str))
     text = render(infos)
     print(text)
-    Path(args.out).write_text(text)
+    write_keeping_sections(args.out, text)  # other benchmarks' sections (bench.serve_load) stay
 
 
 if __name__ == "__main__":

@@ -1,0 +1,427 @@
+"""The OpenAI-compatible HTTP API over one rollout engine (FastAPI), and loading the model for it.
+
+Endpoints:
+
+* ``GET /health``: ``{"status": "ok", ...}`` plus the scheduler's counters (requests, engine calls,
+  rows, engine errors, seconds in the engine);
+* ``GET /v1/models`` and ``GET /v1/models/{id}``: the one model served;
+* ``POST /v1/completions``: ``prompt`` is a string, a list of strings, a list of token ids or a list of
+  such lists; ``logprobs`` (0-5) returns the sampled tokens' log-probs in the legacy format
+  (``tokens``, ``token_logprobs``, ``text_offset`` within the completion text; ``top_logprobs`` is null:
+  the engines report no alternatives);
+* ``POST /v1/chat/completions``: ``messages`` through the tokenizer's chat template with the generation
+  prompt; ``logprobs: true`` returns ``choices[i].logprobs.content`` (``top_logprobs`` empty).
+
+Both take ``model`` (optional: the served name, default the ``--model`` argument as given), ``n``,
+``temperature`` (0 = greedy), ``top_p``, ``top_k`` (not OpenAI; as in vLLM, 0 or -1 = off), ``max_tokens``
+(chat: also ``max_completion_tokens``; default params ``task.max_response_length``, capped by what the
+model's context leaves after the prompt), ``stop`` (a string or a list: the text is cut before the
+first stop string that the generation completes, finish_reason ``"stop"``) and ``seed`` (reproducible:
+see :mod:`rlcore.serve.batcher`). ``finish_reason`` is ``"stop"`` at EOS or a stop string, ``"length"``
+at ``max_tokens``; ``usage.completion_tokens`` counts the tokens generated up to that point, EOS
+included. The text never includes EOS or other special tokens.
+
+Fields that would change the output and are not implemented (``stream``, ``echo``, ``best_of``,
+``suffix``, ``logit_bias``, presence and frequency penalties, ``tools``, a ``response_format`` other
+than text) are refused with a 400 rather than ignored; other unknown fields (``user``, ...) are ignored.
+
+Every error has OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``: malformed JSON and
+invalid fields (FastAPI's 422) are 400 ``invalid_request_error``, an unknown model 404
+``model_not_found``, a prompt plus ``max_tokens`` over the context 400 ``context_length_exceeded``, an
+engine failure 500 ``server_error`` (the request fails; the server goes on).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rlcore.config import Config
+from rlcore.serve.batcher import Batcher, Rows, Sampling
+
+log = logging.getLogger("rlcore.serve")
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+class _Body(BaseModel):
+    # strict: "2" is not an int, true is not a number; unknown fields are kept for _refuse_unsupported
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _SamplingRequest(_Body):
+    model: str | None = None
+    n: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # not OpenAI; as in vLLM: 0 or -1 = off
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), le=2**64 - 1)] | None = None
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[TextPart] | None = None
+
+
+class ChatRequest(_SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+
+# field -> the values that leave the output as this server makes it
+UNSUPPORTED = {"stream": (None, False), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
+               "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+               "tools": (None, []), "response_format": (None, {"type": "text"})}
+FIELD_NAMES = {name for m in (CompletionRequest, ChatRequest, ChatMessage, TextPart) for name in m.model_fields}
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+class APIError(Exception):
+    """An error answered with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+
+def error_response(status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type, "param": param, "code": code}}, status_code=status)
+
+
+def validation_error(err: RequestValidationError) -> tuple[str, str | None]:
+    """One line and the field's dotted name for FastAPI's validation errors. A field declared as a union
+    fails once per member (loc ends with the member's type, e.g. ``prompt.list[str]``): those become one
+    "expected one of" line."""
+    errors = err.errors()
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return "The request body is not valid JSON" + (f" ({detail})" if detail else ""), None
+
+    def path(e: dict) -> tuple[list[str], list[str]]:
+        names: list[str] = []
+        tags: list[str] = []
+        for part in tuple(e["loc"])[1:] if tuple(e["loc"])[:1] == ("body",) else e["loc"]:
+            if not tags and (isinstance(part, int) or part in FIELD_NAMES):
+                names.append(str(part))
+            else:
+                tags.append(str(part))
+        return names, tags
+
+    if tuple(first["loc"]) == ("body",) and isinstance(first.get("input"), bytes):  # not parsed: not sent as JSON
+        return "The request body must be a JSON object sent with the header Content-Type: application/json", None
+    names, tags = path(first)
+    param = ".".join(names) or None
+    where = param or "request body"
+    got = first.get("input")
+    shown = f" (got {got!r})" if got is not None and len(repr(got)) <= 60 and first["type"] != "missing" else ""
+    same = [e for e in errors if path(e)[0] == names]
+    if len(same) > 1 and all(path(e)[1] for e in same):
+        members = list(dict.fromkeys(path(e)[1][0] for e in same))
+        return f"{where}: expected one of {', '.join(members)}{shown}", param
+    return f"{where}: {first['msg']}{shown}", param
+
+
+# ------------------------------------------------------------------------------------------------- model
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How the server answers (the ``rlcore serve`` options)."""
+
+    served_model_name: str
+    max_batch_size: int = 64
+    """Rows (completions) one engine call generates at most; also the most one request may ask for."""
+    batch_wait_ms: float = 5.0
+    """How long a request that finds the engine idle waits for others to share its call."""
+    batching: bool = True
+    """False: every request is its own engine call."""
+    max_n: int = 16
+    """The most completions per prompt (``n``) a request may ask for."""
+
+
+@dataclass(frozen=True)
+class _Output:
+    text: str
+    finish_reason: str
+    tokens: list[int]
+    """The tokens generated up to the finish (EOS included; none past a stop string)."""
+    log_probs: list[float]
+
+
+class ModelServer:
+    """A tokenizer and a batched rollout engine: validated requests in, OpenAI response bodies out."""
+
+    def __init__(self, tokenizer, engine, *, device: torch.device, context_length: int, vocab_size: int,
+                 default_max_tokens: int, options: ServeOptions, seed: int = 0):
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+        self.default_max_tokens = default_max_tokens
+        self.options = options
+        self.name = options.served_model_name
+        self.created = int(time.time())
+        self.batcher = Batcher(engine, device=device, pad_token_id=tokenizer.pad_token_id,
+                               max_batch_rows=options.max_batch_size, wait_s=options.batch_wait_ms / 1000,
+                               batching=options.batching, seed=seed)
+
+    # -- validation ---------------------------------------------------------------------------------
+
+    def check_request(self, req: _SamplingRequest) -> None:
+        if req.model is not None and req.model != self.name:
+            raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{self.name}'",
+                           param="model", code="model_not_found")
+        for key, value in (req.model_extra or {}).items():
+            if key in UNSUPPORTED and value not in UNSUPPORTED[key]:
+                raise APIError(400, f"{key}: not supported by this server (got {value!r})", param=key)
+        n = req.n or 1
+        if n > self.options.max_n:
+            raise APIError(400, f"n: at most {self.options.max_n} completions per prompt on this server (--max-n), "
+                                f"got {n}", param="n")
+        stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        if any(s == "" for s in stops):
+            raise APIError(400, "stop: stop strings must not be empty", param="stop")
+
+    def sampling(self, req: _SamplingRequest, prompts: list[list[int]], max_tokens: int | None, *,
+                 max_tokens_param: str, prompt_param: str) -> Sampling:
+        """The request's engine settings, once its prompts and their rows fit the model and the server."""
+        n = req.n or 1
+        if n * len(prompts) > self.options.max_batch_size:
+            raise APIError(400, f"n: {len(prompts)} prompt(s) x n={n} = {n * len(prompts)} completions; this server "
+                                f"generates at most {self.options.max_batch_size} per request (--max-batch-size)",
+                           param="n")
+        longest = max(len(p) for p in prompts)
+        ctx = self.context_length
+        if max_tokens is None:
+            max_tokens = min(self.default_max_tokens, ctx - longest)
+            if max_tokens < 1:
+                raise APIError(400, f"This model's maximum context length is {ctx} tokens; the prompt is {longest} "
+                                    f"tokens, which leaves no room for a completion", param=prompt_param,
+                               code="context_length_exceeded")
+        elif longest + max_tokens > ctx:
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens; the prompt is {longest} tokens "
+                                f"and {max_tokens_param} is {max_tokens} ({longest + max_tokens} in all). Shorten the "
+                                f"prompt or lower {max_tokens_param}", param=max_tokens_param,
+                           code="context_length_exceeded")
+        return Sampling(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                        top_p=1.0 if req.top_p is None else req.top_p, top_k=max(req.top_k or 0, 0))
+
+    def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        if isinstance(p, str):
+            prompts = [self.tokenizer(p)["input_ids"]]
+        elif not p:
+            raise APIError(400, "prompt: expected at least one prompt, got an empty list", param="prompt")
+        elif isinstance(p[0], int):
+            prompts = [list(p)]
+        elif isinstance(p[0], str):
+            prompts = [self.tokenizer(t)["input_ids"] for t in p]
+        else:
+            prompts = [list(r) for r in p]
+        for i, ids in enumerate(prompts):
+            where = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+            if not ids:
+                raise APIError(400, f"{where}: the prompt is empty (no tokens)", param="prompt")
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise APIError(400, f"{where}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
+                               param="prompt")
+        return prompts
+
+    def chat_prompt(self, req: ChatRequest) -> list[int]:
+        messages = [{"role": m.role, "content": m.content if isinstance(m.content, str) or m.content is None
+                     else "".join(part.text for part in m.content)} for m in req.messages]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as err:  # noqa: BLE001 - jinja errors, templates that raise on a role
+            raise APIError(400, f"messages: the model's chat template failed on them: {err}",
+                           param="messages") from None
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # -- generation -----------------------------------------------------------------------------------
+
+    async def generate(self, rows: list[list[int]], sampling: Sampling, seed: int | None) -> Rows:
+        try:
+            return await self.batcher.generate(rows, sampling, seed)
+        except Exception as err:  # noqa: BLE001 - answered as a 500; the scheduler goes on
+            log.exception("generation failed")
+            raise APIError(500, f"generation failed: {type(err).__name__}: {err}", type="server_error") from None
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def finish(self, tokens: list[int], log_probs: list[float], stops: list[str]) -> _Output:
+        """Text and finish reason of one generated row, cut before the first stop string it completes."""
+        eos = bool(tokens) and tokens[-1] == self.tokenizer.eos_token_id
+        body = tokens[:-1] if eos else tokens
+        text = self.decode(body)
+        if not any(s in text for s in stops):
+            return _Output(text, "stop" if eos else "length", tokens, log_probs)
+        lo, hi = 1, len(body)  # the shortest prefix whose text holds a stop string: where a stream would stop
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(s in self.decode(body[:mid]) for s in stops):
+                hi = mid
+            else:
+                lo = mid + 1
+        prefix = self.decode(body[:lo])
+        cut = min(i for i in (prefix.find(s) for s in stops) if i >= 0)
+        return _Output(prefix[:cut], "stop", body[:lo], log_probs[:lo])
+
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        """Each token's own text (special tokens spelled out, e.g. EOS)."""
+        return [self.tokenizer.decode([t]) for t in tokens]
+
+    def completion_logprobs(self, out: _Output) -> dict[str, Any]:
+        offsets = [len(self.decode(out.tokens[:i])) for i in range(len(out.tokens))]
+        return {"tokens": self.token_texts(out.tokens), "token_logprobs": out.log_probs, "text_offset": offsets,
+                "top_logprobs": None}
+
+    def chat_logprobs(self, out: _Output) -> dict[str, Any]:
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                            for t, lp in zip(self.token_texts(out.tokens), out.log_probs)], "refusal": None}
+
+    async def complete(self, req: CompletionRequest) -> dict[str, Any]:
+        self.check_request(req)
+        prompts = self.completion_prompts(req)
+        sampling = self.sampling(req, prompts, req.max_tokens, max_tokens_param="max_tokens", prompt_param="prompt")
+        n = req.n or 1
+        rows = await self.generate([p for p in prompts for _ in range(n)], sampling, req.seed)
+        outs = [self.finish(t, lp, _stops(req)) for t, lp in zip(rows.tokens, rows.log_probs)]
+        choices = [{"index": i, "text": o.text, "finish_reason": o.finish_reason,
+                    "logprobs": self.completion_logprobs(o) if req.logprobs is not None else None}
+                   for i, o in enumerate(outs)]
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.name, "choices": choices, "usage": _usage(prompts, outs)}
+
+    async def chat(self, req: ChatRequest) -> dict[str, Any]:
+        self.check_request(req)
+        prompt = self.chat_prompt(req)
+        max_tokens, param = ((req.max_completion_tokens, "max_completion_tokens")
+                             if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
+        sampling = self.sampling(req, [prompt], max_tokens, max_tokens_param=param, prompt_param="messages")
+        rows = await self.generate([prompt] * (req.n or 1), sampling, req.seed)
+        outs = [self.finish(t, lp, _stops(req)) for t, lp in zip(rows.tokens, rows.log_probs)]
+        choices = [{"index": i, "message": {"role": "assistant", "content": o.text}, "finish_reason": o.finish_reason,
+                    "logprobs": self.chat_logprobs(o) if req.logprobs else None}
+                   for i, o in enumerate(outs)]
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.name, "choices": choices, "usage": _usage([prompt], outs)}
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "rlcore",
+                "max_model_len": self.context_length}
+
+
+def _stops(req: _SamplingRequest) -> list[str]:
+    return [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+
+
+def _usage(prompts: list[list[int]], outs: list[_Output]) -> dict[str, int]:
+    prompt = sum(len(p) for p in prompts)
+    completion = sum(len(o.tokens) for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def load_server(model_dir: str | Path, cfg: Config, options: ServeOptions, device: torch.device) -> ModelServer:
+    """The model at ``model_dir`` on ``device`` in the rollout engine params ``rollout`` names (the
+    ``model`` section's dtype and attention), and its tokenizer.
+
+    The engine spec is built here as ``rlcore.trainer.generation.engine_spec`` builds it, without
+    importing the trainer (which imports Ray: a server process has no use for it)."""
+    from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
+    from rlcore.rollout import EngineSpec, make_engine
+
+    tokenizer = load_tokenizer(model_dir)
+    m, r = cfg.model, cfg.rollout
+    model = load_rollout_model(ModelSpec(path=str(model_dir), dtype=m.dtype, attn_implementation=m.attn_implementation,
+                                         packed_forward=m.packed_forward), device)
+    engine = make_engine(model, EngineSpec(name=r.engine, compile=r.compile, cuda_graphs=r.cuda_graphs),
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return ModelServer(tokenizer, engine, device=device, context_length=model.config.max_position_embeddings,
+                       vocab_size=model.config.vocab_size, default_max_tokens=cfg.task.max_response_length,
+                       options=options, seed=cfg.seed)
+
+
+# --------------------------------------------------------------------------------------------------- app
+
+def create_app(server: ModelServer) -> FastAPI:
+    """The FastAPI app over ``server``; its scheduler starts and stops with the app (lifespan)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await server.batcher.start()
+        try:
+            yield
+        finally:
+            await server.batcher.stop()
+
+    app = FastAPI(title="rlcore serve", description="OpenAI-compatible completions over an rlcore rollout engine",
+                  lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, err: APIError) -> JSONResponse:
+        return error_response(err.status, err.message, type=err.type, param=err.param, code=err.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        message, param = validation_error(err)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return error_response(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": server.name, "batching": server.options.batching, **server.batcher.stats}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [server.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != server.name:
+            raise APIError(404, f"The model '{model_id}' does not exist; this server serves '{server.name}'",
+                           param="model", code="model_not_found")
+        return server.model_card()
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        return await server.complete(req)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest):
+        return await server.chat(req)
+
+    return app

@@ -1,0 +1,220 @@
+"""Batching concurrent requests onto one rollout engine.
+
+HTTP handlers run on the asyncio event loop; a generation is a blocking call of
+:meth:`RolloutEngine.generate` that holds the model for its whole length. :class:`Batcher` sits between
+them:
+
+* a handler submits a :class:`Job` (token-id rows, one per completion wanted: a prompt repeated ``n``
+  times; the sampling settings; an optional seed) and awaits its future;
+* the scheduler task takes every job waiting, plans engine calls and runs them one at a time in a
+  single worker thread, so the event loop keeps accepting requests while the model computes; jobs
+  that arrive during a call wait for the next round and go in together. When a job finds the engine
+  idle, the scheduler first waits ``wait_s`` (or until ``max_batch_rows`` rows wait) so that requests
+  sent at the same moment share a call;
+* a plan puts jobs with the same :class:`Sampling` (temperature, top-p, top-k, max tokens) into one
+  call of at most ``max_batch_rows`` rows, in arrival order; a job is never split over calls;
+* each job's future gets its own rows back (:class:`Rows`); an engine exception fails the futures of
+  that call only, and the scheduler goes on with the next.
+
+**Seeds.** An unseeded job samples from the server's generator (seeded once, from params ``seed``),
+shared with whatever else is in the same call, so its text depends on the traffic around it. A job
+with a ``seed`` runs as its own engine call, with a generator seeded by ``seed`` alone: the same
+prompt, settings and seed give the same tokens whatever else is in flight (on the same engine,
+model and device), at the price of not sharing a call with other requests.
+
+``batching=False`` makes every job its own engine call, for comparison (``bench/serve_load.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from rlcore.rollout import RolloutEngine, SamplingParams
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The settings that rows must share to go through one engine call."""
+
+    max_tokens: int
+    temperature: float
+    """0 = greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 = off."""
+
+    def params(self) -> SamplingParams:
+        """The engine's settings. Greedy rows report log-probs under ``softmax(logits)``, sampled rows
+        under ``softmax(logits / temperature)`` (the distribution they were drawn from)."""
+        greedy = self.temperature == 0
+        return SamplingParams(max_new_tokens=self.max_tokens, temperature=1.0 if greedy else self.temperature,
+                              top_p=self.top_p, top_k=self.top_k, greedy=greedy)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What the engine generated for a job, row by row: the token ids (EOS last when it was generated)
+    and each token's log-prob."""
+
+    tokens: list[list[int]]
+    log_probs: list[list[float]]
+
+
+@dataclass(eq=False)
+class Job:
+    rows: list[list[int]]
+    """Prompt token ids, one entry per completion (a prompt with ``n`` completions is here ``n`` times)."""
+    sampling: Sampling
+    seed: int | None
+    future: asyncio.Future = field(repr=False)
+
+
+def plan(jobs: list[Job], max_rows: int, batching: bool = True) -> Iterator[list[Job]]:
+    """The engine calls for ``jobs``, each a list of jobs, in the order of their first job's arrival.
+
+    Seeded jobs, and every job when not ``batching``, are calls of their own; other jobs share a call
+    with earlier jobs of the same :class:`Sampling` while the call stays within ``max_rows`` rows (a
+    job larger than that runs alone)."""
+    open_calls: dict[Sampling, list[Job]] = {}
+    calls: list[list[Job]] = []
+    for job in jobs:
+        if not batching or job.seed is not None:
+            calls.append([job])
+            continue
+        call = open_calls.get(job.sampling)
+        if call is None or sum(len(j.rows) for j in call) + len(job.rows) > max_rows:
+            call = open_calls[job.sampling] = []
+            calls.append(call)
+        call.append(job)
+    return iter(calls)
+
+
+def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[rows, longest]`` ids and attention mask, each row right-aligned (the engines' prompt layout)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+class Batcher:
+    """Runs submitted jobs on ``engine``, batched (see the module docstring). Start it on the event
+    loop that will submit (:meth:`start`), and :meth:`stop` it there."""
+
+    def __init__(self, engine: RolloutEngine, *, device: torch.device, pad_token_id: int, max_batch_rows: int = 64,
+                 wait_s: float = 0.005, batching: bool = True, seed: int = 0):
+        self.engine = engine
+        self.device = device
+        self.pad_token_id = pad_token_id
+        self.max_batch_rows = max_batch_rows
+        self.wait_s = wait_s
+        self.batching = batching
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.stats = {"requests": 0, "engine_calls": 0, "rows": 0, "engine_errors": 0, "engine_seconds": 0.0}
+        """Counters since start: jobs submitted, engine calls made, rows generated, calls that raised,
+        seconds spent in the engine."""
+        self._pending: deque[Job] = deque()
+        self._arrived: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def start(self) -> None:
+        self._arrived = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlcore-engine")
+        self._task = asyncio.create_task(self._schedule(), name="rlcore-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        while self._pending:
+            job = self._pending.popleft()
+            if not job.future.done():
+                job.future.set_exception(RuntimeError("the server is shutting down"))
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    async def generate(self, rows: list[list[int]], sampling: Sampling, seed: int | None = None) -> Rows:
+        """The engine's rows for these prompts (awaits the scheduler)."""
+        if self._task is None or self._arrived is None:
+            raise RuntimeError("Batcher.start() was not called")
+        if self._task.done():  # a bug in the scheduler: surface it rather than hang
+            self._task.result()
+        job = Job(rows, sampling, seed, asyncio.get_running_loop().create_future())
+        self._pending.append(job)
+        self.stats["requests"] += 1
+        self._arrived.set()
+        return await job.future
+
+    async def _schedule(self) -> None:
+        assert self._arrived is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            idle = not self._pending
+            while not self._pending:
+                self._arrived.clear()
+                await self._arrived.wait()
+            if self.batching and idle:  # the engine was idle: give the jobs sent with this one a moment
+                deadline = loop.time() + self.wait_s
+                while sum(len(j.rows) for j in self._pending) < self.max_batch_rows:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    self._arrived.clear()
+                    try:
+                        await asyncio.wait_for(self._arrived.wait(), left)
+                    except TimeoutError:
+                        break
+            jobs = list(self._pending)
+            self._pending.clear()
+            for call in plan(jobs, self.max_batch_rows, self.batching):
+                await self._run(call)
+
+    async def _run(self, call: list[Job]) -> None:
+        rows = [r for job in call for r in job.rows]
+        seed = call[0].seed
+        generator = self.generator if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+        loop = asyncio.get_running_loop()
+        self.stats["engine_calls"] += 1
+        self.stats["rows"] += len(rows)
+        start = time.perf_counter()
+        try:
+            out = await loop.run_in_executor(self._executor, self._generate, rows, call[0].sampling, generator)
+        except Exception as err:  # noqa: BLE001 - the requests of this call fail, the server goes on
+            self.stats["engine_errors"] += 1
+            for job in call:
+                if not job.future.done():
+                    job.future.set_exception(err)
+            return
+        finally:
+            self.stats["engine_seconds"] += time.perf_counter() - start
+        i = 0
+        for job in call:
+            n = len(job.rows)
+            if not job.future.done():  # a cancelled request (client gone) is skipped
+                job.future.set_result(Rows(out.tokens[i:i + n], out.log_probs[i:i + n]))
+            i += n
+
+    def _generate(self, rows: list[list[int]], sampling: Sampling, generator: torch.Generator) -> Rows:
+        """One engine call (in the worker thread): pad, generate, and cut each row at its mask."""
+        ids, mask = left_pad(rows, self.pad_token_id)
+        out = self.engine.generate(ids.to(self.device), mask.to(self.device), sampling.params(), generator=generator)
+        lengths = out["response_mask"].sum(-1).tolist()
+        tokens = out["responses"].cpu().tolist()
+        log_probs = out["log_probs"].float().cpu().tolist()
+        return Rows([t[:n] for t, n in zip(tokens, lengths)], [lp[:n] for lp, n in zip(log_probs, lengths)])

@@ -1,0 +1,293 @@
+"""`rlcore serve`: a real uvicorn server on 127.0.0.1 (in a thread), driven by the official `openai`
+client and by raw HTTP (httpx2, the client `openai` itself uses).
+
+Reference values come from a second, independently loaded engine over the same model folder: greedy
+texts, seeded samples and their log-probs must equal what ``engine.generate`` gives for the same
+prompt. The scheduler's grouping is checked on its own (:func:`rlcore.serve.batcher.plan`).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx2
+import openai
+import pytest
+import torch
+
+from rlcore.commands import main
+from rlcore.serve.batcher import Job, Sampling, plan
+
+MODEL = "tiny-test"
+MAX_N = 4
+CONTEXT = 64  # tests/conftest.py TINY_SHAPE max_position_embeddings
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir):
+    """The server over the session's tiny model on a free port; stopped (and its thread joined) at the end."""
+    import uvicorn
+
+    from rlcore.commands.serve import listen
+    from rlcore.config import parse_config
+    from rlcore.serve.app import ServeOptions, create_app, load_server
+
+    cfg = parse_config({"rollout": {"engine": "static"}}, "test")
+    options = ServeOptions(served_model_name=MODEL, max_batch_size=16, batch_wait_ms=50, max_n=MAX_N)
+    server = load_server(tiny_model_dir, cfg, options, torch.device("cpu"))
+    sock = listen("127.0.0.1", 0)
+    uv = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+    try:
+        yield SimpleNamespace(url=url, server=server, client=client, http=httpx2.Client(base_url=url, timeout=30))
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+    assert not thread.is_alive(), "the server thread did not stop"
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir, tiny_tokenizer):
+    """An engine of its own over the same model folder: what the server's answers must equal."""
+    from rlcore.engine.model import ModelSpec, load_rollout_model
+    from rlcore.rollout import EngineSpec, make_engine
+
+    model = load_rollout_model(ModelSpec(path=str(tiny_model_dir)), torch.device("cpu"))
+    engine = make_engine(model, EngineSpec("static"), eos_token_id=tiny_tokenizer.eos_token_id,
+                         pad_token_id=tiny_tokenizer.pad_token_id)
+    return engine
+
+
+def generate(engine, tok, ids: torch.Tensor, mask: torch.Tensor, max_tokens: int, *, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int | None = None) -> list[dict]:
+    """Per row: the text, the finish reason, the token count (EOS included) and the log-probs."""
+    from rlcore.data.collate import decode_responses
+    from rlcore.rollout import SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature or 1.0, top_p=top_p,
+                            greedy=temperature == 0)
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    out = engine.generate(ids, mask, params, generator=gen)
+    texts = decode_responses(tok, out["responses"], out["response_mask"])
+    rows = []
+    for i, text in enumerate(texts):
+        m = out["response_mask"][i].bool()
+        toks = out["responses"][i][m].tolist()
+        rows.append({"text": text, "finish": "stop" if tok.eos_token_id in toks else "length", "n_tokens": len(toks),
+                     "log_probs": out["log_probs"][i][m].tolist()})
+    return rows
+
+
+def complete_ref(engine, tok, prompt: str, max_tokens: int, n: int = 1, **kw) -> list[dict]:
+    ids = torch.tensor([tok(prompt)["input_ids"]] * n)
+    return generate(engine, tok, ids, torch.ones_like(ids), max_tokens, **kw)
+
+
+def health(served) -> dict:
+    r = served.http.get("/health")
+    assert r.status_code == 200
+    return r.json()
+
+
+def test_health_and_models(served):
+    assert health(served)["status"] == "ok"
+    assert [m.id for m in served.client.models.list().data] == [MODEL]
+    assert served.client.models.retrieve(MODEL).id == MODEL
+
+
+def test_greedy_completion_and_chat_equal_the_engine(served, reference, tiny_tokenizer):
+    from rlcore.data.collate import encode_prompts
+
+    res = served.client.completions.create(model=MODEL, prompt="12+34=", n=2, temperature=0, max_tokens=12)
+    [ref] = complete_ref(reference, tiny_tokenizer, "12+34=", 12)
+    assert [c.text for c in res.choices] == [ref["text"]] * 2
+    assert [c.finish_reason for c in res.choices] == [ref["finish"]] * 2
+    assert [c.index for c in res.choices] == [0, 1]
+    assert res.usage.prompt_tokens == len("12+34=")  # one token per character
+    assert res.usage.completion_tokens == 2 * ref["n_tokens"]
+    assert res.usage.total_tokens == res.usage.prompt_tokens + res.usage.completion_tokens
+    assert res.model == MODEL and res.object == "text_completion"
+
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    chat = served.client.chat.completions.create(model=MODEL, messages=messages, n=2, temperature=0, max_tokens=10)
+    ids, mask = encode_prompts(tiny_tokenizer, [messages], 40, "test")
+    [ref] = generate(reference, tiny_tokenizer, ids, mask, 10)
+    assert [c.message.content for c in chat.choices] == [ref["text"]] * 2
+    assert [c.message.role for c in chat.choices] == ["assistant"] * 2
+    assert [c.finish_reason for c in chat.choices] == [ref["finish"]] * 2
+    assert chat.usage.prompt_tokens == int(mask.sum())
+
+
+def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(served, reference, tiny_tokenizer):
+    kw = dict(model=MODEL, prompt="7+8=", temperature=0.9, top_p=0.95, max_tokens=24, n=2, logprobs=1)
+    results: dict[str, object] = {}
+
+    def send(key: str, **extra) -> None:
+        results[key] = served.client.completions.create(**{**kw, **extra})
+
+    # the seeded request goes in with unseeded ones of the same settings, which it must not share a call with
+    threads = [threading.Thread(target=send, args=(f"other{i}",)) for i in range(4)]
+    threads.append(threading.Thread(target=send, args=("seeded",), kwargs={"seed": 1234}))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seeded = results["seeded"]
+    ref = complete_ref(reference, tiny_tokenizer, "7+8=", 24, n=2, temperature=0.9, top_p=0.95, seed=1234)
+    assert [c.text for c in seeded.choices] == [r["text"] for r in ref]
+    for choice, r in zip(seeded.choices, ref):
+        lp = choice.logprobs
+        assert lp.token_logprobs == pytest.approx(r["log_probs"], rel=1e-5, abs=1e-6)
+        assert sum(lp.token_logprobs) == pytest.approx(sum(r["log_probs"]), rel=1e-5)
+        assert len(lp.tokens) == len(lp.text_offset) == r["n_tokens"]
+        # character tokens: offsets are the lengths of the text before each token (special tokens add none)
+        visible = [t if not (t.startswith("<") and t.endswith(">")) else "" for t in lp.tokens]
+        assert lp.text_offset == [len("".join(visible[:i])) for i in range(len(visible))]
+        assert "".join(visible) == choice.text
+
+    again = served.client.completions.create(**kw, seed=1234)
+    assert [c.text for c in again.choices] == [c.text for c in seeded.choices]
+    other = served.client.completions.create(**kw, seed=1235)
+    assert [c.text for c in other.choices] != [c.text for c in seeded.choices]  # 2 x 24 tokens at ~1/90 each
+
+
+def test_stop_strings_cut_the_text_and_finish_with_stop(served, reference, tiny_tokenizer):
+    [ref] = complete_ref(reference, tiny_tokenizer, "3+4=", 20)
+    text = ref["text"]
+    assert len(text) >= 8, f"the tiny model's greedy text is too short for this test: {text!r}"
+    stop = text[4:6]
+    res = served.client.completions.create(model=MODEL, prompt="3+4=", temperature=0, max_tokens=20,
+                                           stop=["never-generated", stop])
+    assert res.choices[0].text == text[:text.find(stop)]
+    assert res.choices[0].finish_reason == "stop"
+    assert res.usage.completion_tokens < ref["n_tokens"]  # tokens after the stop string are not counted
+    chat = served.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                 temperature=0, max_tokens=20, stop="\x00")
+    assert chat.choices[0].finish_reason in ("stop", "length") and "\x00" not in chat.choices[0].message.content
+
+
+def test_concurrent_requests_are_answered_and_batched(served, reference, tiny_tokenizer):
+    prompts = [f"{'9' * (i % 3 + 1)}+{i}=" for i in range(8)]  # different lengths: left padding in the batch
+    before = health(served)
+    barrier = threading.Barrier(len(prompts))
+    texts: dict[int, str] = {}
+
+    def send(i: int) -> None:
+        barrier.wait()
+        res = served.client.completions.create(model=MODEL, prompt=prompts[i], temperature=0, max_tokens=8)
+        texts[i] = res.choices[0].text
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [texts[i] for i in range(len(prompts))] == [complete_ref(reference, tiny_tokenizer, p, 8)[0]["text"]
+                                                       for p in prompts]
+    after = health(served)
+    assert after["requests"] - before["requests"] == len(prompts)
+    assert after["engine_calls"] - before["engine_calls"] < len(prompts)
+
+
+BAD = [  # (endpoint, body, status, param, code)
+    ("completions", {"model": "gpt-4", "prompt": "x"}, 404, "model", "model_not_found"),
+    ("chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model",
+     "model_not_found"),
+    ("completions", {"model": MODEL, "prompt": "x" * 60, "max_tokens": 10}, 400, "max_tokens",
+     "context_length_exceeded"),
+    ("completions", {"model": MODEL, "prompt": "x", "temperature": -1}, 400, "temperature", None),
+    ("completions", {"model": MODEL, "prompt": "x", "top_p": 0}, 400, "top_p", None),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 1.5}, 400,
+     "top_p", None),
+    ("completions", {"model": MODEL, "prompt": "x", "n": MAX_N + 1}, 400, "n", None),
+    ("completions", {"model": MODEL}, 400, "prompt", None),
+    ("chat/completions", {"model": MODEL}, 400, "messages", None),
+    ("completions", {"model": MODEL, "prompt": 123}, 400, "prompt", None),
+    ("completions", {"model": MODEL, "prompt": "x", "n": "2"}, 400, "n", None),
+    ("chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages", None),
+    ("completions", {"model": MODEL, "prompt": "x", "stream": True}, 400, "stream", None),
+]
+
+
+@pytest.mark.parametrize("endpoint, body, status, param, code", BAD, ids=[f"{b[0]}-{b[3]}-{b[2]}" for b in BAD])
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(served, endpoint, body, status, param, code):
+    r = served.http.post(f"/v1/{endpoint}", json=body)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", param, code)
+    assert err["message"].startswith(param) or code is not None
+    if code == "context_length_exceeded":
+        assert all(str(v) in err["message"] for v in (60, 10, 70, CONTEXT))
+    expected = openai.NotFoundError if status == 404 else openai.BadRequestError
+    create = served.client.completions.create if endpoint == "completions" else served.client.chat.completions.create
+    args = {"prompt": openai.omit} if endpoint == "completions" else {"messages": openai.omit}
+    with pytest.raises(expected) as raised:
+        create(**{**args, **body})
+    assert raised.value.status_code == status and raised.value.body["param"] == param
+    assert len(served.client.completions.create(model=MODEL, prompt="1", max_tokens=2).choices) == 1
+
+
+def test_malformed_json_is_a_400(served):
+    r = served.http.post("/v1/completions", content=b'{"prompt": "x",', headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "not valid JSON" in r.json()["error"]["message"]
+    assert health(served)["status"] == "ok"
+
+
+def test_engine_failure_is_a_500_and_the_scheduler_goes_on(served, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("engine on fire")
+
+    errors = health(served)["engine_errors"]
+    monkeypatch.setattr(served.server.batcher.engine, "generate", broken)
+    r = served.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error" and "engine on fire" in r.json()["error"]["message"]
+    assert health(served)["engine_errors"] == errors + 1
+    monkeypatch.undo()
+    assert served.client.completions.create(model=MODEL, prompt="1", max_tokens=2).usage.completion_tokens >= 1
+
+
+def _job(rows: int, max_tokens: int = 8, temperature: float = 1.0, seed: int | None = None) -> Job:
+    return Job([[1]] * rows, Sampling(max_tokens=max_tokens, temperature=temperature), seed,
+               future=None)  # type: ignore[arg-type]  # plan() never touches it
+
+
+def test_plan_groups_same_settings_within_the_row_limit_and_runs_seeded_jobs_alone():
+    a, b, c = _job(3), _job(2), _job(3)  # same settings: a+b fit 6 rows, c does not
+    other_len, greedy, seeded = _job(1, max_tokens=4), _job(1, temperature=0), _job(1, seed=7)
+    big = _job(9)
+    calls = list(plan([a, other_len, b, seeded, greedy, c, big], max_rows=6))
+    assert calls == [[a, b], [other_len], [seeded], [greedy], [c], [big]]
+    assert list(plan([a, b, c], max_rows=6, batching=False)) == [[a], [b], [c]]
+
+
+def test_command_refuses_a_missing_model_folder_and_a_port_in_use(tiny_model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tmp_path / "nope")])
+    assert exit_.value.code == 2
+    assert "--model" in capsys.readouterr().err
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tiny_model_dir), "--max-n", "32", "--max-batch-size", "8"])
+    assert exit_.value.code == 2 and "--max-n 32" in capsys.readouterr().err
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "--model", str(tiny_model_dir), "--port", str(port)])
+    assert exit_.value.code == 2 and f"--port {port}" in capsys.readouterr().err
