@@ -2,7 +2,7 @@
 
     python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet \
         --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv \
-        --val-data data/processed/test.parquet --samples metrics/ppo_r1_samples.jsonl
+        --val-data data/processed/test.parquet --rollouts metrics/ppo_r1_rollouts.parquet
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
     p.add_argument("--val-data", default=None, help="held-out prompts for ppo.val_every (reported only)")
-    p.add_argument("--samples", default=None, help="JSON lines of ppo.log_samples rollout samples per step")
+    p.add_argument("--rollouts", default=None,
+                   help="parquet of the ppo.log_samples rollouts of every step (rewritten after each step)")
     args = p.parse_args(argv)
     with stage_errors(f"ppo@{args.round}"):
         cfg, params = stage_config(args.params, PARAMS, "ppo")
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round) as tracker:
             metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
                                     data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots,
-                                    val_path=args.val_data, samples_path=args.samples)
+                                    val_path=args.val_data, rollouts_path=args.rollouts)
             write_json(args.metrics, metrics)
             tracker.log_metrics(metrics)
 

@@ -25,7 +25,7 @@ from .conftest import REPO_ROOT
 
 STAGES = ["prepare", "sft", "score", "ppo", "evaluate"]
 INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data"}
-OUTPUT_FLAGS = {"--out", "--out-dir", "--samples"}  # declared under outs
+OUTPUT_FLAGS = {"--out", "--out-dir", "--samples", "--rollouts"}  # declared under outs
 NON_PATH_FLAGS = {"--round"}
 
 

@@ -13,7 +13,7 @@ the reward; for the KL loss alone ``update_actor`` computes them on its ranks.
 from __future__ import annotations
 
 import dataclasses
-import json
+import tempfile
 import time
 import zlib
 from contextlib import contextmanager
@@ -45,6 +45,7 @@ from rlcore.trainer.rollout_data import (
     place_scores,
     sample_rows,
 )
+from rlcore.viewer import RolloutsFile, rollouts_frame, write_page
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
 from rlcore.workers.critic import CriticUpdateSpec, CriticWorker, ValuesSpec
 from rlcore.workers.optim import OptimSpec
@@ -143,7 +144,8 @@ class RoundRunner:
         self.actor_spec, self.critic_spec = actor_update_spec(cfg, seed), critic_update_spec(cfg, seed)
         self.adv_options = AdvantageOptions(gamma=alg.gamma, lam=alg.lam,
                                             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
-        self.samples: list[dict] = []  # ppo.log_samples rows of every step so far
+        self.samples: list[dict] = []  # ppo.log_samples rows of every step so far (the rollouts file's rows)
+        self.policy_version = 0  # actor updates so far: the version of the weights the next rollouts use
         self.last_batch = Batch()  # the last step's whole batch (rollouts, rewards, advantages), for inspection
 
     # ------------------------------------------------------------------ steps
@@ -181,6 +183,7 @@ class RoundRunner:
     def step(self, step: int) -> Metrics:
         t: Metrics = {}
         cfg, alg = self.cfg, self.cfg.algorithm
+        version = self.policy_version  # the weights this step's rollouts come from
         with timer(t, "step"):
             with timer(t, "gen"):
                 batch, m = self.collect(step)
@@ -218,7 +221,8 @@ class RoundRunner:
                         "rollout_log_probs",)
                     m.update(self.actor.call(ActorRolloutRefWorker.update_actor, batch.only(*keys),
                                              dataclasses.replace(self.actor_spec, seed=self.seed + step)))
-        self.samples += sample_rows(batch, self.tok, step, cfg.ppo.log_samples)
+                self.policy_version += 1
+        self.samples += sample_rows(batch, self.tok, step, cfg.ppo.log_samples, policy_version=version)
         self.last_batch = batch
         return {**m, **adv_m, **self._rollout_metrics(batch, t), **t}
 
@@ -306,13 +310,14 @@ def running_round(cfg: Config, *, init_dir: str, tokenizer, prompts: Batch, seed
 
 def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, data_path: str, out_dir: str,
                   tracker, plot_csv: str | None = None, val_path: str | None = None,
-                  samples_path: str | None = None) -> Metrics:
+                  rollouts_path: str | None = None) -> Metrics:
     """Train one round from ``init_dir``; save the policy (and critic) to ``out_dir``.
 
     With ``ppo.val_every`` > 0 and ``val_path``, the greedy pass@1 on those prompts is logged
     before the first step, every ``val_every`` steps and after the last. With ``ppo.log_samples``
-    > 0, that many rollout samples per step go to ``samples_path`` (JSON lines, appended every step)
-    and to MLflow."""
+    > 0, that many rollouts per step go to ``rollouts_path`` (a parquet rewritten atomically after
+    every step, so a crash keeps the steps so far; see :mod:`rlcore.viewer`), and at the end to
+    MLflow: the table ``rollout_samples.json`` and the page ``rollouts.html``."""
     rnd = cfg.ppo.rounds[round_name]
     prompts = prompt_batch(read_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
     every = cfg.ppo.val_every if val_path else 0
@@ -322,7 +327,7 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     log = StepLog(tracker, plot_csv)
     start = time.perf_counter()
     val_rows: list[Metrics] = []
-    samples = SampleFile(samples_path)
+    rollouts = RolloutsFile(rollouts_path) if rollouts_path else None
     with running_round(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
                        seed=round_seed(cfg, round_name)) as runner:
         if every:
@@ -335,28 +340,21 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
                 metrics.update(val_rows[-1])  # logged at the step whose update it follows
             bar.set_postfix(acc=f"{metrics['rollout/acc']:.3f}", len=f"{metrics['rollout/response_length']:.1f}")
             log.log(step, metrics)
-            samples.append(runner.samples)
+            if rollouts is not None:
+                rollouts.update(runner.samples)
         runner.save(out_dir)
     tracker.log_table(runner.samples, "rollout_samples.json")
+    log_rollouts_page(tracker, runner.samples, title=f"ppo {round_name}: rollouts")
     return round_summary(log.rows, val_rows, rnd.steps, time.perf_counter() - start)
 
 
-class SampleFile:
-    """The round's rollout samples as JSON lines: emptied when the round starts, then the rows not yet
-    written are appended after every step (a crash keeps what was written)."""
-
-    def __init__(self, path: str | None):
-        self.path = Path(path) if path else None
-        self.written = 0
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
-
-    def append(self, rows: list[dict]) -> None:
-        if self.path is not None and len(rows) > self.written:
-            with self.path.open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows[self.written:])
-        self.written = len(rows)
+def log_rollouts_page(tracker, rows: list[dict], title: str) -> None:
+    """The rollouts as one HTML page (:func:`rlcore.viewer.render_page`), logged to the run as the
+    artifact ``rollouts.html`` (a null tracker drops it); nothing without rows."""
+    if not rows:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker.log_artifact(write_page(rollouts_frame(rows), Path(tmp) / "rollouts.html", title))
 
 
 def round_summary(rows: list[Metrics], val_rows: list[Metrics], steps: int, wall_s: float) -> Metrics:

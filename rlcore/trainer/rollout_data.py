@@ -62,9 +62,12 @@ def keep_informative_groups(batch: Batch, n: int) -> Batch:
     return batch.select(rows)
 
 
-def sample_rows(batch: Batch, tokenizer, step: int, k: int) -> list[dict[str, Any]]:
-    """``k`` rows of a step's batch, spread evenly over it (so over its prompts), as plain records:
-    prompt, response, rewards, the mean advantage over the response, its length and log-prob."""
+def sample_rows(batch: Batch, tokenizer, step: int, k: int, policy_version: int) -> list[dict[str, Any]]:
+    """``k`` rows of a step's batch, spread evenly over it (so over its prompts), as records with the columns
+    of the rollouts file (:data:`rlcore.viewer.ROLLOUT_COLUMNS`): the prompt's question, the response text,
+    the reward (``scores``) and rule reward (``acc``), the mean advantage over the response, its length and
+    summed log-prob. ``policy_version`` is the caller's count of policy updates behind the weights that
+    generated the batch."""
     if k <= 0 or len(batch) == 0:
         return []
     rows = np.unique(np.linspace(0, len(batch) - 1, min(k, len(batch))).round().astype(int))
@@ -74,7 +77,7 @@ def sample_rows(batch: Batch, tokenizer, step: int, k: int) -> list[dict[str, An
     texts = decode_responses(tokenizer, part["responses"], part["response_mask"])
     adv = (part["advantages"] * mask).sum(-1) / lengths.clamp(min=1)
     logp = (part["rollout_log_probs"] * mask).sum(-1)
-    return [{"step": step, "uid": str(part["uid"][i]), "question": str(part["question"][i]),
-             "ground_truth": str(part["ground_truth"][i]), "response": texts[i],
-             "acc": float(part["acc"][i]), "score": float(part["scores"][i]), "advantage": float(adv[i]),
+    return [{"step": step, "policy_version": policy_version, "uid": str(part["uid"][i]),
+             "prompt": str(part["question"][i]), "response": texts[i], "ground_truth": str(part["ground_truth"][i]),
+             "reward": float(part["scores"][i]), "acc": float(part["acc"][i]), "advantage": float(adv[i]),
              "response_length": int(lengths[i]), "log_prob": float(logp[i])} for i in range(len(rows))]

@@ -29,6 +29,7 @@ from rlcore.rewards.rule import REWARD_FNS
 from rlcore.trainer.common import start_pool
 from rlcore.trainer.ppo import RoundGroups, RoundRunner, actor_update_spec, critic_update_spec
 from rlcore.trainer.rollout_data import keep_informative_groups, overlong_penalty, place_scores
+from rlcore.viewer import ROLLOUT_COLUMNS, RolloutsFile, read_rollouts
 
 HASH_SOURCE = "test_hash"
 CONSTANT_SOURCE = "test_constant"
@@ -199,19 +200,28 @@ def test_without_a_recompute_the_update_reports_the_rollout_mismatch_of_its_firs
     assert 0 < m["rollout/logprob_abs_diff_max"] < 1e-4  # two different computations: rounding only
 
 
-def test_log_samples_keeps_that_many_rows_of_each_step(tiny, groups):
+def test_log_samples_keeps_that_many_rows_of_each_step_and_the_rollouts_file_holds_them(tiny, groups, tmp_path):
     _, tok, _ = tiny
     runner = runner_for(config("grpo", ppo={"log_samples": 3}), tiny, groups, seed=6)
+    rollouts = RolloutsFile(tmp_path / "rollouts.parquet")  # what run_ppo_round rewrites after every step
     for step in range(2):
         runner.step(step)
+        rollouts.update(runner.samples)
+        assert len(read_rollouts(tmp_path / "rollouts.parquet")) == 3 * (step + 1)
     assert [r["step"] for r in runner.samples] == [0, 0, 0, 1, 1, 1]
     last = runner.last_batch
     texts = decode_responses(tok, last["responses"], last["response_mask"])
     for row in runner.samples[3:]:
         i = texts.index(row["response"])  # a response of that step's batch ...
         assert row["acc"] == pytest.approx(hash_reward(row["response"], "0"))  # ... scored by the reward function
+        assert row["reward"] == pytest.approx(float(last["scores"][i]))
         assert row["response_length"] == int(last["response_mask"][i].sum())
-        assert row["question"] in {f"{k}+{k}" for k in range(8)}
+        assert row["prompt"] in {f"{k}+{k}" for k in range(8)}
+    df = read_rollouts(tmp_path / "rollouts.parquet")
+    assert list(df.columns) == list(ROLLOUT_COLUMNS)
+    assert df.to_dict("records") == runner.samples
+    # one actor update per step: step 0 sampled the initial weights (version 0), step 1 those after one update
+    assert df["policy_version"].tolist() == [0, 0, 0, 1, 1, 1] and runner.policy_version == 2
     assert runner_for(config("grpo", ppo={"log_samples": 0}), tiny, groups).samples == []
 
 
