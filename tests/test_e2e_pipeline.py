@@ -86,8 +86,11 @@ def test_repro_writes_every_declared_output(workdir, first_run):
         assert ev[f"{name}/pass@1"] <= ev[f"{name}/pass@2"] + 1e-9  # pass@k grows with k
     assert ev["gain/greedy_pass@1"] == ev["final/greedy_pass@1"] - ev["sft/greedy_pass@1"]
     assert ev["test/n_prompts"] == 16
-    samples = [json.loads(line) for line in (root / "metrics/ppo_r1_samples.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in samples] == [0] * 8 + [1] * 8  # ppo.log_samples rows of each of the 2 steps
+    from rlcore.viewer import read_rollouts
+
+    rollouts = read_rollouts(root / "metrics/ppo_r1_rollouts.parquet")  # min(log_samples 8, 16 rollouts) a step
+    assert rollouts["step"].tolist() == [0] * 8 + [1] * 8
+    assert rollouts["policy_version"].tolist() == [0] * 8 + [1] * 8  # one actor update per step
     steps = (root / "plots/ppo_r1.csv").read_text().splitlines()
     assert len(steps) == 1 + 2 and "rollout/acc" in steps[0]  # header + one row per step
     assert "val/greedy_pass@1" in steps[0]
@@ -103,6 +106,33 @@ def test_round_validation_agrees_with_evaluate(workdir, first_run):
     r2 = json.loads((root / "metrics/ppo_r2.json").read_text())
     assert r1["ppo/val_greedy_pass@1_first"] == ev["sft/greedy_pass@1"]
     assert r2["ppo/val_greedy_pass@1_last"] == ev["final/greedy_pass@1"]
+
+
+def test_generate_then_eval_reproduces_the_evaluate_stage(workdir, first_run, ray_local, capsys):
+    """`rlcore generate` on the test split with the evaluate stage's sampling settings (n_samples,
+    temperature, and its seed: seed + 1), then `rlcore eval`: the same pass@1 and pass@k as the stage
+    on the same machine and resources, since generation shares the stage's workers and seeding.
+    (In this process, on the session's Ray instance with as many CPUs as the stages' own: a Ray start
+    fewer than running the command.)"""
+    from rlcore.commands import main
+
+    root, _ = workdir
+    ev = json.loads((root / "metrics/eval.json").read_text())
+    assert main(["generate", "--params", str(root / "params.yaml"), "--model", str(root / "models/ppo/r2"),
+                 "--data", str(root / "data/processed/test.parquet"), "--out", str(root / "gen.parquet"),
+                 "--n", "2", "--temperature", "1.0", "--seed", "43"]) == 0
+    assert main(["eval", "--generations", str(root / "gen.parquet"), "--k", "2",
+                 "--out", str(root / "gen_eval.json")]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((root / "gen_eval.json").read_text())
+    assert res["n_prompts"] == 16 and res["by_data_source"]["arithmetic"]["n_prompts"] == 16
+    assert res["pass@1"] == pytest.approx(ev["final/pass@1"], abs=1e-12), out
+    assert res["pass@k"] == pytest.approx(ev["final/pass@2"], abs=1e-12), out
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(root / "gen.parquet").to_pylist()
+    assert all(len(r["responses"]) == 2 and r["reward_model"]["ground_truth"] for r in rows)
+    assert any(r["responses"][0] != r["responses"][1] for r in rows)  # sampled, not one draw copied
 
 
 def test_second_repro_does_nothing(workdir, first_run):
@@ -124,6 +154,8 @@ def test_estimator_switch_reruns_only_ppo_and_evaluate(workdir, first_run):
     assert runs["metrics.final/greedy_pass_at_1"].notna().all()
     ppo_runs = mlflow.search_runs(experiment_names=["rlcore"], filter_string="tags.`rlcore.stage` = 'ppo'")
     assert sorted(ppo_runs["tags.rlcore.round"]) == ["r1", "r1", "r2", "r2"]
+    for run_id in ppo_runs["run_id"]:  # each round logs its rollouts page
+        assert "rollouts.html" in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)}
 
 
 def test_editing_algorithm_code_leaves_data_sft_and_scoring_up_to_date(workdir, first_run):
