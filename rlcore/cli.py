@@ -17,9 +17,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rlcore.config import Config, load_config, section_dict
-from rlcore.errors import InputNotFound, UserError
+from rlcore.errors import InputNotFound, TrainingDiverged, UserError, WorkerDied
+from rlcore.interrupt import Terminated, on_signal
 
 REPO_ROOT = Path.cwd()
+# EX_TEMPFAIL (sysexits.h): the run failed for a reason outside the input; running it again is the fix.
+EXIT_WORKER_DIED = 75
+# A training that diverged (non-finite losses): not bad input (2), not a bug (1, with a traceback), and a re-run
+# with the same params diverges again (unlike 75): its own code, so a script can tell it apart.
+EXIT_DIVERGED = 3
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
@@ -29,30 +35,36 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt, so every ``finally`` and
-    context manager on the way out runs (worker groups stopped, the MLflow run marked KILLED)."""
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated("SIGTERM")
-
-
 @contextmanager
 def stage_errors(stage: str) -> Iterator[None]:
     """How a stage ends when something goes wrong.
 
     * Bad input (``rlcore.errors.UserError``: params, paths, data rows, model folders): one line on
       stderr naming the key, file or row, exit code 2.
-    * Ctrl-C or SIGTERM: one line, exit code 130 or 143.
+    * A training that diverged (``rlcore.errors.TrainingDiverged``: too many consecutive optimizer steps
+      with a non-finite loss or gradient norm): one line naming the step and the last finite metrics,
+      exit code 3 (the plot CSV and the MLflow run, which ends FAILED, keep every step so far).
+    * A worker rank lost during a call (``rlcore.errors.WorkerDied``: its process killed or crashed, its
+      node gone): one line naming the worker group, rank and method, exit code 75 (the worker groups
+      and the placement group are gone by then; the re-run resumes from the last step checkpoint).
+    * Ctrl-C or SIGTERM: one line, exit code 130 or 143; during a training loop the first one lets the
+      step in flight finish and writes a step checkpoint first (``rlcore.interrupt``).
     * Anything else is a bug: it propagates with its full traceback (exit code 1).
     """
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     except UserError as err:
         print(f"{stage}: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except TrainingDiverged as err:
+        print(f"{stage}: error: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_DIVERGED) from None
+    except WorkerDied as err:
+        _leave_ray()
+        print(f"{stage}: error: {err}; run the stage again to resume from its last step checkpoint "
+              "(if it wrote one)", file=sys.stderr)
+        raise SystemExit(EXIT_WORKER_DIED) from None
     except Terminated:
         print(f"{stage}: terminated (SIGTERM)", file=sys.stderr)
         raise SystemExit(128 + signal.SIGTERM) from None
@@ -60,7 +72,16 @@ def stage_errors(stage: str) -> Iterator[None]:
         print(f"{stage}: interrupted", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _leave_ray() -> None:
+    """Disconnect from Ray now (a private local instance stops), rather than at exit: the workers' last log
+    lines then come before the stage's error line, not after it."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def require_file(path: str, what: str) -> None:

@@ -131,6 +131,11 @@ class ResourcesConfig(_Section):
     """Logical CPUs per rank; also its torch thread count (rounded, at least 1)."""
     use_gpu: bool = False
     """One GPU per rank and the nccl backend (needs CUDA)."""
+    placement: Literal["pack", "spread"] = "pack"
+    """Where Ray puts the ranks (one placement group bundle each) on a cluster. pack: as few nodes as fit them
+    (Ray's PACK; collectives stay on one node). spread: each rank on a different node while there are nodes
+    to spread over, then sharing (Ray's SPREAD, best effort; never refuses to start). A stage prints the
+    node of every rank. On a private local Ray (one node) both are the same."""
     strategy: str = "ddp"
     """How a worker group's ranks hold the models (rlcore.engine.distributed). ddp: every rank keeps the whole
     model and optimizer state, gradients are averaged in one all-reduce per optimizer step, the rollout copy
@@ -177,6 +182,22 @@ class SFTConfig(_Section):
     """Linear warm-up steps before cosine decay to 10% of lr."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""
+    max_nonfinite_steps: int = Field(3, ge=0)
+    """Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm after which the stage
+    stops (exit code 3; the message names the step and the last finite metrics). A skipped step changes
+    nothing (weights, optimizer state, learning-rate schedule) and logs ``sft/nonfinite_steps`` 1.
+    0 = never stop."""
+    save_every: int = Field(200, ge=0)
+    """Step checkpoint every N steps (rlcore.trainer.checkpoint); a re-run after a crash resumes from the last
+    one. 0 = off."""
+
+
+class CheckpointConfig(_Section):
+    dir: str = "checkpoints"
+    """Folder of the step checkpoints, one subfolder per stage (relative to the repository; outside DVC's outputs,
+    ignored by git and DVC). On a Ray cluster every node must reach it (a shared filesystem)."""
+    keep_last: int = Field(0, ge=0)
+    """Checkpoints kept when a stage succeeds (0 = all removed); while it runs, the newest max(keep_last, 1)."""
 
 
 class RolloutConfig(_Section):
@@ -205,6 +226,16 @@ class RolloutConfig(_Section):
     @classmethod
     def _known_engine(cls, v: str) -> str:
         return names.check_name("rollout engine", v, names.ROLLOUT_ENGINES)
+
+
+class RewardConfig(_Section):
+    timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    """Seconds one sample's reward function may run. Past them it is stopped (the scoring process is killed
+    and replaced, so a hung function ends too) and the sample scores error_score; PPO steps log the count as
+    reward/timeouts. Reward functions run in a child process of the stage (rlcore.rewards.guard)."""
+    error_score: float = Field(0.0, allow_inf_nan=False)
+    """Reward of a sample whose function raised (or ran past timeout_s); PPO steps log the count of those
+    that raised as reward/errors. A batch where every sample fails stops the stage with the first error."""
 
 
 class ScoreConfig(_Section):
@@ -274,6 +305,12 @@ class ActorConfig(_Section):
     """Sequences per forward/backward on one rank."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""
+    max_nonfinite_steps: int = Field(3, ge=0)
+    """Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm after which the round
+    stops (exit code 3; the message names the step and the last finite metrics). A skipped step changes
+    nothing (weights, optimizer state, learning-rate schedule); each PPO step logs how many of its optimizer
+    steps it skipped (``actor/nonfinite_steps``), and the count runs over consecutive PPO steps that skipped
+    any. 0 = never stop."""
     policy_loss: str = "vanilla"
     """Policy loss from rlcore.algos.losses.POLICY_LOSSES."""
     loss_agg_mode: str = "token-mean"
@@ -342,6 +379,8 @@ class CriticConfig(_Section):
     """Steps during which only the critic trains."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""
+    max_nonfinite_steps: int = Field(3, ge=0)
+    """As actor.max_nonfinite_steps, for the critic's optimizer steps (``critic/nonfinite_steps``)."""
     micro_batch_size: int = Field(256, ge=1)
     """Sequences per value forward and per forward/backward on one rank."""
 
@@ -371,6 +410,9 @@ class PPOConfig(_Section):
     """Rounds in order; dvc.yaml makes one stage per key (ppo@r1, ...)."""
     dapo: DAPOConfig = DAPOConfig()
     """DAPO recipe tricks."""
+    save_every: int = Field(50, ge=0)
+    """Step checkpoint every N steps of a round (rlcore.trainer.checkpoint); a re-run after a crash resumes from
+    the last one. 0 = off."""
     log_samples: int = Field(8, ge=0)
     """Rollouts kept per step for inspection (prompt, response, reward, advantage, length, log-prob, policy
     version): rewritten after every step to the round's parquet ``metrics/ppo_<round>_rollouts.parquet``
@@ -412,7 +454,9 @@ class Config(_Section):
     task: TaskConfig = TaskConfig()
     resources: ResourcesConfig = ResourcesConfig()
     sft: SFTConfig = SFTConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
     score: ScoreConfig = ScoreConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     actor: ActorConfig = ActorConfig()

@@ -1,8 +1,10 @@
-"""The exceptions that mean "bad input", not "bug".
+"""The exceptions that mean "bad input", "a worker was lost" or "the training diverged", not "bug".
 
-A stage turns these, and only these, into one line on stderr and exit code 2
-(``rlcore.cli.stage_errors``); every other exception is a bug and keeps its traceback.
-Each message names the key, file, row or field and what was expected.
+A stage turns these, and only these, into one line on stderr (``rlcore.cli.stage_errors``): bad input
+(:class:`UserError`) exits with code 2, a diverged training (:class:`TrainingDiverged`) with code 3, a lost
+worker (:class:`WorkerDied`) with code 75; every other exception is a bug and keeps its traceback. Each
+message names the key, file, row or field and what was expected, the worker group, rank and method that
+was lost, or the step that diverged.
 """
 
 from __future__ import annotations
@@ -22,3 +24,23 @@ class DataError(UserError, ValueError):
 
 class InputNotFound(UserError, FileNotFoundError):
     """A file or folder a stage reads does not exist."""
+
+
+class WorkerDied(Exception):
+    """A rank of a worker group was lost during a call: its process was killed or crashed, or its node
+    left the cluster. Nothing is wrong with the input; running the stage again resumes from its last
+    step checkpoint. The message names the worker group, the rank, the method and what Ray said."""
+
+    def __init__(self, group: str, rank: int, method: str, cause: str):
+        super().__init__(f"worker group {group!r} rank {rank} died during {method} ({cause})")
+        self.group, self.rank, self.method, self.cause = group, rank, method, cause
+
+    def __reduce__(self):
+        return type(self), (self.group, self.rank, self.method, self.cause)
+
+
+class TrainingDiverged(Exception):
+    """A training loop stopped after too many consecutive optimizer steps with a NaN or infinite loss or
+    gradient norm (``actor``/``critic``/``sft.max_nonfinite_steps``). Neither bad input nor a bug, and running
+    the stage again with the same params diverges again: the message names the step, the last finite
+    metrics and what to change."""

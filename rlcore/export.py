@@ -1,7 +1,8 @@
 """Export of a saved policy as a self-contained Hugging Face folder (``rlcore export``).
 
 The stages already save Hugging Face folders (``models/sft``, ``models/ppo/<round>``; a round trained
-with a critic keeps it under ``critic/``). An export is the policy alone, in the chosen dtype, with its
+with a critic keeps it under ``critic/``); a step checkpoint (``checkpoints/<stage>/step_<N>``) holds the
+policy's unsharded weights and names the model folder the stage started from. An export is the policy alone, in the chosen dtype, with its
 tokenizer and chat template, written under a temporary name and renamed, then loaded back with
 ``AutoModelForCausalLM.from_pretrained`` and compared with the source on a fixed probe batch.
 """
@@ -43,16 +44,43 @@ def probe_logits(model, vocab: int, seed: int = 0) -> torch.Tensor:
         return model(input_ids=ids).logits.float()
 
 
+def load_checkpoint_policy(folder: Path):
+    """The policy of a step checkpoint (``rlcore.trainer.checkpoint``): its ``actor.pt`` (a PPO round) or
+    ``sft.pt`` weights on the architecture and tokenizer of the model folder the stage started from."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from rlcore.trainer.checkpoint import CONTROLLER_FILE
+
+    state = torch.load(folder / CONTROLLER_FILE, map_location="cpu", weights_only=False)
+    base = Path(state.get("model_dir") or "")
+    if not (base / "config.json").is_file():
+        raise InputNotFound(f"{folder}: the model folder it was trained from ({base}) is gone; export needs its "
+                            "config and tokenizer")
+    weights = next((folder / f"{name}.pt" for name in ("actor", "sft") if (folder / f"{name}.pt").is_file()), None)
+    if weights is None:
+        raise InputNotFound(f"{folder}: no actor.pt or sft.pt (the policy's training state)")
+    config = AutoConfig.from_pretrained(str(base), local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=False)["model"])
+    return model, AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+
+
 def export_model(source: str | Path, out: str | Path, *, dtype: str = "float32", verify: bool = True) -> str:
-    """Write ``source``'s policy to ``out`` in ``dtype``; returns a one-line report."""
+    """Write ``source``'s policy (a stage's model folder or a step checkpoint folder) to ``out`` in ``dtype``;
+    returns a one-line report."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlcore.trainer.checkpoint import CONTROLLER_FILE
+
     src, out = Path(source), Path(out)
-    check_source(src)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out}: exists and is not an empty folder; choose a new path")
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(src), local_files_only=True)
+    if (src / CONTROLLER_FILE).is_file():
+        model, tokenizer = load_checkpoint_policy(src)
+    else:
+        check_source(src)
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(src), local_files_only=True)
     reference = probe_logits(model, model.config.vocab_size) if verify else None
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

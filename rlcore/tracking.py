@@ -47,12 +47,19 @@ class NullTracker(_RunContext):
     """Logs nothing; stands in when tracking is off or broken."""
 
     run_id: str | None = None
+    resumed = False
 
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None: ...
     def log_artifact(self, path: str | Path) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
+
+
+# A tracking server that is down must cost seconds, not minutes: MLflow's defaults (7 retries with exponential
+# backoff, a 120 s timeout) held a stage for 250 s before its first step against a closed port.
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 class MlflowTracker(_RunContext):
@@ -64,7 +71,10 @@ class MlflowTracker(_RunContext):
 
     MAX_BATCH = 1000
 
-    def __init__(self, uri: str, experiment: str, run_name: str, tags: dict[str, str], flush_s: float = 5.0):
+    def __init__(self, uri: str, experiment: str, run_name: str, tags: dict[str, str], flush_s: float = 5.0,
+                 run_id: str | None = None):
+        for key, value in HTTP_LIMITS.items():  # the user's own settings win
+            os.environ.setdefault(key, value)
         import mlflow
         from mlflow.entities import Metric
 
@@ -78,6 +88,15 @@ class MlflowTracker(_RunContext):
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(experiment)
         self._client = mlflow.MlflowClient()
+        self.resumed = False
+        if run_id is not None:  # a stage resuming from a step checkpoint continues its run
+            try:
+                self.run_id = mlflow.start_run(run_id=run_id).info.run_id
+                self.resumed = True
+                return
+            except Exception as err:
+                print(f"warning: MLflow run {run_id} cannot be continued ({type(err).__name__}: {err}); "
+                      "starting a new run", file=sys.stderr)
         self.run_id = mlflow.start_run(run_name=run_name, tags=tags).info.run_id
 
     def _guard(self, what: str, fn: Callable[[], Any]) -> None:
@@ -158,17 +177,19 @@ def run_tags(stage: str, params: dict[str, Any], root: Path, round_name: str | N
 
 
 def open_run(tracking_cfg, *, stage: str, params: dict[str, Any], root: Path,
-             round_name: str | None = None) -> MlflowTracker | NullTracker:
-    """Start the stage's run and log its params; a null tracker when off or unreachable."""
+             round_name: str | None = None, run_id: str | None = None) -> MlflowTracker | NullTracker:
+    """Start the stage's run and log its params (or continue run ``run_id``, a resumed stage's, whose params
+    are logged already); a null tracker when off or unreachable."""
     if not tracking_cfg.enabled:
         return NullTracker()
     run_name = f"{stage}-{round_name}" if round_name else stage
     try:
         tracker = MlflowTracker(resolve_uri(tracking_cfg.uri, root), tracking_cfg.experiment, run_name,
-                                run_tags(stage, params, root, round_name))
+                                run_tags(stage, params, root, round_name), run_id=run_id)
     except Exception as err:
         print(f"warning: MLflow unavailable at {tracking_cfg.uri} ({type(err).__name__}: {err}); "
               "continuing without tracking", file=sys.stderr)
         return NullTracker()
-    tracker.log_params(params)
+    if not tracker.resumed:
+        tracker.log_params(params)
     return tracker

@@ -10,7 +10,8 @@ from __future__ import annotations
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.errors import ConfigError
 
-PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "algorithm", "actor", "critic", "ppo")
+PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "reward", "algorithm", "actor", "critic",
+          "ppo", "checkpoint")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,14 +36,24 @@ def main(argv: list[str] | None = None) -> None:
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
         from rlcore.tracking import open_run
+        from rlcore.trainer.checkpoint import stage_checkpoints
         from rlcore.trainer.ppo import run_ppo_round
         tokenizer = load_tokenizer(args.init)
-        with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round) as tracker:
+        # the round's checkpoints depend on its own entry of ppo.rounds, not on rounds added or changed after it
+        own = {**params, "ppo": {**params["ppo"], "rounds": {args.round: params["ppo"]["rounds"][args.round]}}}
+        inputs = [args.data, args.init] + ([args.val_data] if args.val_data and cfg.ppo.val_every else [])
+        checkpoints = stage_checkpoints(cfg, stage=f"ppo@{args.round}", save_every=cfg.ppo.save_every, params=own,
+                                        root=REPO_ROOT, inputs=inputs)
+        resume = checkpoints.resume()
+        with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round,
+                      run_id=resume.run_id if resume else None) as tracker:
             metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
                                     data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots,
-                                    val_path=args.val_data, rollouts_path=args.rollouts)
+                                    val_path=args.val_data, rollouts_path=args.rollouts, checkpoints=checkpoints,
+                                    resume=resume)
             write_json(args.metrics, metrics)
             tracker.log_metrics(metrics)
+        checkpoints.finish()
 
 
 if __name__ == "__main__":

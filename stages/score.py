@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 
-PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "score")
+PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "reward", "score")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 
-PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "sft")
+PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "sft", "checkpoint")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,14 +23,20 @@ def main(argv: list[str] | None = None) -> None:
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer, resolve_model_path
         from rlcore.tracking import open_run
+        from rlcore.trainer.checkpoint import stage_checkpoints
         from rlcore.trainer.sft import run_sft
         base = resolve_model_path(cfg.model.path, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
         tokenizer = load_tokenizer(base)
-        with open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT) as tracker:
+        checkpoints = stage_checkpoints(cfg, stage="sft", save_every=cfg.sft.save_every, params=params, root=REPO_ROOT,
+                                        inputs=[args.data, base])
+        resume = checkpoints.resume()
+        with open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT,
+                      run_id=resume.run_id if resume else None) as tracker:
             metrics = run_sft(cfg, base_model=base, tokenizer=tokenizer, data_path=args.data, out_dir=args.out,
-                              tracker=tracker, plot_csv=args.plots)
+                              tracker=tracker, plot_csv=args.plots, checkpoints=checkpoints, resume=resume)
             write_json(args.metrics, metrics)
             tracker.log_metrics(metrics)
+        checkpoints.finish()
 
 
 if __name__ == "__main__":

@@ -197,3 +197,26 @@ def test_step_metrics_are_buffered_and_all_written_by_the_end(store_root):
     history = client.get_metric_history(tracker.run_id, "sft/loss")
     assert sorted(m.step for m in history) == list(range(700))
     assert {m.step: m.value for m in history}[9] == pytest.approx(0.1)
+
+
+def test_a_tracking_server_that_is_down_costs_seconds_and_one_warning(tmp_path, capsys):
+    """Nothing listens on the port: the stage gets a null tracker after a bounded retry (MLflow's own
+    defaults waited 250 s here) and trains on; its metrics still go to the JSON and the plot CSV."""
+    import socket
+    import time
+
+    from rlcore.trainer.common import StepLog
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    tracker = open_run(TrackingConfig(uri=f"http://127.0.0.1:{port}"), stage="sft", params=PARAMS, root=tmp_path)
+    assert isinstance(tracker, NullTracker)
+    assert time.monotonic() - start < 30
+    log = StepLog(tracker, tmp_path / "plot.csv")
+    for step in range(3):
+        log.log(step, {"sft/loss": 1.0 / (step + 1)})
+    tracker.close()
+    assert (tmp_path / "plot.csv").read_text().splitlines()[1:] == ["0,1.0", "1,0.5", "2,0.3333333333333333"]
+    assert capsys.readouterr().err.count("warning: MLflow unavailable") == 1

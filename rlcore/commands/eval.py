@@ -32,11 +32,14 @@ def format_table(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    k = args.k if args.k is not None else config_from(args).evaluate.k
+    cfg = config_from(args)
+    k = args.k if args.k is not None else cfg.evaluate.k
     from rlcore.cli import write_json
     from rlcore.rewards.generations import evaluate_generations
+    from rlcore.rewards.guard import RewardScorer
 
-    result = evaluate_generations(args.generations, k)
+    scorer = RewardScorer(timeout_s=cfg.reward.timeout_s, error_score=cfg.reward.error_score)
+    result = evaluate_generations(args.generations, k, scorer)
     print(format_table(result))
     if args.out:
         write_json(args.out, result)

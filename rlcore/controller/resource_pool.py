@@ -4,17 +4,60 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+
+from rlcore.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+# params.yaml resources.placement -> Ray placement group strategy. SPREAD is Ray's best effort: the bundles go
+# to different nodes while there are nodes to spread over, and share nodes beyond that (STRICT_SPREAD would
+# refuse to start more ranks than nodes).
+PLACEMENT_STRATEGIES = {"pack": "PACK", "spread": "SPREAD"}
+# ray.init to an address where nothing listens retries for minutes; a TCP connect answers in this many seconds.
+REACH_TIMEOUT_S = 5.0
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``host:port`` or ``ray://host:port`` -> (host, port); None for what does not parse (``auto``)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Fail in seconds, naming ``ray.address``, when nothing listens where it (or, for ``auto``, the
+    ``RAY_ADDRESS`` variable) points; an address that does not parse is left to Ray."""
+    target = (os.environ.get("RAY_ADDRESS") or address) if address == "auto" else address
+    hp = _host_port(target)
+    if hp is None:
+        return
+    try:
+        socket.create_connection(hp, timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(f"ray.address {address!r}: nothing answers at {hp[0]}:{hp[1]} ({err.strerror or err}); "
+                          f"start the head node there (ray start --head --port {hp[1]}) or set ray.address: local"
+                          ) from None
+
+
+def _cluster_counts() -> str:
+    res = ray.cluster_resources()
+    try:
+        nodes = f"{sum(1 for n in ray.nodes() if n.get('Alive'))} node(s), "
+    except Exception:  # a Ray client (ray://) connection may not list nodes
+        nodes = ""
+    return f"{nodes}{res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs"
+
 
 def start_ray(address: str, num_cpus: int) -> str:
-    """Start a private local Ray instance or join ``address``; return a line saying which."""
+    """Start a private local Ray instance or join ``address``; return a line saying which: for a cluster,
+    the head's address and dashboard, and for both the nodes, CPUs and GPUs it has."""
     if ray.is_initialized():
-        return "ray: already initialised in this process"
+        return f"ray: already initialised in this process ({_cluster_counts()})"
     if address == "local":
         # Ray starts its worker processes 15 nice levels below the driver; the ranks do the compute, so on
         # a shared machine they would lose the CPU to everything else. A user's own setting wins.
@@ -22,22 +65,31 @@ def start_ray(address: str, num_cpus: int) -> str:
         # address=None with RAY_ADDRESS unset would still attach to a running `ray start`; "local" never does.
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
                  configure_logging=False)
-    else:
-        ray.init(address=address, log_to_driver=True, configure_logging=False)
-    res = ray.cluster_resources()
-    return f"ray: joined {address} with {res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs"
+        return f"ray: started a private Ray instance on this machine: {_cluster_counts()}"
+    check_reachable(address)
+    ctx = ray.init(address=address, log_to_driver=True, configure_logging=False)
+    info = getattr(ctx, "address_info", None) or {}
+    head = info.get("gcs_address") or address
+    dashboard = getattr(ctx, "dashboard_url", None)
+    where = f"head {head}" + (f", dashboard http://{dashboard}" if dashboard else "")
+    return f"ray: joined the cluster at ray.address {address} ({where}): {_cluster_counts()}"
 
 
 class ResourcePool:
-    """``n_workers`` bundles of {CPU: cpus_per_worker (, GPU: 1)}; worker groups may share it.
-    As a context manager it releases its placement group on the way out, whatever happened."""
+    """``n_workers`` bundles of {CPU: cpus_per_worker (, GPU: 1)}, one per rank, placed as ``placement``
+    says (:data:`PLACEMENT_STRATEGIES`: ``pack`` fills a node before the next, ``spread`` puts them on
+    different nodes when it can); worker groups may share it. As a context manager it releases its
+    placement group on the way out, whatever happened."""
 
-    def __init__(self, n_workers: int, cpus_per_worker: float, use_gpu: bool, timeout_s: float):
+    def __init__(self, n_workers: int, cpus_per_worker: float, use_gpu: bool, timeout_s: float,
+                 placement: str = "pack"):
         self.n_workers = n_workers
         self.cpus_per_worker = cpus_per_worker
         self.use_gpu = use_gpu
+        self.placement = placement
         bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
-        self.pg: PlacementGroup = placement_group([dict(bundle) for _ in range(n_workers)], strategy="PACK")
+        self.pg: PlacementGroup = placement_group([dict(bundle) for _ in range(n_workers)],
+                                                  strategy=PLACEMENT_STRATEGIES[placement])
         try:
             ray.get(self.pg.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -46,6 +98,23 @@ class ResourcePool:
                 f"resources: {n_workers} bundles of {bundle} did not fit in {timeout_s:g}s; "
                 f"cluster has {ray.cluster_resources()} (lower resources.n_workers or cpus_per_worker)"
             ) from None
+
+    def rank_nodes(self) -> list[tuple[str, str]]:
+        """``(node id, node IP)`` of each bundle (the rank of that index runs there), from Ray's
+        placement group table; the IP is '?' for a node Ray no longer lists."""
+        bundles = placement_group_table(self.pg)["bundles_to_node_id"]
+        try:
+            ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        except Exception:  # a Ray client (ray://) connection may not list nodes
+            ips = {}
+        return [(bundles[i], ips.get(bundles[i], "?")) for i in range(self.n_workers)]
+
+    def describe(self) -> str:
+        """One line: where the ranks were placed (the node of each)."""
+        nodes = self.rank_nodes()
+        where = ", ".join(f"rank {r} on {ip} (node {nid[:8]})" for r, (nid, ip) in enumerate(nodes))
+        return (f"resources: {self.n_workers} rank(s) placed {self.placement} over {len(set(nodes))} node(s): "
+                f"{where}")
 
     def release(self) -> None:
         remove_placement_group(self.pg)

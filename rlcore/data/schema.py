@@ -115,6 +115,8 @@ def _check_prompt(prompt: Any) -> str | None:
         problem = _check_fields(message, MESSAGE_FIELDS, f"prompt[{k}]")
         if problem:
             return problem
+    if not any(str(m["content"]).strip() for m in prompt):
+        return "field 'prompt' has no text (every message's content is empty)"
     return None
 
 
@@ -204,6 +206,9 @@ def read_rows(path: str | Path) -> pd.DataFrame:
     if not path.is_file():
         raise InputNotFound(f"dataset file not found: {path} (run the prepare stage first?)")
     # to_pylist avoids pandas' conversion of list<struct> columns into numpy object arrays.
-    records = pq.read_table(path).to_pylist()
+    try:
+        records = pq.read_table(path).to_pylist()
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DataError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
     validate_rows(records, str(path))
     return pd.DataFrame.from_records(records, columns=list(records[0].keys()))

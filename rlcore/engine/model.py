@@ -67,10 +67,13 @@ def load_value_model(path: str | Path, *, dtype: str = "float32", attn_implement
     """A token-classification head with one output on the policy backbone (the critic).
 
     Loading a causal-LM folder initialises the value head fresh; loading a saved critic
-    folder restores it.
+    folder restores it. The head's dropout is off (transformers defaults it to 0.1): values must be
+    the same for the same input, on every call and every rank.
     """
+    config = AutoConfig.from_pretrained(str(path), num_labels=1, local_files_only=True)
+    config.classifier_dropout = 0.0
     return AutoModelForTokenClassification.from_pretrained(
-        str(path), num_labels=1, dtype=DTYPES[dtype],
+        str(path), config=config, dtype=DTYPES[dtype],
         attn_implementation=attention_for(path, attn_implementation, packed_forward), local_files_only=True,
     )
 

@@ -15,7 +15,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from rlcore.errors import DataError, InputNotFound
-from rlcore.rewards.rule import REWARD_FNS, compute_score
+from rlcore.rewards.guard import RewardScorer
+from rlcore.rewards.rule import REWARD_FNS
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -77,10 +78,14 @@ def ground_truth_of(row: Mapping[str, Any]) -> Any:
     return row.get("ground_truth")
 
 
-def score_records(rows: list[dict], source: str) -> list[tuple[str, np.ndarray]]:
+def score_records(rows: list[dict], source: str, scorer: RewardScorer) -> list[tuple[str, np.ndarray]]:
     """``(data_source, rewards of the row's responses)`` per row, from the reward function registered for
-    the row's ``data_source``; a row that cannot be scored is one line naming it and the field."""
-    scored = []
+    the row's ``data_source`` (all responses in one guarded batch: ``scorer``); a row that cannot be scored
+    is one line naming it and the field."""
+    sources: list[str] = []
+    texts: list[str] = []
+    truths: list[str] = []
+    sizes: list[int] = []
     for i, row in enumerate(rows):
         where = f"{source}: row {i}"
         ds, gt, responses = row.get("data_source"), ground_truth_of(row), row.get("responses")
@@ -93,8 +98,12 @@ def score_records(rows: list[dict], source: str) -> list[tuple[str, np.ndarray]]
             raise DataError(f"{where}: missing field 'reward_model.ground_truth' (or 'ground_truth'), a string")
         if not isinstance(responses, (list, tuple, np.ndarray)) or not len(responses):
             raise DataError(f"{where}: field 'responses' should be a non-empty list of strings (from rlcore generate)")
-        scored.append((ds, np.array([compute_score(ds, str(r), gt) for r in responses], dtype=np.float64)))
-    return scored
+        sources += [ds] * len(responses)
+        texts += [str(r) for r in responses]
+        truths += [gt] * len(responses)
+        sizes.append(len(responses))
+    rewards = np.split(scorer.score(sources, texts, truths, what=source), np.cumsum(sizes)[:-1])
+    return [(sources[start], r) for start, r in zip(np.cumsum([0] + sizes[:-1]), rewards)]
 
 
 def summarize(rewards: list[np.ndarray], k: int) -> dict[str, float]:
@@ -110,11 +119,13 @@ def summarize(rewards: list[np.ndarray], k: int) -> dict[str, float]:
     }
 
 
-def evaluate_generations(path: str | Path, k: int) -> dict[str, Any]:
-    """``{"k", "pass@1", "pass@k", "mean_reward", "n_prompts", "n_responses", "by_data_source": {...}}``
-    for a generations file."""
+def evaluate_generations(path: str | Path, k: int, scorer: RewardScorer | None = None) -> dict[str, Any]:
+    """``{"k", "pass@1", "pass@k", "mean_reward", "n_prompts", "n_responses", "reward_errors",
+    "reward_timeouts", "by_data_source": {...}}`` for a generations file, scored by ``scorer`` (default:
+    a :class:`~rlcore.rewards.guard.RewardScorer` with the default ``reward`` params)."""
     rows = read_records(path)
-    scored = score_records(rows, str(path))
+    scorer = scorer or RewardScorer()
+    scored = score_records(rows, str(path), scorer)
     for i, (_, r) in enumerate(scored):
         if len(r) < k:
             raise DataError(f"{path}: row {i}: {len(r)} responses; pass@{k} needs at least k={k} "
@@ -123,4 +134,5 @@ def evaluate_generations(path: str | Path, k: int) -> dict[str, Any]:
     for ds, r in scored:
         by_source[ds].append(r)
     return {"k": k, **summarize([r for _, r in scored], k),
+            "reward_errors": scorer.errors, "reward_timeouts": scorer.timeouts,
             "by_data_source": {ds: summarize(rs, k) for ds, rs in sorted(by_source.items())}}

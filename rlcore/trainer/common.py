@@ -13,11 +13,13 @@ import torch
 from rlcore.config import Config
 from rlcore.controller.resource_pool import ResourcePool, start_ray
 from rlcore.engine.model import ModelSpec
+from rlcore.errors import TrainingDiverged
 
 
 def start_pool(cfg: Config) -> ResourcePool:
-    """Start (or join) Ray and place the worker ranks' bundles; use it as a context manager, so the
-    placement group is released whatever happens.
+    """Start (or join) Ray and place the worker ranks' bundles (``resources.placement``); use it as a
+    context manager, so the placement group is released whatever happens. Prints which Ray it joined and
+    the node of each rank.
 
     The controller's own tensor work (rewards, advantages, Batch ops) is tiny, so it runs on one
     torch thread: a multi-threaded OpenMP pool here would spin between those small ops on the very
@@ -25,7 +27,9 @@ def start_pool(cfg: Config) -> ResourcePool:
     torch.set_num_threads(1)
     print(start_ray(cfg.ray.address, cfg.ray.num_cpus), flush=True)
     r = cfg.resources
-    return ResourcePool(r.n_workers, r.cpus_per_worker, r.use_gpu, cfg.ray.timeout_s)
+    pool = ResourcePool(r.n_workers, r.cpus_per_worker, r.use_gpu, cfg.ray.timeout_s, r.placement)
+    print(pool.describe(), flush=True)
+    return pool
 
 
 def model_spec(cfg: Config, path: str | Path) -> ModelSpec:
@@ -55,14 +59,69 @@ class StepLog:
         new = [k for k in row if k not in self.columns]
         if new:  # always on the first row ("step" is new then)
             self.columns += new
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=self.columns)
-                w.writeheader()
-                w.writerows(self.rows)
+            self._rewrite()
         else:
             with self.path.open("a", newline="") as f:
                 csv.DictWriter(f, fieldnames=self.columns).writerow(row)
+
+    def flush(self) -> None:
+        """Write the tracker's buffered metrics now (before a step checkpoint)."""
+        flush = getattr(self.tracker, "flush", None)
+        if flush is not None:
+            flush()
+
+    def restore(self, rows: list[dict[str, float]], *, to_tracker: bool) -> None:
+        """Continue after the rows of a resumed checkpoint: the CSV is written with them, and they go to
+        the tracker only when ``to_tracker`` (a new MLflow run; a continued run already has them)."""
+        self.rows = [dict(r) for r in rows]
+        self.columns = list(dict.fromkeys(k for r in self.rows for k in r))
+        if to_tracker:
+            for r in self.rows:
+                self.tracker.log_metrics({k: v for k, v in r.items() if k != "step"}, step=int(r["step"]))
+        if self.path is not None and self.rows:
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns)
+            w.writeheader()
+            w.writerows(self.rows)
+
+
+def stop_if_diverged(rows: list[dict[str, float]], section: str, limit: int, shown: tuple[str, ...],
+                     hint: str) -> None:
+    """Raise :class:`~rlcore.errors.TrainingDiverged` when the last rows of a step log skipped ``limit`` or more
+    optimizer steps of ``section`` in a row for a non-finite loss or gradient norm (``limit`` 0: never).
+
+    The count is ``{section}/nonfinite_steps`` summed over the trailing rows that skipped any: exactly the
+    consecutive skipped optimizer steps when those steps skipped all theirs (a diverged run); a row where
+    ``section`` did not train (no such key: a critic warm-up step) neither counts nor ends the run. The count
+    is a function of the logged rows, so a stage resumed from a step checkpoint (which restores them) counts
+    on from where it was. The message names the last row's step, the ``shown`` metrics of the last row that
+    skipped nothing, and the ``hint``."""
+    if not limit:
+        return
+    key = f"{section}/nonfinite_steps"
+    skipped, finite = 0, None
+    for row in reversed(rows):
+        if key not in row:
+            continue
+        if not row[key]:
+            finite = row
+            break
+        skipped += int(row[key])
+    if skipped < limit:
+        return
+    if finite is None:
+        last = "no step before them was finite"
+    else:
+        last = f"last finite at step {int(finite['step'])}: " + ", ".join(
+            f"{k}={finite[k]:.4g}" for k in shown if k in finite)
+    raise TrainingDiverged(f"step {int(rows[-1]['step'])}: {skipped} consecutive optimizer steps skipped for a "
+                           f"non-finite loss or gradient norm ({section}.max_nonfinite_steps: {limit}; {last}); "
+                           f"{hint}")
 
 
 @contextmanager

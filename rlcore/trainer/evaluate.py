@@ -6,21 +6,26 @@ import numpy as np
 
 from rlcore.config import Config
 from rlcore.data.collate import decode_responses, prompt_batch
-from rlcore.data.schema import read_rows
+from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.generations import pass_at_k
+from rlcore.rewards.guard import RewardScorer
 from rlcore.trainer.common import start_pool
+from rlcore.trainer.generation import reward_scorer
 from rlcore.trainer.score import rollout_group, sample_rewards
 
 
-def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: str) -> tuple[dict, list[dict]]:
+def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: str,
+                   scorer: RewardScorer) -> tuple[dict, list[dict]]:
     """Metrics ``{name}/greedy_pass@1``, ``{name}/pass@k``, ... and a sample table for one model."""
     e = cfg.evaluate
     group = rollout_group(cfg, pool, model_dir)
+    errors, timeouts = scorer.counts()
     try:
-        greedy, gen = sample_rewards(cfg, group, tokenizer, prompts, n=1, temperature=1.0, greedy=True,
-                                     seed=cfg.seed, desc=f"eval {name} greedy")
-        sampled, _ = sample_rewards(cfg, group, tokenizer, prompts, n=e.n_samples, temperature=e.temperature,
-                                    greedy=False, seed=cfg.seed + 1, desc=f"eval {name} sampled")
+        greedy, gen = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=1, temperature=1.0,
+                                     greedy=True, seed=cfg.seed, desc=f"eval {name} greedy")
+        sampled, _ = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=e.n_samples,
+                                    temperature=e.temperature, greedy=False, seed=cfg.seed + 1,
+                                    desc=f"eval {name} sampled")
     finally:
         group.shutdown()
     correct = sampled.sum(axis=1).astype(int)
@@ -30,6 +35,8 @@ def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: 
         f"{name}/pass@1": float(sampled.mean()),
         f"{name}/pass@{e.k}": float(np.mean([pass_at_k(e.n_samples, c, e.k) for c in correct])),
         f"{name}/greedy_response_length": float(lengths.mean()),
+        f"{name}/reward_errors": scorer.errors - errors,
+        f"{name}/reward_timeouts": scorer.timeouts - timeouts,
     }
     texts = decode_responses(tokenizer, gen["responses"], gen["response_mask"])
     table = [{"model": name, "question": prompts["question"][i], "ground_truth": prompts["ground_truth"][i],
@@ -39,11 +46,12 @@ def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: 
 
 def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: str) -> tuple[dict, list[dict]]:
     """Evaluate each named model folder on ``data_path``; also the gain of the last over the first."""
-    prompts = prompt_batch(read_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
+    prompts = prompt_batch(read_reward_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
     metrics, table = {"test/n_prompts": len(prompts)}, []
+    scorer = reward_scorer(cfg)
     with start_pool(cfg) as pool:
         for name, path in models.items():
-            m, t = evaluate_model(cfg, pool, path, tokenizer, prompts, name)
+            m, t = evaluate_model(cfg, pool, path, tokenizer, prompts, name, scorer)
             metrics.update(m)
             table += t
     first, last = list(models)[0], list(models)[-1]

@@ -10,7 +10,7 @@ from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import decode_responses
 from rlcore.protocol import Batch
-from rlcore.rewards.rule import compute_score
+from rlcore.rewards.guard import RewardScorer
 from rlcore.rollout import EngineSpec, SamplingParams
 from rlcore.workers.rollout import GenerateSpec
 
@@ -47,8 +47,15 @@ def generate(group: WorkerGroup[W], method: Callable[[W, Batch, GenerateSpec], B
     return prompts.union(group.call(method, tensors, spec).slice(0, len(prompts)))
 
 
-def rule_rewards(tokenizer, batch: Batch) -> np.ndarray:
-    """Score each response with the rule registered for its data_source; ``[batch]`` floats."""
+def reward_scorer(cfg: Config) -> RewardScorer:
+    """A stage's guarded scorer (params.yaml ``reward``): counts its failures, warns about the first once."""
+    return RewardScorer(timeout_s=cfg.reward.timeout_s, error_score=cfg.reward.error_score)
+
+
+def rule_rewards(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str) -> np.ndarray:
+    """Score each response with the rule registered for its data_source; ``[batch]`` floats. A response
+    whose function raises or runs past ``reward.timeout_s`` gets ``reward.error_score`` (counted by
+    ``scorer``); a batch where every one fails raises :class:`~rlcore.rewards.guard.RewardError` naming
+    ``what``."""
     texts = decode_responses(tokenizer, batch["responses"], batch["response_mask"])
-    return np.array([compute_score(ds, t, gt) for ds, t, gt in
-                     zip(batch["data_source"], texts, batch["ground_truth"])], dtype=np.float64)
+    return scorer.score(batch["data_source"], texts, batch["ground_truth"], what=what)

@@ -19,7 +19,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -33,11 +33,13 @@ from rlcore.controller.balance import balance_over_ranks
 from rlcore.controller.resource_pool import ResourcePool
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import prompt_batch
-from rlcore.data.schema import read_rows
+from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
-from rlcore.trainer.common import StepLog, model_spec, start_pool, timer
-from rlcore.trainer.generation import engine_spec, generate, generate_spec, rule_rewards
+from rlcore.rewards.checks import read_reward_rows
+from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
+from rlcore.trainer.common import StepLog, model_spec, start_pool, stop_if_diverged, timer
+from rlcore.trainer.generation import engine_spec, generate, generate_spec, reward_scorer, rule_rewards
 from rlcore.trainer.rollout_data import (
     PromptSampler,
     keep_informative_groups,
@@ -147,15 +149,16 @@ class RoundRunner:
         self.samples: list[dict] = []  # ppo.log_samples rows of every step so far (the rollouts file's rows)
         self.policy_version = 0  # actor updates so far: the version of the weights the next rollouts use
         self.last_batch = Batch()  # the last step's whole batch (rollouts, rewards, advantages), for inspection
+        self.rewards = reward_scorer(cfg)  # guarded reward functions; counts their errors and timeouts
 
     # ------------------------------------------------------------------ steps
     def _generate(self, prompts: Batch, seed: int, greedy: bool = False) -> Batch:
         spec = generate_spec(self.cfg, temperature=self.cfg.rollout.temperature, seed=seed, greedy=greedy)
         return generate(self.actor, ActorRolloutRefWorker.generate, prompts, spec)
 
-    def _score(self, batch: Batch) -> Batch:
+    def _score(self, batch: Batch, what: str) -> Batch:
         """Rule rewards (``acc``) and the shaped ``scores`` (with the overlong penalty)."""
-        acc = torch.as_tensor(rule_rewards(self.tok, batch), dtype=torch.float32)
+        acc = torch.as_tensor(rule_rewards(self.tok, batch, self.rewards, what=what), dtype=torch.float32)
         d = self.cfg.ppo.dapo
         lengths = batch["response_mask"].sum(-1)
         pen = overlong_penalty(lengths, self.cfg.task.max_response_length, d.overlong_buffer, d.overlong_penalty)
@@ -169,7 +172,8 @@ class RoundRunner:
         tries, have, last = 0, 0, Batch()
         while tries < (d.max_sample_tries if d.dynamic_sampling else 1) and have < want:
             prompts = self.prompts.select(self.sampler.take(want))
-            last = self._score(self._generate(prompts.repeat(n), self.seed * 100003 + step * 101 + tries))
+            last = self._score(self._generate(prompts.repeat(n), self.seed * 100003 + step * 101 + tries),
+                               f"ppo step {step}")
             part = keep_informative_groups(last, n) if d.dynamic_sampling else last
             kept.append(part)
             have += len(part) // n
@@ -184,11 +188,14 @@ class RoundRunner:
         t: Metrics = {}
         cfg, alg = self.cfg, self.cfg.algorithm
         version = self.policy_version  # the weights this step's rollouts come from
+        errors, timeouts = self.rewards.counts()
         with timer(t, "step"):
             with timer(t, "gen"):
                 batch, m = self.collect(step)
                 if self.estimator.needs_greedy_baseline:
                     batch = self._add_greedy_baseline(batch, step)
+                m.update({"reward/errors": self.rewards.errors - errors,
+                          "reward/timeouts": self.rewards.timeouts - timeouts})
                 if cfg.ppo.balance_batch:
                     batch, m["perf/dp_token_imbalance"] = balance_over_ranks(batch, cfg.rollout.n,
                                                                              cfg.resources.n_workers)
@@ -229,16 +236,19 @@ class RoundRunner:
     def validate(self, prompts: Batch) -> Metrics:
         """Greedy pass@1 of the current policy (the rollout copy holds the latest weights) on ``prompts``."""
         gen = self._generate(prompts, self.seed, greedy=True)
-        acc = rule_rewards(self.tok, gen)
+        errors, timeouts = self.rewards.counts()
+        acc = rule_rewards(self.tok, gen, self.rewards, what="ppo validation")
         return {"val/greedy_pass@1": float(acc.mean()),
-                "val/response_length": gen["response_mask"].sum(-1).float().mean().item()}
+                "val/response_length": gen["response_mask"].sum(-1).float().mean().item(),
+                "val/reward_errors": self.rewards.errors - errors,
+                "val/reward_timeouts": self.rewards.timeouts - timeouts}
 
     def _add_greedy_baseline(self, batch: Batch, step: int) -> Batch:
         """ReMax: the reward of one greedy response per prompt is every sample's baseline."""
         n = self.cfg.rollout.n
         firsts = batch.select(np.arange(0, len(batch), n))
         plain = Batch(firsts.only("prompts", "prompt_mask").tensors, dict(firsts.non_tensors))
-        greedy = self._score(self._generate(plain, self.seed + step, greedy=True))
+        greedy = self._score(self._generate(plain, self.seed + step, greedy=True), f"ppo step {step}'s greedy baseline")
         return batch.union(Batch({"reward_baselines": greedy["scores"].repeat_interleave(n)}))
 
     def _advantages(self, batch: Batch) -> tuple[Batch, Metrics]:
@@ -279,6 +289,30 @@ class RoundRunner:
         if self.critic is not None:
             self.critic.call(CriticWorker.save, str(Path(out_dir) / "critic"))
 
+    # ------------------------------------------------------------ checkpoints
+    def save_state(self, folder: Path) -> dict[str, Any]:
+        """The workers write their training state into ``folder``; returns the controller's own state
+        (everything a later step reads that is not a param): the prompt sampler's order, position and
+        RNG, the KL controller's coefficient, the rollouts kept and the policy version."""
+        self.actor.call(ActorRolloutRefWorker.save_state, str(folder))
+        if self.critic is not None:
+            self.critic.call(CriticWorker.save_state, str(folder))
+        return {"sampler": {"order": self.sampler.order.copy(), "pos": self.sampler.pos,
+                            "rng": self.sampler.rng.bit_generator.state},
+                "kl_coef": self.kl_ctrl.value, "samples": list(self.samples), "policy_version": self.policy_version}
+
+    def load_state(self, folder: Path, state: dict[str, Any]) -> None:
+        """Continue from what :meth:`save_state` wrote and returned."""
+        self.actor.call(ActorRolloutRefWorker.load_state, str(folder))
+        if self.critic is not None:
+            self.critic.call(CriticWorker.load_state, str(folder))
+        s = state["sampler"]
+        self.sampler.order, self.sampler.pos = s["order"], s["pos"]
+        self.sampler.rng.bit_generator.state = s["rng"]
+        self.kl_ctrl.value = state["kl_coef"]
+        self.samples = list(state["samples"])
+        self.policy_version = state["policy_version"]
+
 
 def logprob_mismatch(batch: Batch) -> Metrics:
     """How far the rollout engine's log-probs of the sampled tokens are from the trainer's recomputed ones
@@ -310,39 +344,84 @@ def running_round(cfg: Config, *, init_dir: str, tokenizer, prompts: Batch, seed
 
 def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, data_path: str, out_dir: str,
                   tracker, plot_csv: str | None = None, val_path: str | None = None,
-                  rollouts_path: str | None = None) -> Metrics:
+                  rollouts_path: str | None = None, checkpoints: StepCheckpoints | None = None,
+                  resume: Resume | None = None) -> Metrics:
     """Train one round from ``init_dir``; save the policy (and critic) to ``out_dir``.
 
     With ``ppo.val_every`` > 0 and ``val_path``, the greedy pass@1 on those prompts is logged
     before the first step, every ``val_every`` steps and after the last. With ``ppo.log_samples``
     > 0, that many rollouts per step go to ``rollouts_path`` (a parquet rewritten atomically after
     every step, so a crash keeps the steps so far; see :mod:`rlcore.viewer`), and at the end to
-    MLflow: the table ``rollout_samples.json`` and the page ``rollouts.html``."""
+    MLflow: the table ``rollout_samples.json`` and the page ``rollouts.html``.
+
+    With ``checkpoints``, a step checkpoint is written every ``ppo.save_every`` steps; with ``resume``, the
+    round continues after the checkpoint's step from its state (``rlcore.trainer.checkpoint``) and ends as
+    the uninterrupted round would.
+
+    Workers skip an optimizer step whose loss or gradient norm is not finite (``actor/nonfinite_steps``,
+    ``critic/nonfinite_steps``); after ``actor``/``critic.max_nonfinite_steps`` in a row the round raises
+    :class:`~rlcore.errors.TrainingDiverged` once that step is logged
+    (:func:`~rlcore.trainer.common.stop_if_diverged`)."""
     rnd = cfg.ppo.rounds[round_name]
-    prompts = prompt_batch(read_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
+    prompts = prompt_batch(read_reward_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
     every = cfg.ppo.val_every if val_path else 0
     val = Batch()
     if val_path and every:
-        val = prompt_batch(read_rows(val_path), tokenizer, cfg.task.max_prompt_length, val_path)
+        val = prompt_batch(read_reward_rows(val_path), tokenizer, cfg.task.max_prompt_length, val_path)
     log = StepLog(tracker, plot_csv)
     start = time.perf_counter()
     val_rows: list[Metrics] = []
     rollouts = RolloutsFile(rollouts_path) if rollouts_path else None
+    first = resume.step if resume is not None else 0
     with running_round(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
                        seed=round_seed(cfg, round_name)) as runner:
-        if every:
-            val_rows.append(runner.validate(val))
-            tracker.log_metrics(val_rows[-1], step=0)
-        for step in (bar := tqdm(range(rnd.steps), desc=f"ppo {round_name}", unit="step")):
-            metrics = runner.step(step)
-            if every and ((step + 1) % every == 0 or step + 1 == rnd.steps):
-                val_rows.append(runner.validate(val))
-                metrics.update(val_rows[-1])  # logged at the step whose update it follows
-            bar.set_postfix(acc=f"{metrics['rollout/acc']:.3f}", len=f"{metrics['rollout/response_length']:.1f}")
-            log.log(step, metrics)
+        if resume is not None:
+            runner.load_state(resume.folder, resume.state["runner"])
+            log.restore(resume.state["log_rows"], to_tracker=not getattr(tracker, "resumed", False))
+            val_rows = list(resume.state["val_rows"])
             if rollouts is not None:
                 rollouts.update(runner.samples)
-        runner.save(out_dir)
+        elif every:
+            val_rows.append(runner.validate(val))
+            tracker.log_metrics(val_rows[-1], step=0)
+        def checkpoint(done: int) -> None:
+            assert checkpoints is not None
+            folder = checkpoints.begin(done)
+            try:
+                state = runner.save_state(folder)
+            except Exception as err:
+                raise checkpoints.worker_error(folder, err) from err
+            log.flush()  # the MLflow run holds every step up to the checkpoint a re-run continues it from
+            checkpoints.commit(folder, done, {"runner": state, "log_rows": log.rows, "val_rows": val_rows,
+                                              "run_id": tracker.run_id, "model_dir": str(init_dir)})
+
+        with training_loop() as stop:
+            for step in (bar := tqdm(range(first, rnd.steps), initial=first, total=rnd.steps,
+                                     desc=f"ppo {round_name}", unit="step")):
+                metrics = runner.step(step)
+                if every and ((step + 1) % every == 0 or step + 1 == rnd.steps):
+                    val_rows.append(runner.validate(val))
+                    metrics.update(val_rows[-1])  # logged at the step whose update it follows
+                bar.set_postfix(acc=f"{metrics['rollout/acc']:.3f}", len=f"{metrics['rollout/response_length']:.1f}")
+                log.log(step, metrics)
+                if rollouts is not None:
+                    rollouts.update(runner.samples)
+                # after the step's row and rollouts are kept, before a checkpoint: TrainingDiverged, exit code 3
+                stop_if_diverged(log.rows, "actor", cfg.actor.max_nonfinite_steps,
+                                 ("actor/pg_loss", "actor/grad_norm"), "lower actor.lr or check the rewards")
+                stop_if_diverged(log.rows, "critic", cfg.critic.max_nonfinite_steps,
+                                 ("critic/vf_loss", "critic/grad_norm"), "lower critic.lr or check the rewards")
+                due = checkpoints is not None and checkpoints.due(step + 1, rnd.steps)
+                if due or (stop.requested and checkpoints is not None and checkpoints.save_every > 0
+                           and step + 1 < rnd.steps):  # Ctrl-C/SIGTERM: a checkpoint of this step, then stop
+                    checkpoint(step + 1)
+                if stop.requested:
+                    stop.stop_now()
+        try:
+            runner.save(out_dir)
+        except Exception as err:
+            raise write_error(err, f"cannot write the round's model to {out_dir}",
+                              "the step checkpoints and the metrics and plots so far are intact") from err
     tracker.log_table(runner.samples, "rollout_samples.json")
     log_rollouts_page(tracker, runner.samples, title=f"ppo {round_name}: rollouts")
     return round_summary(log.rows, val_rows, rnd.steps, time.perf_counter() - start)
@@ -358,7 +437,8 @@ def log_rollouts_page(tracker, rows: list[dict], title: str) -> None:
 
 
 def round_summary(rows: list[Metrics], val_rows: list[Metrics], steps: int, wall_s: float) -> Metrics:
-    """The round's metrics file: first/last validation, accuracy of the first and last 10 steps."""
+    """The round's metrics file: first/last validation, accuracy of the first and last 10 steps, the reward
+    functions' errors and timeouts of all steps."""
     tail = rows[-min(10, len(rows)):]
     out: Metrics = {}
     if val_rows:
@@ -369,6 +449,8 @@ def round_summary(rows: list[Metrics], val_rows: list[Metrics], steps: int, wall
         "ppo/acc_first_step": rows[0]["rollout/acc"],
         "ppo/acc_last10": float(np.mean([r["rollout/acc"] for r in tail])),
         "ppo/reward_last10": float(np.mean([r["rollout/reward_mean"] for r in tail])),
+        "ppo/reward_errors": int(sum(r["reward/errors"] for r in rows)),
+        "ppo/reward_timeouts": int(sum(r["reward/timeouts"] for r in rows)),
         "ppo/steps": steps,
         "ppo/wall_s": wall_s,
     }

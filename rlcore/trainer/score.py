@@ -10,11 +10,12 @@ from tqdm import tqdm
 from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import prompt_batch
-from rlcore.data.schema import read_rows
 from rlcore.errors import ConfigError
 from rlcore.protocol import Batch
+from rlcore.rewards.checks import read_reward_rows
+from rlcore.rewards.guard import RewardScorer
 from rlcore.trainer.common import model_spec, start_pool
-from rlcore.trainer.generation import engine_spec, generate, generate_spec, rule_rewards
+from rlcore.trainer.generation import engine_spec, generate, generate_spec, reward_scorer, rule_rewards
 from rlcore.workers.rollout import RolloutWorker
 
 CHUNK_PROMPTS = 128  # prompts per generate call, so the progress bar moves
@@ -42,23 +43,24 @@ def sample_chunks(cfg: Config, group: WorkerGroup[RolloutWorker], prompts: Batch
     return Batch.concat(outs)
 
 
-def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, n: int,
-                   temperature: float, greedy: bool, seed: int, desc: str) -> tuple[np.ndarray, Batch]:
-    """Rewards ``[prompts, n]`` and the generated Batch (:func:`sample_chunks`)."""
+def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, scorer: RewardScorer,
+                   n: int, temperature: float, greedy: bool, seed: int, desc: str) -> tuple[np.ndarray, Batch]:
+    """Rewards ``[prompts, n]`` (scored by ``scorer``) and the generated Batch (:func:`sample_chunks`)."""
     gen = sample_chunks(cfg, group, prompts, n=n, temperature=temperature, greedy=greedy, seed=seed, desc=desc)
-    return rule_rewards(tokenizer, gen).reshape(len(prompts), n), gen
+    return rule_rewards(tokenizer, gen, scorer, what=desc).reshape(len(prompts), n), gen
 
 
 def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_path: str) -> dict[str, float]:
     """Write the scored (and, if asked, filtered) RL prompts; return SFT-policy reward metrics."""
-    df = read_rows(data_path)
+    df = read_reward_rows(data_path)
     prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path)
     sc = cfg.score
+    scorer = reward_scorer(cfg)
     with start_pool(cfg) as pool:
         group = rollout_group(cfg, pool, model_dir)
         try:
-            rewards, _ = sample_rewards(cfg, group, tokenizer, prompts, n=sc.n, temperature=sc.temperature,
-                                        greedy=False, seed=cfg.seed, desc="score")
+            rewards, _ = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=sc.n,
+                                        temperature=sc.temperature, greedy=False, seed=cfg.seed, desc="score")
         finally:
             group.shutdown()
     mean = rewards.mean(axis=1)
@@ -77,4 +79,6 @@ def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_pat
         "score/frac_all_wrong": float((mean == 0).mean()),
         "score/prompts_kept": int(keep.sum()),
         "score/prompts_total": len(df),
+        "score/reward_errors": scorer.errors,
+        "score/reward_timeouts": scorer.timeouts,
     }

@@ -13,8 +13,10 @@ from rlcore.config import Config
 from rlcore.controller.worker_group import Pending, WorkerGroup
 from rlcore.data.collate import encode_responses, prompt_batch
 from rlcore.data.schema import read_rows
+from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
-from rlcore.trainer.common import StepLog, model_spec, start_pool
+from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
+from rlcore.trainer.common import StepLog, model_spec, start_pool, stop_if_diverged
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.sft import SFTStepSpec, SFTWorker
 
@@ -30,50 +32,106 @@ def sft_batch(df, tokenizer, cfg: Config, source: str) -> Batch:
     return Batch({**batch.tensors, "responses": responses, "response_mask": mask}, batch.non_tensors)
 
 
-def epoch_batches(data: Batch, batch_size: int, steps: int, seed: int) -> Iterator[Batch]:
-    """``steps`` batches of the tensors of ``data``, in seeded epoch-shuffled order (the rows of an
-    epoch that do not fill a batch are left for the reshuffle)."""
+def epoch_batches(data: Batch, batch_size: int, steps: int, seed: int, start: int = 0) -> Iterator[Batch]:
+    """Batches ``start`` to ``steps - 1`` of the tensors of ``data``, in seeded epoch-shuffled order (the rows
+    of an epoch that do not fill a batch are left for the reshuffle). The order only depends on the seed, so
+    a resumed run replays the shuffles of the steps before ``start`` and continues with the same batches."""
     rng = np.random.default_rng(seed)
     order, pos = rng.permutation(len(data)), 0
-    for _ in range(steps):
+    for step in range(steps):
         if pos + batch_size > len(order):  # next epoch: reshuffle
             order, pos = rng.permutation(len(data)), 0
-        yield data.select(order[pos : pos + batch_size]).only("prompts", "prompt_mask", "responses", "response_mask")
+        if step >= start:
+            yield data.select(order[pos : pos + batch_size]).only("prompts", "prompt_mask", "responses",
+                                                                  "response_mask")
         pos += batch_size
 
 
 def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir: str, tracker,
-            plot_csv: str | None = None) -> dict[str, float]:
-    """Train ``cfg.sft.steps`` steps from ``base_model`` and save an HF folder at ``out_dir``.
+            plot_csv: str | None = None, checkpoints: StepCheckpoints | None = None,
+            resume: Resume | None = None) -> dict[str, float]:
+    """Train ``cfg.sft.steps`` steps from ``base_model`` and save an HF folder at ``out_dir``; with
+    ``resume``, continue after its step from its state (``rlcore.trainer.checkpoint``).
 
     Steps are submitted up to ``IN_FLIGHT`` ahead of the one being logged (each rank runs them in
-    order, so the result is the same as waiting for each): the ranks never wait for the controller."""
+    order, so the result is the same as waiting for each): the ranks never wait for the controller.
+    A step checkpoint is one more call in that order, after its step's; the controller completes it
+    when its result comes back, by which time it has recorded exactly the steps before it.
+
+    A step whose loss or gradient norm is not finite is skipped by the workers (``sft/nonfinite_steps``);
+    after ``sft.max_nonfinite_steps`` in a row the loop raises :class:`~rlcore.errors.TrainingDiverged` once
+    that step is logged."""
     data = sft_batch(read_rows(data_path), tokenizer, cfg, data_path)
     s = cfg.sft
     optim = OptimSpec(lr=s.lr, weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, total_steps=s.steps)
     step_spec = SFTStepSpec(micro_batch_size=max(1, min(s.micro_batch_size, s.batch_size // cfg.resources.n_workers)),
                             grad_clip=s.grad_clip)
     log = StepLog(tracker, plot_csv)
-    bar = tqdm(total=s.steps, desc="sft", unit="step")
+    start = 0
+    if resume is not None:
+        start = resume.step
+        log.restore(resume.state["log_rows"], to_tracker=not getattr(tracker, "resumed", False))
+    bar = tqdm(total=s.steps, initial=start, desc="sft", unit="step")
 
     def record(metrics: Metrics) -> None:
         log.log(len(log.rows), metrics)
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
+        stop_if_diverged(log.rows, "sft", s.max_nonfinite_steps, ("sft/loss", "sft/grad_norm"),
+                         "lower sft.lr or raise sft.warmup_steps")
 
     with start_pool(cfg) as pool:
         group = WorkerGroup(SFTWorker, pool, name="sft", timeout_s=cfg.ray.timeout_s,
                             model=model_spec(cfg, base_model), optim=optim, seed=cfg.seed)
         try:
             group.call(SFTWorker.init_model)
-            in_flight: deque[Pending[Metrics]] = deque()
-            for batch in epoch_batches(data, s.batch_size, s.steps, cfg.seed):
-                in_flight.append(group.submit(SFTWorker.train_step, batch, step_spec))
-                if len(in_flight) > IN_FLIGHT:
-                    record(in_flight.popleft().result())
-            while in_flight:
-                record(in_flight.popleft().result())
-            group.call(SFTWorker.save, out_dir)
+            if resume is not None:
+                group.call(SFTWorker.load_state, str(resume.folder))
+            # (kind, pending, checkpoint folder): a step's metrics, or a checkpoint's worker files
+            in_flight: deque[tuple[str, Pending, Path | None]] = deque()
+            saved = [start]  # the step of the newest checkpoint
+
+            def complete(kind: str, pending: Pending, folder: Path | None) -> None:
+                if kind == "step":
+                    record(pending.result())
+                    return
+                assert checkpoints is not None and folder is not None
+                try:
+                    pending.result()
+                except Exception as err:
+                    raise checkpoints.worker_error(folder, err) from err
+                log.flush()  # the MLflow run holds every step up to the checkpoint a re-run continues it from
+                checkpoints.commit(folder, len(log.rows), {"log_rows": log.rows, "run_id": tracker.run_id,
+                                                           "model_dir": str(base_model)})
+                saved[0] = len(log.rows)
+
+            def checkpoint(done: int) -> None:
+                assert checkpoints is not None
+                folder = checkpoints.begin(done)
+                in_flight.append(("checkpoint", group.submit(SFTWorker.save_state, str(folder)), folder))
+
+            with training_loop() as stop:
+                for step, batch in enumerate(epoch_batches(data, s.batch_size, s.steps, cfg.seed, start=start), start):
+                    if stop.requested:  # Ctrl-C/SIGTERM: no new steps; the queued ones finish below
+                        break
+                    in_flight.append(("step", group.submit(SFTWorker.train_step, batch, step_spec), None))
+                    if checkpoints is not None and checkpoints.due(step + 1, s.steps):
+                        checkpoint(step + 1)
+                    while len(in_flight) > IN_FLIGHT:
+                        complete(*in_flight.popleft())
+                while in_flight:
+                    complete(*in_flight.popleft())
+                if stop.requested:
+                    done = len(log.rows)
+                    if checkpoints is not None and checkpoints.save_every > 0 and saved[0] < done < s.steps:
+                        checkpoint(done)
+                        complete(*in_flight.popleft())
+                    stop.stop_now()
+            try:
+                group.call(SFTWorker.save, out_dir)
+            except Exception as err:
+                raise write_error(err, f"cannot write the SFT model to {out_dir}",
+                                  "the step checkpoints and the metrics and plots so far are intact") from err
         finally:
             group.shutdown()
             bar.close()

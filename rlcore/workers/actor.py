@@ -26,9 +26,10 @@ from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.rollout.base import EngineSpec
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
-from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, mean_metrics
+from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
 from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import GenerateSpec, generate_on, make_engine
+from rlcore.workers.state import load_training_state, save_training_state
 
 
 @dataclass(frozen=True)
@@ -209,19 +210,20 @@ class ActorRolloutRefWorker(RankWorker):
             if "rollout_log_probs" in batch else None
         mismatch_metrics: Metrics = {}
 
-        def optimizer_step() -> Metrics:
+        def optimizer_step(loss: float) -> Metrics:
             if self.mismatch is not None:  # the first step: later mini-batches run updated weights
                 mismatch_metrics.update(self._mismatch_metrics())
                 self.mismatch = None
             lr = self.sched.get_last_lr()[0]
-            return {"actor/grad_norm": clipped_step(self.actor, self.opt, self.sched, spec.grad_clip), "actor/lr": lr}
+            norm, skipped = clipped_step(self.actor, self.opt, self.sched, spec.grad_clip, loss)
+            return {"actor/grad_norm": norm, "actor/lr": lr, "actor/nonfinite_steps": float(skipped)}
 
         rows = minibatch_updates(
             batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size, micro_batch_size=spec.micro_batch_size,
             generator=torch.Generator().manual_seed(spec.seed * 7919 + self.rank), device=self.device,
             micro_loss=lambda part, scale: self._actor_loss(part, spec, scale), optimizer_step=optimizer_step)
         self.rollout_stale = True
-        metrics = distributed.all_reduce_mean({**mean_metrics(rows), **extra}, self.device)
+        metrics = distributed.all_reduce_mean({**update_metrics(rows, "actor"), **extra}, self.device)
         metrics.update(mismatch_metrics)
         if "kl_ref_sum" in metrics:
             metrics["actor/kl_ref"] = metrics.pop("kl_ref_sum") / max(metrics.pop("kl_ref_tokens"), 1.0)
@@ -233,3 +235,15 @@ class ActorRolloutRefWorker(RankWorker):
         """Write a Hugging Face folder (weights + tokenizer) from rank 0."""
         save_pretrained(self.actor, path, rank=self.rank, tokenizer=self.tokenizer)
         return path
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_state(self, folder: str) -> None:
+        """Write the actor's training state (weights, optimizer, schedule, RNG) into a step checkpoint
+        folder (the reference is the round's initial model and the rollout copy follows the actor)."""
+        save_training_state(folder, "actor", self.actor, self.opt, self.sched, rank=self.rank)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_state(self, folder: str) -> None:
+        """Continue from a step checkpoint folder; the rollout copy takes the restored weights."""
+        load_training_state(folder, "actor", self.actor, self.opt, self.sched, rank=self.rank)
+        self.rollout_stale = True

@@ -13,8 +13,9 @@ from rlcore.engine.model import ModelSpec, load_critic, save_pretrained
 from rlcore.engine.sequence import sequences
 from rlcore.protocol import Batch, Metrics
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
-from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, mean_metrics
+from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
 from rlcore.workers.rank import RankWorker
+from rlcore.workers.state import load_training_state, save_training_state
 
 
 @dataclass(frozen=True)
@@ -77,15 +78,27 @@ class CriticWorker(RankWorker):
     @register(Dispatch.DP_UPDATE)
     def update_critic(self, batch: Batch, spec: CriticUpdateSpec) -> Metrics:
         """Clipped value regression on ``returns``, in mini-batches of this rank's shard."""
+        def optimizer_step(loss: float) -> Metrics:
+            norm, skipped = clipped_step(self.critic, self.opt, self.sched, spec.grad_clip, loss)
+            return {"critic/grad_norm": norm, "critic/nonfinite_steps": float(skipped)}
+
         rows = minibatch_updates(
             batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size, micro_batch_size=spec.micro_batch_size,
             generator=torch.Generator().manual_seed(spec.seed * 104729 + self.rank), device=self.device,
-            micro_loss=lambda part, scale: self._critic_loss(part, spec, scale),
-            optimizer_step=lambda: {"critic/grad_norm": clipped_step(self.critic, self.opt, self.sched,
-                                                                     spec.grad_clip)})
-        return distributed.all_reduce_mean(mean_metrics(rows), self.device)
+            micro_loss=lambda part, scale: self._critic_loss(part, spec, scale), optimizer_step=optimizer_step)
+        return distributed.all_reduce_mean(update_metrics(rows, "critic"), self.device)
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
         save_pretrained(self.critic, path, rank=self.rank)
         return path
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_state(self, folder: str) -> None:
+        """Write the critic's training state into a step checkpoint folder."""
+        save_training_state(folder, "critic", self.critic, self.opt, self.sched, rank=self.rank)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_state(self, folder: str) -> None:
+        """Continue from a step checkpoint folder that :meth:`save_state` wrote."""
+        load_training_state(folder, "critic", self.critic, self.opt, self.sched, rank=self.rank)

@@ -37,10 +37,12 @@ class MicroResult:
 def minibatch_updates(batch: Batch, *, epochs: int, mini_batch_size: int, micro_batch_size: int,
                       generator: torch.Generator, device: torch.device,
                       micro_loss: Callable[[Batch, AggScale], MicroResult],
-                      optimizer_step: Callable[[], Metrics]) -> list[Metrics]:
+                      optimizer_step: Callable[[float], Metrics]) -> list[Metrics]:
     """``epochs`` shuffled passes over this rank's rows, one optimizer step per mini-batch of
     ``mini_batch_size`` rows, gradient accumulation over micro-batches of ``micro_batch_size`` rows.
-    Every rank holds as many rows as the others (``Batch.chunk``). Returns one metrics row per
+    Every rank holds as many rows as the others (``Batch.chunk``). ``optimizer_step`` gets the global
+    mini-batch's loss (the same on every rank: a non-finite loss on any rank makes it non-finite, and
+    :func:`~rlcore.workers.optim.clipped_step` skips the step on every rank). Returns one metrics row per
     optimizer step."""
     world = distributed.world_size()
     rows = []
@@ -51,11 +53,14 @@ def minibatch_updates(batch: Batch, *, epochs: int, mini_batch_size: int, micro_
                              rows=float(len(mini) * world), dp_size=world)
             sums: dict[str, float] = defaultdict(float)
             means: list[Metrics] = []
+            loss = 0.0
             for part in mini.split(micro_batch_size):
                 result = micro_loss(part, scale)
                 result.loss.backward()
+                loss += float(result.loss.detach())
                 for k, v in result.sums.items():
                     sums[k] += v
                 means.append(result.means)
-            rows.append({**sums, **mean_metrics(means), **optimizer_step()})
+            global_loss = distributed.all_reduce_sum(loss, device) / world
+            rows.append({**sums, **mean_metrics(means), **optimizer_step(global_loss)})
     return rows

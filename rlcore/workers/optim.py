@@ -44,19 +44,35 @@ def make_optimizer(model: torch.nn.Module, spec: OptimSpec):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def clipped_step(model: SequenceModel, opt, sched, grad_clip: float) -> float:
-    """Average gradients over ranks (as the model's strategy does it), clip the global grad norm, step
-    (skipped when the norm is not finite); return the norm. A collective."""
+def clipped_step(model: SequenceModel, opt, sched, grad_clip: float, loss: float) -> tuple[float, bool]:
+    """Average gradients over ranks (as the model's strategy does it), clip the global grad norm and step;
+    return ``(grad norm, skipped)``. A collective.
+
+    The step is skipped when ``loss`` (the step's global loss, the same on every rank: callers reduce it)
+    or the grad norm is NaN or infinite: the gradients are dropped and neither the optimizer nor the
+    learning-rate schedule moves, so the weights, the AdamW moments and step count, and the schedule are
+    exactly as before (a skipped step leaves no trace; the schedule counts applied steps, as Megatron's
+    does). The gradients were averaged over the ranks before the norm (ddp: one all-reduce; fsdp: the
+    reduce-scatter of backward, and the norm is a reduction over every shard), so a NaN on any rank reaches
+    every rank's norm: every rank takes the same decision."""
     model.strategy.reduce_gradients(model.module)
     norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), grad_clip)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     norm = float(norm)
-    if math.isfinite(norm):
+    skipped = not (math.isfinite(norm) and math.isfinite(loss))
+    if not skipped:
         opt.step()
+        sched.step()
     opt.zero_grad(set_to_none=True)
-    sched.step()
-    return norm
+    return norm, skipped
+
+
+def update_metrics(rows: list[Metrics], prefix: str) -> Metrics:
+    """One update's metrics from its optimizer steps' rows: each key's mean, but ``{prefix}/nonfinite_steps``
+    (1 on a skipped step) summed: the optimizer steps the update skipped."""
+    key = f"{prefix}/nonfinite_steps"
+    return {**mean_metrics(rows), key: float(sum(r.get(key, 0.0) for r in rows))}
 
 
 def mean_metrics(rows: list[Metrics]) -> Metrics:

@@ -11,6 +11,7 @@ from rlcore.engine.sequence import sequences
 from rlcore.protocol import Batch, Metrics
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer
 from rlcore.workers.rank import RankWorker
+from rlcore.workers.state import load_training_state, save_training_state
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class SFTWorker(RankWorker):
     def train_step(self, batch: Batch, spec: SFTStepSpec) -> Metrics:
         """One optimizer step on the mean negative log-likelihood of the response tokens of the whole
         global batch: each micro-batch's summed NLL is divided by the global token count (and
-        multiplied by the rank count, which the gradient average divides out again)."""
+        multiplied by the rank count, which the gradient average divides out again). A non-finite loss or
+        gradient norm skips the step on every rank (``sft/nonfinite_steps`` 1)."""
         global_tokens = max(distributed.all_reduce_sum(float(batch["response_mask"].sum()), self.device), 1.0)
         world = distributed.world_size()
         total = 0.0
@@ -51,12 +53,22 @@ class SFTWorker(RankWorker):
             (nll_sum / global_tokens * world).backward()
             total += float(nll_sum.detach())
         lr = self.sched.get_last_lr()[0]
-        grad_norm = clipped_step(self.model, self.opt, self.sched, spec.grad_clip)
-        loss = distributed.all_reduce_sum(total, self.device) / global_tokens
-        return {"sft/loss": loss, "sft/grad_norm": grad_norm, "sft/lr": lr}
+        loss = distributed.all_reduce_sum(total, self.device) / global_tokens  # non-finite if any rank's is
+        grad_norm, skipped = clipped_step(self.model, self.opt, self.sched, spec.grad_clip, loss)
+        return {"sft/loss": loss, "sft/grad_norm": grad_norm, "sft/lr": lr, "sft/nonfinite_steps": float(skipped)}
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
         """Write a Hugging Face folder (weights + tokenizer) from rank 0."""
         save_pretrained(self.model, path, rank=self.rank, tokenizer=self.tokenizer)
         return path
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_state(self, folder: str) -> None:
+        """Write the training state (weights, optimizer, schedule, RNG) into a step checkpoint folder."""
+        save_training_state(folder, "sft", self.model, self.opt, self.sched, rank=self.rank)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_state(self, folder: str) -> None:
+        """Continue from a step checkpoint folder that :meth:`save_state` wrote."""
+        load_training_state(folder, "sft", self.model, self.opt, self.sched, rank=self.rank)

@@ -331,8 +331,11 @@ def test_invalid_params_fail_their_line_and_the_report_goes_on(elsewhere, capsys
 
 def test_a_check_that_hangs_is_abandoned_and_fails(monkeypatch):
     monkeypatch.setattr(diagnose, "GRACE_S", 0.0)
-    check = diagnose.run_check("slow", lambda ctx: time.sleep(30), Context(cfg=Config(), root=Path("."),
-                                                                           timeout_s=0.2))
+    def hangs(ctx):  # answers long after it was abandoned
+        time.sleep(30)
+        return diagnose.Check("slow", "ok", "too late")
+
+    check = diagnose.run_check("slow", hangs, Context(cfg=Config(), root=Path("."), timeout_s=0.2))
     assert check.status == "fail" and "no answer within 0.2s" in check.detail
 
 

@@ -8,9 +8,13 @@ The test replays the same two steps on the unsharded model in this process with 
 ``torch.optim.AdamW`` on the whole batch and a token-mean loss. Response lengths differ between
 the halves, so a rank-mean instead of a global token-mean would give different gradients. The
 weight sync's ``rollout_state_dict`` must equal the unsharded weights, before and after training.
+Then one step whose gradient is NaN on rank 1 only must be skipped on both ranks, and the finite step
+after it must equal a third plain step.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import ray
@@ -65,6 +69,19 @@ class ProbeWorker(SFTWorker):
         self.model.strategy.reduce_gradients(self.model.module)
         self.model.module.zero_grad(set_to_none=True)
         return collectives_issued() - before
+
+    def train_step_with_nan_gradient_on(self, batch: Batch, spec: SFTStepSpec, rank: int) -> dict[str, float]:
+        """``train_step`` with the gradient flowing back into the token embeddings made NaN on rank ``rank``
+        only (the loss stays finite; the other rank's own gradients are finite until they are reduced)."""
+        def poison(module, inputs, out):
+            out.register_hook(lambda grad: torch.full_like(grad, float("nan")))
+
+        hook = self.model.module.get_input_embeddings().register_forward_hook(poison) if self.rank == rank else None
+        try:
+            return self.train_step(batch, spec)
+        finally:
+            if hook is not None:
+                hook.remove()
 
     def logits_dtype(self, batch: Batch) -> str:
         ids, mask = sequences(batch)
@@ -123,10 +140,17 @@ def dp_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory)
         trained = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
         costs = ray.get([w.full_state_cost.remote() for w in wg.workers], timeout=120)
         wg.call(SFTWorker.save, str(out))
+        # then a step whose gradient is NaN on rank 1 only (every rank must skip it), then a finite one
+        skipped = ray.get([w.train_step_with_nan_gradient_on.remote(h, STEP, 1)
+                           for w, h in zip(wg.workers, batches[1].chunk(2))], timeout=120)
+        after_skip = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
+        metrics.append(wg.call(SFTWorker.train_step, batches[0], STEP))
+        after_finite = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
     finally:
         wg.shutdown()
         pool.release()
-    return {"batches": batches, "states": states, "numels": numels, "metrics": metrics, "trained": trained,
+    return {"batches": batches, "states": states, "numels": numels, "metrics": metrics[:2], "trained": trained,
+            "skipped": skipped, "after_skip": after_skip, "after_finite": (metrics[2], after_finite),
             "costs": costs, "saved": load_file(str(out / "model.safetensors")), "saved_dir": out,
             "strategy": strategy, "reshards": (reshard, ref_reshard), "layouts": layouts, "reduce_costs": reduce_costs}
 
@@ -240,3 +264,31 @@ def test_saved_folder_loads_as_a_model_with_its_tokenizer(dp_run, tiny_tokenizer
     assert tok.get_vocab() == tiny_tokenizer.get_vocab()
     model = load_causal_lm(folder)
     torch.testing.assert_close(model.lm_head.weight.detach(), dp_run["saved"]["lm_head.weight"], atol=0, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def three_plain_steps(tiny_model_dir, tiny_tokenizer):
+    """The two steps of every run and the first batch again, in one plain process."""
+    batches = sft_batches(tiny_tokenizer)
+    return reference_training(tiny_model_dir, batches + batches[:1])
+
+
+def test_a_nan_gradient_on_one_rank_skips_the_step_on_every_rank_and_the_next_step_trains_as_if_it_never_ran(
+        dp_run, three_plain_steps):
+    """The NaN reaches every rank through the gradient reduction (ddp: the all-reduce; fsdp: the
+    reduce-scatter into one rank's shard, then the norm over all shards): both ranks skip, their weights
+    stay as they were, and the finite step after it equals a third plain AdamW step."""
+    for m in dp_run["skipped"]:
+        assert m["sft/nonfinite_steps"] == 1.0 and math.isnan(m["sft/grad_norm"]) and math.isfinite(m["sft/loss"])
+    for state in dp_run["after_skip"]:
+        for k, v in dp_run["trained"][0].items():
+            assert torch.equal(state[k], v), k
+    got, states = dp_run["after_finite"]
+    model, stats = three_plain_steps
+    assert got["sft/nonfinite_steps"] == 0.0
+    assert got["sft/loss"] == pytest.approx(stats[2][0], rel=1e-5)
+    assert got["sft/grad_norm"] == pytest.approx(stats[2][1], rel=1e-4)
+    expected = model.state_dict()
+    for state in states:
+        for k, v in state.items():
+            torch.testing.assert_close(v, expected[k], atol=1e-5, rtol=0, msg=k)

@@ -8,8 +8,10 @@ test checks a value the branch changes against the same value worked out indepen
 
 from __future__ import annotations
 
+import csv
 import math
 import zlib
+from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
@@ -21,22 +23,33 @@ from safetensors.torch import load_file
 from rlcore.algos.advantage import ESTIMATORS
 from rlcore.config import parse_config
 from rlcore.data.collate import decode_responses, prompt_batch
+from rlcore.data.schema import write_rows
 from rlcore.engine.model import load_causal_lm, load_tokenizer
 from rlcore.engine.sequence import sequences
 from rlcore.engine.tiny_model import materialize_tiny
+from rlcore.errors import TrainingDiverged
 from rlcore.protocol import Batch
 from rlcore.rewards.rule import REWARD_FNS
+from rlcore.tracking import NullTracker
+from rlcore.trainer import ppo
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.ppo import RoundGroups, RoundRunner, actor_update_spec, critic_update_spec
+from rlcore.trainer.ppo import (
+    ACTOR_UPDATE_KEYS,
+    CRITIC_UPDATE_KEYS,
+    SEQUENCE_KEYS,
+    RoundGroups,
+    RoundRunner,
+    actor_update_spec,
+    critic_update_spec,
+)
 from rlcore.trainer.rollout_data import keep_informative_groups, overlong_penalty, place_scores
 from rlcore.viewer import ROLLOUT_COLUMNS, RolloutsFile, read_rollouts
+from rlcore.workers.actor import ActorRolloutRefWorker
+from rlcore.workers.critic import CriticWorker
+from tests.trainer.reward_fns import flaky_reward, hash_reward
 
 HASH_SOURCE = "test_hash"
 CONSTANT_SOURCE = "test_constant"
-
-
-def hash_reward(text: str, gt: str) -> float:
-    return (zlib.crc32(text.encode()) % 1000) / 1000
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -265,3 +278,156 @@ def test_validate_scores_each_prompt_whatever_the_batch_size(tiny, groups):
     alone = [runner.validate(seven.slice(i, i + 1)) for i in range(7)]
     for key in ("val/greedy_pass@1", "val/response_length"):
         assert whole[key] == pytest.approx(sum(a[key] for a in alone) / 7, abs=1e-9), key
+
+
+def test_non_finite_advantages_and_returns_on_one_rank_skip_every_update_step_on_both_ranks(tiny, groups, tmp_path):
+    """Rank 1's half of a real step's batch gets an infinite advantage and a NaN return in every row: every
+    optimizer step of the actor and of the critic is non-finite on rank 1 only, and both ranks skip it (the
+    log-probs each rank computes for its half of the rows are exactly as before, and so are the critic's
+    weights; the counts are means over the ranks, so each rank counted every step). The next real step
+    trains both again."""
+    runner = runner_for(config("gae"), tiny, groups, seed=4)
+    runner.step(0)
+    batch = runner.last_batch
+    sequences_only = batch.only(*SEQUENCE_KEYS)
+
+    def state(name: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The actor's log-probs of the rows and the critic's weights (its values are not used: the value
+        head's dropout makes them differ from call to call)."""
+        runner.critic.call(CriticWorker.save, str(tmp_path / name))
+        log_probs = runner.actor.call(ActorRolloutRefWorker.compute_log_prob, sequences_only, runner.log_prob_spec)
+        return log_probs["old_log_probs"], weights(tmp_path / name)
+
+    before = state("before")
+    half = len(batch) // 2  # the rows rank 1 gets
+    advantages, returns = batch["advantages"].clone(), batch["returns"].clone()
+    advantages[half:], returns[half:] = math.inf, math.nan
+    bad = Batch({**batch.tensors, "advantages": advantages, "returns": returns})
+    actor = runner.actor.call(ActorRolloutRefWorker.update_actor, bad.only(*ACTOR_UPDATE_KEYS), runner.actor_spec)
+    critic = runner.critic.call(CriticWorker.update_critic, bad.only(*CRITIC_UPDATE_KEYS), runner.critic_spec)
+    steps = len(batch) // 2 // runner.actor_spec.mini_batch_size  # optimizer steps per update (rows per rank / mini)
+    assert steps == 2 and actor["actor/nonfinite_steps"] == critic["critic/nonfinite_steps"] == steps
+    after = state("after")
+    assert torch.equal(after[0], before[0])
+    assert all(torch.equal(after[1][k], v) for k, v in before[1].items())
+    m = runner.step(1)
+    assert m["actor/nonfinite_steps"] == m["critic/nonfinite_steps"] == 0
+    trained = state("trained")
+    assert not torch.equal(trained[0], before[0])
+    assert any(not torch.equal(trained[1][k], v) for k, v in before[1].items())
+
+
+def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(tiny, groups, tmp_path, monkeypatch):
+    """The real round loop on this module's groups: from step 1 on the advantages are infinite and the returns
+    NaN, so every actor and critic optimizer step is skipped (2 per PPO step). With actor.max_nonfinite_steps 3
+    the round stops at step 2 (4 in a row), naming step 0's metrics; the plot holds steps 0 to 2."""
+    folder, tok, _ = tiny
+    data = tmp_path / "rl.parquet"
+    write_rows(rows(HASH_SOURCE).to_dict("records"), data)
+    real = ppo.compute_advantage
+    calls = []
+
+    def turning_infinite(*args, **kwargs):
+        adv, ret = real(*args, **kwargs)
+        calls.append(adv)
+        return (adv, ret) if len(calls) == 1 else (torch.full_like(adv, math.inf), torch.full_like(ret, math.nan))
+
+    @contextmanager
+    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed):
+        yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
+
+    monkeypatch.setattr(ppo, "compute_advantage", turning_infinite)
+    monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
+    cfg = config("gae", actor={"max_nonfinite_steps": 3},
+                 ppo={"rounds": {"r1": {"init": str(folder), "steps": 6}}, "val_every": 0, "log_samples": 0})
+    plot = tmp_path / "plot.csv"
+    with pytest.raises(TrainingDiverged) as info:
+        ppo.run_ppo_round(cfg, round_name="r1", init_dir=str(folder), tokenizer=tok, data_path=str(data),
+                          out_dir=str(tmp_path / "out"), tracker=NullTracker(), plot_csv=str(plot))
+    logged = list(csv.DictReader(plot.open()))
+    assert [float(r["actor/nonfinite_steps"]) for r in logged] == [0, 2, 2]
+    assert [float(r["critic/nonfinite_steps"]) for r in logged] == [0, 2, 2]
+    first = logged[0]
+    assert str(info.value) == (
+        "step 2: 4 consecutive optimizer steps skipped for a non-finite loss or gradient norm "
+        f"(actor.max_nonfinite_steps: 3; last finite at step 0: actor/pg_loss={float(first['actor/pg_loss']):.4g}, "
+        f"actor/grad_norm={float(first['actor/grad_norm']):.4g}); lower actor.lr or check the rewards")
+
+
+def test_a_step_gives_samples_whose_reward_function_raises_the_error_score_and_counts_them(tiny, groups):
+    _, tok, _ = tiny
+    REWARD_FNS.register("test_flaky")(flaky_reward)
+    try:
+        runner = runner_for(config("grpo", reward={"error_score": -0.5}), tiny, groups, seed=6,
+                            prompts=prompt_batch(rows("test_flaky"), tok, 16, "flaky rows"))
+        m = runner.step(0)
+    finally:
+        REWARD_FNS._items.pop("test_flaky")
+    texts = decode_responses(tok, runner.last_batch["responses"], runner.last_batch["response_mask"])
+    failing = [zlib.crc32(t.encode()) % 4 == 0 for t in texts]
+    assert 0 < sum(failing) < len(texts)
+    assert (m["reward/errors"], m["reward/timeouts"]) == (sum(failing), 0)
+    expected = [-0.5 if bad else hash_reward(t, "0") for t, bad in zip(texts, failing)]
+    assert m["rollout/acc"] == pytest.approx(np.mean(expected), abs=1e-6)
+
+
+def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups, tmp_path, monkeypatch):
+    """A SIGINT arriving during step 0 of the real round loop: the step completes, a step-1 checkpoint with
+    the actor's and the critic's state and the controller's rows is written (although save_every would not
+    have saved yet), then KeyboardInterrupt; a second signal inside a loop stops at once."""
+    import signal
+
+    from rlcore.interrupt import STOP, on_signal, training_loop
+    from rlcore.trainer.checkpoint import CONTROLLER_FILE, StepCheckpoints
+
+    folder, tok, _ = tiny
+    data = tmp_path / "rl.parquet"
+    write_rows(rows(HASH_SOURCE).to_dict("records"), data)
+
+    @contextmanager
+    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed):
+        runner = RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
+        real_step = runner.step
+
+        def interrupted_step(step):
+            on_signal(signal.SIGINT, None)  # Ctrl-C while the workers compute
+            return real_step(step)
+
+        runner.step = interrupted_step
+        yield runner
+
+    monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
+    cfg = config("gae", ppo={"rounds": {"r1": {"init": str(folder), "steps": 6}}, "val_every": 0, "log_samples": 0})
+    ck = StepCheckpoints(tmp_path / "ckpt", stage="ppo@r1", save_every=5, keep_last=0, fingerprint={})
+    plot = tmp_path / "plot.csv"
+    with pytest.raises(KeyboardInterrupt):
+        ppo.run_ppo_round(cfg, round_name="r1", init_dir=str(folder), tokenizer=tok, data_path=str(data),
+                          out_dir=str(tmp_path / "out"), tracker=NullTracker(), plot_csv=str(plot), checkpoints=ck)
+    assert len(list(csv.DictReader(plot.open()))) == 1  # step 0 finished and was logged, step 1 never started
+    [(step, saved)] = ck.complete()
+    assert step == 1
+    assert {p.name for p in saved.iterdir()} >= {CONTROLLER_FILE, "actor.pt", "critic.pt", "actor.rng0.pt",
+                                                 "actor.rng1.pt"}
+    state = torch.load(saved / CONTROLLER_FILE, weights_only=False)
+    assert [r["step"] for r in state["log_rows"]] == [0] and state["runner"]["policy_version"] == 1
+    assert not (tmp_path / "out").exists()
+
+    # `rlcore export` of that checkpoint: the weights the actor holds now (no step ran after it), as saved by
+    # the workers' own save_pretrained, give the same logits
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.commands import main
+
+    groups.actor.call(ActorRolloutRefWorker.save, str(tmp_path / "saved"))
+    assert main(["export", str(saved), "--out", str(tmp_path / "exported")]) == 0
+    ids = torch.arange(3, 19)[None]
+    with torch.no_grad():
+        a = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))(ids).logits
+        b = AutoModelForCausalLM.from_pretrained(str(tmp_path / "exported"))(ids).logits
+    assert torch.equal(a, b)
+
+    with training_loop():
+        on_signal(signal.SIGTERM, None)
+        with pytest.raises(KeyboardInterrupt):
+            on_signal(signal.SIGTERM, None)
+    assert not STOP.armed and not STOP.requested

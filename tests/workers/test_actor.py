@@ -152,3 +152,28 @@ def test_one_update_in_micro_batches_is_one_plain_adamw_step_on_the_whole_loss(t
     for name, p in worker.actor.module.named_parameters():
         torch.testing.assert_close(p, trained[name], atol=1e-6, rtol=1e-5, msg=name)
     assert not math.isnan(metrics["actor/pg_clipfrac"])
+
+
+def test_a_mini_batch_with_an_infinite_advantage_is_skipped_and_the_other_one_trains(tiny_model_dir, part):
+    """Two optimizer steps of two rows; an infinite advantage in one row makes its mini-batch's loss and
+    gradient non-finite: that step is skipped and counted, and the weights end as one update on the other
+    mini-batch's rows alone (the skipped step left no trace, whichever came first)."""
+    spec = dataclasses.replace(SPEC, mini_batch_size=2, micro_batch_size=2, kl=None, seed=5)
+    order = torch.randperm(4, generator=torch.Generator().manual_seed(spec.seed * 7919)).tolist()  # the shuffle
+    bad, finite_rows = order[0], order[2:]  # the first mini-batch holds the bad row
+    advantages = part["advantages"].clone()
+    advantages[bad, 0] = math.inf
+    skipping = fresh_worker(tiny_model_dir, lr=0.01, packed=False)
+    metrics = skipping.update_actor(Batch({**part.tensors, "advantages": advantages}), spec)
+    assert metrics["actor/nonfinite_steps"] == 1.0
+    assert math.isnan(metrics["actor/grad_norm"])  # the mean over both steps: the skipped one's norm is NaN
+    plain = fresh_worker(tiny_model_dir, lr=0.01, packed=False)
+    finite = plain.update_actor(part.select(finite_rows), spec)
+    assert finite["actor/nonfinite_steps"] == 0.0 and math.isfinite(finite["actor/grad_norm"])
+    assert skipping.sched.last_epoch == plain.sched.last_epoch == 1
+    moved = False
+    for (name, got), want, start in zip(skipping.actor.module.named_parameters(), plain.actor.module.parameters(),
+                                        load_causal_lm(tiny_model_dir).parameters()):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5, msg=name)
+        moved |= not torch.equal(got, start)
+    assert moved

@@ -1,0 +1,57 @@
+"""Step checkpoints on a worker rank: a trained model's full training state, written and read back.
+
+A checkpoint folder (``rlcore.trainer.checkpoint``) holds, per trained model ``name``:
+
+* ``{name}.pt``: the model's parameters and buffers, the optimizer state and the learning-rate schedule,
+  unsharded (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict``), written by rank 0: one
+  file whatever the strategy (ddp replicas or fsdp shards) and the rank count, keyed by parameter name;
+* ``{name}.rng{rank}.pt``: each rank's torch RNG state.
+
+Every rank reads the same ``{name}.pt`` back and keeps its own share (all of it under ddp, its shards under
+fsdp), so the folder must be on a path every rank reaches (one machine, or a shared filesystem on a
+cluster). Files are written under a temporary name, flushed to disk and renamed: a kill leaves either the
+old file or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from rlcore.engine.sequence import SequenceModel
+
+
+def atomic_save(obj: object, path: Path) -> None:
+    """``torch.save`` to ``path`` through a temporary file that is fsynced and renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_training_state(folder: str | Path, name: str, model: SequenceModel, opt, sched, *, rank: int) -> None:
+    """Write ``model``'s weights, ``opt`` and ``sched`` (rank 0) and this rank's RNG into ``folder``.
+    A collective under sharding strategies: every rank calls it."""
+    folder = Path(folder)
+    model_sd, optim_sd = get_state_dict(model.module, opt,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        atomic_save({"model": model_sd, "optim": optim_sd, "sched": sched.state_dict()}, folder / f"{name}.pt")
+    atomic_save({"torch": torch.get_rng_state()}, folder / f"{name}.rng{rank}.pt")
+
+
+def load_training_state(folder: str | Path, name: str, model: SequenceModel, opt, sched, *, rank: int) -> None:
+    """Restore what :func:`save_training_state` wrote (the same rank count is required for the RNG files;
+    the weights and optimizer state load under any strategy). A collective under sharding strategies."""
+    folder = Path(folder)
+    state = torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=False)
+    set_state_dict(model.module, opt, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=StateDictOptions(full_state_dict=True))
+    sched.load_state_dict(state["sched"])
+    rng = torch.load(folder / f"{name}.rng{rank}.pt", map_location="cpu", weights_only=False)
+    torch.set_rng_state(rng["torch"])

@@ -1,0 +1,141 @@
+"""Step checkpoints without Ray: the schedule, atomic commits, what a resume picks and refuses, pruning,
+errors naming the path, and a worker's training state written and read back exactly.
+
+The whole kill-and-resume path through the real stages is in tests/test_e2e_pipeline.py (SIGKILL of
+``ppo@r1``) and tests/trainer/test_resume.py (SFT, in-process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlcore.trainer.checkpoint import CheckpointWriteError, StepCheckpoints, fingerprint
+
+
+@pytest.fixture
+def code_root(tmp_path) -> Path:
+    """A stand-in repository: two code files and one input file."""
+    for rel, text in (("rlcore/a.py", "x = 1\n"), ("stages/s.py", "y = 2\n"), ("data/in.txt", "rows\n")):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def make(root: Path, params=None, keep_last: int = 0, save_every: int = 2) -> StepCheckpoints:
+    params = params or {"seed": 1, "sft": {"lr": 0.1, "save_every": save_every}, "ray": {"num_cpus": 2}}
+    fp = fingerprint(params, root=root, inputs=[root / "data/in.txt"])
+    return StepCheckpoints(root / "ckpt" / "sft", stage="sft", save_every=save_every, keep_last=keep_last,
+                           fingerprint=fp)
+
+
+def save(ck: StepCheckpoints, step: int, payload: str = "x") -> Path:
+    folder = ck.begin(step)
+    (folder / "worker.bin").write_text(payload)
+    return ck.commit(folder, step, {"payload": payload, "run_id": "run-1"})
+
+
+def test_due_every_n_steps_but_never_after_the_last():
+    ck = StepCheckpoints("unused", stage="sft", save_every=3, keep_last=0, fingerprint={})
+    assert [d for d in range(1, 11) if ck.due(d, 9)] == [3, 6]
+    off = StepCheckpoints("unused", stage="sft", save_every=0, keep_last=0, fingerprint={})
+    assert not any(off.due(d, 9) for d in range(1, 10))
+
+
+def test_resume_picks_the_newest_complete_checkpoint_and_ignores_a_partial_one(code_root, capsys):
+    ck = make(code_root, keep_last=3)
+    save(ck, 2, "two")
+    save(ck, 4, "four")
+    partial = ck.begin(6)  # a kill while step 6 was being written: no controller file, not renamed
+    (partial / "worker.bin").write_text("half")
+    resume = make(code_root, keep_last=3).resume()
+    assert resume is not None and (resume.step, resume.state["payload"], resume.run_id) == (4, "four", "run-1")
+    assert (resume.folder / "worker.bin").read_text() == "four"
+    assert not partial.exists()
+    assert capsys.readouterr().out.strip() == f"resuming sft from step 4 ({resume.folder})"
+
+
+def test_while_running_only_the_newest_are_kept_and_success_removes_them(code_root):
+    ck = make(code_root, keep_last=0)
+    for step in (2, 4, 6):
+        save(ck, step)
+    assert [s for s, _ in ck.complete()] == [6]  # max(keep_last, 1) while running
+    ck.finish()
+    assert not ck.folder.exists()
+
+    kept = make(code_root, keep_last=2)
+    for step in (2, 4, 6):
+        save(kept, step)
+    kept.finish()
+    assert [s for s, _ in kept.complete()] == [4, 6]
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda root: {"seed": 1, "sft": {"lr": 0.2, "save_every": 2}, "ray": {"num_cpus": 2}},
+     "params changed: sft.lr 0.1 -> 0.2"),
+    (lambda root: (root / "rlcore/a.py").write_text("x = 3\n"), "code changed: rlcore/a.py modified"),
+    (lambda root: (root / "rlcore/new.py").write_text(""), "code changed: rlcore/new.py added"),
+    (lambda root: (root / "data/in.txt").write_text("other rows\n"), "input data changed:"),
+])
+def test_a_checkpoint_of_other_params_code_or_data_is_refused_saying_why(code_root, capsys, change, reason):
+    save(make(code_root), 2)
+    params = change(code_root)
+    ck = make(code_root, params=params if isinstance(params, dict) else None)
+    assert ck.resume() is None
+    err = capsys.readouterr().err
+    assert reason in err and "starting over" in err
+    assert not ck.complete()  # the stale checkpoint is gone
+
+
+def test_settings_that_cannot_change_results_do_not_invalidate(code_root):
+    save(make(code_root, save_every=2), 2)
+    params = {"seed": 1, "sft": {"lr": 0.1, "save_every": 5}, "ray": {"num_cpus": 8}}
+    assert make(code_root, params=params, save_every=5).resume() is not None
+
+
+def test_an_unwritable_checkpoint_folder_is_one_error_naming_it(code_root):
+    blocker = code_root / "ckpt"
+    blocker.write_text("a file where the folder should be")
+    with pytest.raises(CheckpointWriteError, match=r"ckpt/sft/step_00000002\.tmp"):
+        make(code_root).begin(2)
+
+
+def test_a_worker_that_ran_out_of_space_is_one_error_and_the_previous_checkpoint_stays(code_root):
+    ck = make(code_root)
+    save(ck, 2, "two")
+    folder = ck.begin(4)
+    err = ck.worker_error(folder, RuntimeError("ray task failed: OSError: [Errno 28] No space left on device"))
+    assert isinstance(err, CheckpointWriteError) and "step_00000004.tmp" in str(err) and "No space left" in str(err)
+    assert not folder.exists() and [s for s, _ in ck.complete()] == [2]
+    bug = ValueError("a bug")
+    assert ck.worker_error(ck.begin(4), bug) is bug  # not a filesystem error: it keeps its traceback
+
+
+def test_training_state_round_trips_weights_optimizer_schedule_and_rng(tmp_path):
+    from rlcore.workers.optim import OptimSpec, make_optimizer
+    from rlcore.workers.state import load_training_state, save_training_state
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        return model, *make_optimizer(model, OptimSpec(lr=0.05, warmup_steps=2, total_steps=6))
+
+    def train(model, opt, sched, steps):
+        for _ in range(steps):
+            model(torch.randn(5, 4)).pow(2).sum().backward()  # draws from the global RNG
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+
+    a = build(0)
+    train(*a, 2)
+    save_training_state(tmp_path, "m", SimpleNamespace(module=a[0]), a[1], a[2], rank=0)
+    train(*a, 3)  # the uninterrupted run
+    b = build(1)  # another process's fresh model, optimizer and RNG
+    load_training_state(tmp_path, "m", SimpleNamespace(module=b[0]), b[1], b[2], rank=0)
+    train(*b, 3)  # the resumed run
+    for (k, va), vb in zip(a[0].state_dict().items(), b[0].state_dict().values()):
+        assert torch.equal(va, vb), k
+    assert a[2].get_last_lr() == b[2].get_last_lr()

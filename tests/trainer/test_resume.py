@@ -1,0 +1,44 @@
+"""SFT resumed from a step checkpoint ends exactly as the uninterrupted run: the same metric rows, the
+same weights (in-process, on the session's Ray; the SIGKILL of a real stage is in tests/test_e2e_pipeline.py)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from rlcore.config import parse_config
+from rlcore.data.arithmetic import arithmetic_rows
+from rlcore.data.schema import write_rows
+from rlcore.tracking import NullTracker
+from rlcore.trainer.checkpoint import StepCheckpoints
+from rlcore.trainer.sft import run_sft
+
+
+def plot_rows(path: Path) -> list[dict[str, str]]:
+    """The plot CSV without the wall-clock columns (those differ between any two runs)."""
+    return [{k: v for k, v in r.items() if not k.startswith("timing")} for r in csv.DictReader(path.open())]
+
+
+def test_sft_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(ray_local, tiny_model_dir, tiny_tokenizer,
+                                                                     tmp_path):
+    """Under fsdp: the sharded optimizer state goes through one unsharded file and back into shards
+    (the default ddp is the SIGKILL test's, on a real stage)."""
+    data = tmp_path / "sft.parquet"
+    write_rows(arithmetic_rows(n=24, seed=3, split="sft", min_digits=1, max_digits=2, ops=("+",)), data)
+    cfg = parse_config({"resources": {"n_workers": 2, "strategy": "fsdp"},
+                        "sft": {"steps": 5, "batch_size": 8, "micro_batch_size": 4, "warmup_steps": 1,
+                                "save_every": 2}})
+    runs = {}
+    for name in ("whole", "resumed"):
+        ck = StepCheckpoints(tmp_path / "ckpt", stage="sft", save_every=2, keep_last=0, fingerprint={})
+        resume = ck.resume() if name == "resumed" else None
+        if name == "resumed":
+            assert resume is not None and resume.step == 4  # the newest of steps 2 and 4 (5 is the last)
+            ck = StepCheckpoints(tmp_path / "unused", stage="sft", save_every=0, keep_last=0, fingerprint={})
+        run_sft(cfg, base_model=tiny_model_dir, tokenizer=tiny_tokenizer, data_path=str(data),
+                out_dir=str(tmp_path / name), tracker=NullTracker(), plot_csv=str(tmp_path / f"{name}.csv"),
+                checkpoints=ck, resume=resume)
+        runs[name] = plot_rows(tmp_path / f"{name}.csv")
+    assert runs["resumed"] == runs["whole"] and len(runs["whole"]) == 5
+    whole = (tmp_path / "whole" / "model.safetensors").read_bytes()
+    assert (tmp_path / "resumed" / "model.safetensors").read_bytes() == whole
