@@ -111,15 +111,6 @@ def start_worker(model_dir, *, strategy: str, dtype: str = "float32", ppo: bool 
     return worker
 
 
-@pytest.fixture(scope="module", autouse=True)
-def float32_matmuls():
-    """Full float32 matmuls (no TF32) for this module, restored afterwards."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(before)
-
-
 @pytest.fixture(scope="module")
 def cuda_group(tiny_model_dir):
     """The device a worker gets as rank 0 of a one-rank group in this process; the group is torn

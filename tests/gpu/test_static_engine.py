@@ -36,15 +36,6 @@ BF16_NEAR = 0.98  # ... that are within BF16_MARGIN of its max logit
 BF16_MARGIN = 2e-2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def float32_matmuls():
-    """Full float32 matmuls (no TF32) for this module, restored afterwards."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(before)
-
-
 @pytest.fixture(scope="module")
 def qwen_gqa_dir(tmp_path_factory):
     """A random Qwen2-shaped model (GQA, q/k/v biases made non-zero) with the char tokenizer."""
