@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-serve setup mlflow-ui clean
+.PHONY: run test bench bench-serve bench-async setup mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ bench: $(STAMP)
 # rlcore serve under load (64 clients, batching vs --no-batching): its own section of bench/RESULTS.md
 bench-serve: $(STAMP)
 	$(PY) -m bench.serve_load
+
+# sync vs async rounds on the same CPUs (default and long-tailed workloads), the weight hand-off (object store vs
+# gloo), and the discrete-event simulation at 8-64 GPUs: the "async" section of bench/RESULTS.md
+bench-async: $(STAMP)
+	$(PY) -m bench.async_bench
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

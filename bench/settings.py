@@ -35,7 +35,8 @@ RL_SEED = 1234  # prompt order and sampling seed of the RL phase (both systems t
 FIXTURE_OVERRIDES: dict[str, Any] = {"sft.steps": 1000}
 # What the SFT checkpoint depends on (the RL split's size is not among them: it does not change the SFT split).
 SFT_KEYS = ("seed", "model", "sft", "task.name", "task.min_digits", "task.max_digits", "task.ops", "task.n_sft",
-            "task.n_test", "task.max_prompt_length", "task.max_response_length")
+            "task.n_test", "task.max_prompt_length", "task.max_response_length", "task.long_tail_frac",
+            "task.long_tail_length")
 DATA_KEYS = ("seed", "task")
 
 

@@ -26,7 +26,8 @@ __all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # serialize_by_alias: a key that is a Python keyword (ppo.async) is a field with an alias
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, serialize_by_alias=True)
 
 
 class RayConfig(_Section):
@@ -101,6 +102,11 @@ class TaskConfig(_Section):
     sft_carry_error_rate: float = Field(0.0, ge=0.0, le=1.0)
     """Imperfect demonstrator (arithmetic): share of carrying SFT problems whose demonstration is the
     carry-free sum (58+67 -> 15). Rewards and the test split always use the true answer."""
+    long_tail_frac: float = Field(0.0, ge=0.0, le=1.0)
+    """Long-tailed responses (arithmetic): share of problems (every split) that ask for a long answer: the question
+    ends with "=" and the demonstration is long_tail_length "." before the number (rewards accept the filler)."""
+    long_tail_length: int = Field(24, ge=1)
+    """Filler characters of a long answer before the number (needs max_response_length >= it + answer digits + 1)."""
     gsm8k_train_path: str | None = None
     """Local .jsonl/.parquet with question/answer rows (task gsm8k)."""
     gsm8k_test_path: str | None = None
@@ -121,6 +127,16 @@ class TaskConfig(_Section):
             raise ValueError(f"task.min_digits {self.min_digits} exceeds task.max_digits {self.max_digits}")
         if self.name == "gsm8k" and not self.gsm8k_train_path:
             raise ValueError("task.name gsm8k needs task.gsm8k_train_path (a local .jsonl or .parquet file)")
+        if self.name == "arithmetic" and self.long_tail_frac > 0:
+            # largest answer: max_digits + 1 digits for "+", 2 * max_digits for "*", max_digits for "-"
+            high = 10**self.max_digits - 1
+            largest = {"+": high + high, "*": high * high, "-": high}
+            digits = max((len(str(largest[op])) for op in self.ops), default=1)
+            need = self.long_tail_length + digits + 1
+            if self.max_response_length < need:
+                raise ValueError(f"task.long_tail_frac {self.long_tail_frac} needs task.max_response_length >= {need} "
+                                 f"(task.long_tail_length {self.long_tail_length} + {digits} answer digits + 1 EOS), "
+                                 f"got {self.max_response_length}")
         return self
 
 
@@ -221,6 +237,11 @@ class RolloutConfig(_Section):
     """Top-k sampling (0 = off)."""
     micro_batch_size: int = Field(512, ge=1)
     """Sequences generated at once on one rank."""
+    n_workers: int = Field(1, ge=1)
+    """ppo.mode async: generator workers, each a Ray actor on its own resource bundle with a rollout engine and
+    its own copy of the policy (sync mode generates on the trainer's ranks and ignores it)."""
+    cpus_per_worker: float = Field(1.0, gt=0)
+    """ppo.mode async: logical CPUs of each generator's bundle; also its torch thread count (at least 1)."""
 
     @field_validator("engine")
     @classmethod
@@ -290,6 +311,27 @@ class AlgorithmConfig(_Section):
         return names.check_name("KL estimator", v, names.KL_ESTIMATORS)
 
 
+class OffPolicyConfig(_Section):
+    correction: Literal["none", "tis", "mis", "icepop"] = "none"
+    """Importance correction between the behaviour policy (the rollout's log-probs) and the proximal policy (the
+    trainer's recomputed old log-probs; needs actor.recompute_log_prob or ppo.mode async with max_staleness > 0).
+    tis: each token's loss times min(ratio, cap) (truncated IS). mis: sequences whose IS ratio (product over
+    tokens) is outside [low, high] get weight 0 (sequence-level masking). icepop: tokens whose ratio is outside
+    [low, high] get weight 0. none: no weights (the PPO ratio still uses the proximal policy)."""
+    cap: float = Field(2.0, gt=0)
+    """tis: largest token weight."""
+    low: float = Field(0.5, ge=0)
+    """mis/icepop: smallest ratio kept."""
+    high: float = Field(2.0, gt=0)
+    """mis/icepop: largest ratio kept."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "OffPolicyConfig":
+        if self.low >= self.high:
+            raise ValueError(f"actor.off_policy.low {self.low} must be below actor.off_policy.high {self.high}")
+        return self
+
+
 class ActorConfig(_Section):
     lr: float = Field(1e-3, gt=0)
     """AdamW learning rate of the policy."""
@@ -347,6 +389,9 @@ class ActorConfig(_Section):
     """policy_loss kl_cov: share of valid tokens that get the KL penalty (Cui et al. 2025)."""
     ppo_kl_coef: float = Field(1.0, ge=0)
     """policy_loss kl_cov: coefficient of the |log-ratio| penalty on the selected tokens."""
+    off_policy: OffPolicyConfig = OffPolicyConfig()
+    """Correction of the mismatch between the policy that sampled (rollout engine, older versions in async mode)
+    and the one being trained."""
 
     @field_validator("policy_loss")
     @classmethod
@@ -396,6 +441,20 @@ class DAPOConfig(_Section):
     """Largest penalty, reached at max_response_length."""
 
 
+class AsyncConfig(_Section):
+    queue_size: int = Field(2, ge=1)
+    """ppo.mode async: step batches the rollout queue holds; a generator whose batch finds it full waits
+    (back-pressure)."""
+    max_staleness: int = Field(1, ge=0)
+    """ppo.mode async: most policy versions a sample may lag the trainer. A step's batch is only started once the
+    trainer is at most this many updates away from it, so generators pause rather than produce samples that
+    would be too old; a batch that still arrives older (generators racing) is dropped and counted. 0 = on-policy:
+    generation and training alternate, exactly as ppo.mode sync."""
+    max_generator_restarts: int = Field(3, ge=0)
+    """ppo.mode async: generators that died are restarted (and their batches generated again) this many times in a
+    round; after that the round goes on with the generators left, and stops when none is."""
+
+
 class PPORound(_Section):
     init: str
     """Model folder the round starts from (the previous round's output)."""
@@ -410,6 +469,12 @@ class PPOConfig(_Section):
     """Rounds in order; dvc.yaml makes one stage per key (ppo@r1, ...)."""
     dapo: DAPOConfig = DAPOConfig()
     """DAPO recipe tricks."""
+    mode: Literal["sync", "async"] = "sync"
+    """sync: the trainer's ranks generate each step's batch, then train on it (on-policy, colocated). async:
+    rollout.n_workers generator workers fill a bounded queue while the trainer trains (ppo.async), with
+    versioned weights and actor.off_policy corrections (rlcore.trainer.async_ppo)."""
+    async_: AsyncConfig = Field(AsyncConfig(), alias="async")
+    """Asynchronous rounds (ppo.mode async)."""
     save_every: int = Field(50, ge=0)
     """Step checkpoint every N steps of a round (rlcore.trainer.checkpoint); a re-run after a crash resumes from
     the last one. 0 = off."""
@@ -479,12 +544,34 @@ class Config(_Section):
             if (mini * self.rollout.n) % w:
                 raise ValueError(f"{role}.ppo_mini_batch_size * rollout.n = {mini * self.rollout.n} "
                                  f"must be divisible by resources.n_workers {w}")
+        if self.ppo.mode == "async":
+            self._async_checks()
+        proximal = self.actor.recompute_log_prob or (self.ppo.mode == "async" and self.ppo.async_.max_staleness > 0)
+        if self.actor.off_policy.correction != "none" and not proximal:
+            raise ValueError(f"actor.off_policy.correction {self.actor.off_policy.correction} compares the rollout's "
+                             f"log-probs with recomputed ones: set actor.recompute_log_prob: true (or use ppo.mode "
+                             f"async with ppo.async.max_staleness > 0)")
         if self.evaluate.final_round not in self.ppo.rounds:
             raise ValueError(
                 f"evaluate.final_round {self.evaluate.final_round!r} is not a key of ppo.rounds "
                 f"({', '.join(self.ppo.rounds)})"
             )
         return self
+
+    def _async_checks(self) -> None:
+        """What ppo.mode async cannot do, and the resources it needs on a local Ray."""
+        if self.ppo.dapo.dynamic_sampling:
+            raise ValueError("ppo.dapo.dynamic_sampling is not supported with ppo.mode async (set it to false or use "
+                             "ppo.mode sync)")
+        if self.algorithm.adv_estimator == "remax":
+            raise ValueError("algorithm.adv_estimator remax (a greedy baseline per step) is not supported with "
+                             "ppo.mode async; use ppo.mode sync")
+        r, g = self.resources, self.rollout
+        need = r.n_workers * r.cpus_per_worker + g.n_workers * g.cpus_per_worker
+        if self.ray.address == "local" and need > self.ray.num_cpus:
+            raise ValueError(f"ppo.mode async needs resources.n_workers * cpus_per_worker + rollout.n_workers * "
+                             f"cpus_per_worker = {need:g} CPUs, more than ray.num_cpus {self.ray.num_cpus} (trainer and "
+                             f"generators get their own bundles): lower resources.n_workers or raise ray.num_cpus")
 
 
 def _format_error(err: ValidationError, source: str) -> str:

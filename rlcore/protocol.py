@@ -112,6 +112,13 @@ class Batch:
             non_tensors[k] = v
         return Batch(tensors, non_tensors)
 
+    def replace(self, **tensors: torch.Tensor) -> "Batch":
+        """The batch with these tensors set (new keys added, existing ones overwritten); the rest shared."""
+        for k, v in tensors.items():
+            if v.shape[:1] != (len(self),):
+                raise ValueError(f"replace: tensor {k!r} has {v.shape[0] if v.dim() else 0} rows, the batch {len(self)}")
+        return Batch({**self.tensors, **tensors}, dict(self.non_tensors))
+
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
         """Rows of all batches in order (each must have the first one's fields)."""

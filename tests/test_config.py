@@ -261,3 +261,36 @@ def test_stage_fails_fast_on_a_missing_data_file(tmp_path):
     proc, seconds = run_ppo_stage(params, missing, tmp_path)
     assert proc.returncode == 2 and seconds < 10
     assert missing in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------ asynchronous rounds
+def test_async_keys_are_read_under_their_yaml_names(tmp_path):
+    cfg = load_config(write_params(tmp_path / "p.yaml", {"ppo": {"mode": "async", "async": {"max_staleness": 0}},
+                                                         "resources": {"n_workers": 1}}),
+                      {"ppo.async.queue_size": 5})
+    assert (cfg.ppo.async_.max_staleness, cfg.ppo.async_.queue_size) == (0, 5)
+    assert cfg.model_dump(mode="json")["ppo"]["async"]["queue_size"] == 5  # MLflow params and fingerprints
+
+
+@pytest.mark.parametrize("raw, needles", [
+    ({"ppo": {"mode": "async"}}, ("ppo.mode async needs", "= 3 CPUs", "ray.num_cpus 2")),
+    ({"ppo": {"mode": "async", "dapo": {"dynamic_sampling": True}}, "resources": {"n_workers": 1}},
+     ("ppo.dapo.dynamic_sampling", "ppo.mode async")),
+    ({"ppo": {"mode": "async"}, "algorithm": {"adv_estimator": "remax"}, "resources": {"n_workers": 1}},
+     ("remax", "ppo.mode sync")),
+    ({"actor": {"off_policy": {"correction": "tis"}}}, ("actor.off_policy.correction tis", "recompute_log_prob")),
+    ({"ppo": {"mode": "async", "async": {"max_staleness": 0}}, "resources": {"n_workers": 1},
+      "actor": {"off_policy": {"correction": "mis"}}}, ("actor.off_policy.correction mis",)),
+    ({"actor": {"off_policy": {"low": 2.0, "high": 1.0}}}, ("actor.off_policy.low 2.0", "high 1.0")),
+])
+def test_async_and_off_policy_settings_that_cannot_work_are_one_line(tmp_path, raw, needles):
+    with pytest.raises(ConfigError) as err:
+        load_config(write_params(tmp_path / "p.yaml", raw))
+    assert_one_line(str(err.value), *needles)
+
+
+def test_a_correction_with_proximal_log_probs_is_accepted(tmp_path):
+    for raw in ({"actor": {"recompute_log_prob": True, "off_policy": {"correction": "icepop"}}},
+                {"ppo": {"mode": "async", "async": {"max_staleness": 2}}, "resources": {"n_workers": 1},
+                 "actor": {"off_policy": {"correction": "tis"}}}):
+        assert load_config(write_params(tmp_path / "p.yaml", raw)).actor.off_policy.correction != "none"

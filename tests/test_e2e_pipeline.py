@@ -3,8 +3,8 @@
 Checks what a user would notice: every declared output appears, a second `dvc repro`
 does nothing, switching the estimator makes only the PPO rounds and evaluate stale, MLflow
 holds the evaluate run with every param next to its metrics, `rlcore generate` + `rlcore eval`
-reproduce the evaluate stage, and a round SIGKILLed after a step checkpoint resumes and ends
-exactly as the uninterrupted one.
+reproduce the evaluate stage, and the first round run again asynchronously with max_staleness 0,
+SIGKILLed after a step checkpoint, resumes and ends exactly as the uninterrupted synchronous one.
 """
 
 from __future__ import annotations
@@ -141,13 +141,23 @@ def test_generate_then_eval_reproduces_the_evaluate_stage(workdir, first_run, ra
     assert any(r["responses"][0] != r["responses"][1] for r in rows)  # sampled, not one draw copied
 
 
-def test_a_round_killed_after_a_checkpoint_resumes_and_ends_as_the_uninterrupted_one(workdir, first_run):
-    """ppo@r1 again, checkpointing after each step, SIGKILLed (its whole process group) as soon as the
-    step-1 checkpoint exists; the same command again says it resumes and ends with exactly the first run's
-    plot rows, rollouts and weights (timings aside). Outputs go to other paths, so DVC's state is untouched."""
+def sync_rows(path: Path) -> list[dict]:
+    """A plot CSV's rows without timings and throughput (and the async round's own columns)."""
+    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/", "async/"))}
+            for r in csv.DictReader(path.open())]
+
+
+def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_round(workdir, first_run):
+    """ppo@r1 again, as an asynchronous round (a generator worker beside the trainer's two ranks, a queue,
+    versioned weights) with max_staleness 0, checkpointing after each step, SIGKILLed (its whole process group)
+    as soon as the step-1 checkpoint exists; the same command again says it resumes and ends with exactly the
+    synchronous first run's plot rows, rollouts, metrics and weights (timings aside). Outputs go to other paths,
+    so DVC's state is untouched."""
     root, env = workdir
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["ppo"]["save_every"] = 1
+    params["ppo"].update(save_every=1, mode="async", **{"async": {"max_staleness": 0, "queue_size": 1}})
+    params["resources"]["cpus_per_worker"] = 0.5  # two trainer ranks and a generator on two CPUs
+    params["rollout"].update(n_workers=1, cpus_per_worker=1)
     (root / "params_ckpt.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cmd = [sys.executable, "-m", "stages.ppo", "--params", "params_ckpt.yaml", "--round", "r1", "--init", "models/sft",
            "--data", "data/scored/rl_train.parquet", "--out", "models/resumed_r1", "--metrics", "metrics/resumed.json",
@@ -166,17 +176,19 @@ def test_a_round_killed_after_a_checkpoint_resumes_and_ends_as_the_uninterrupted
 
     out = run(cmd, root, env)
     assert f"resuming ppo@r1 from step 1 ({checkpoint})" in out
+    assert "ppo async: 1 generator(s)" in out
     assert not (root / "checkpoints" / "ppo@r1").exists()  # removed once the round succeeded (keep_last 0)
 
-    def rows(path: Path) -> list[dict]:
-        return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/"))}
-                for r in csv.DictReader(path.open())]
-
-    assert rows(root / "plots/resumed.csv") == rows(root / "plots/ppo_r1.csv")
+    header = (root / "plots/resumed.csv").read_text().splitlines()[0]
+    assert "async/staleness_max" in header and "async/queue_depth" in header
+    assert sync_rows(root / "plots/resumed.csv") == sync_rows(root / "plots/ppo_r1.csv")
     pd.testing.assert_frame_equal(pd.read_parquet(root / "metrics/resumed_rollouts.parquet"),
                                   pd.read_parquet(root / "metrics/ppo_r1_rollouts.parquet"))
     assert (root / "models/resumed_r1/model.safetensors").read_bytes() == \
         (root / "models/ppo/r1/model.safetensors").read_bytes()
+    sync_m, async_m = (json.loads((root / f"metrics/{n}.json").read_text()) for n in ("ppo_r1", "resumed"))
+    assert {k: v for k, v in async_m.items() if k != "ppo/wall_s"} == \
+        {k: v for k, v in sync_m.items() if k != "ppo/wall_s"}
 
     # the re-run continued the killed run's MLflow run: one more r1 run in all, finished, every step in it
     mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")

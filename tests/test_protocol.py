@@ -160,3 +160,13 @@ def test_a_pickled_chunk_carries_only_its_rows():
     big = Batch({"x": torch.zeros(1000, 100)})
     piece = big.chunk(10)[0]
     assert len(pickle.dumps(piece)) < 0.2 * len(pickle.dumps(big))
+
+
+def test_replace_overwrites_and_adds_tensors_and_keeps_the_rest():
+    a = make_batch(3)
+    b = a.replace(y=torch.zeros_like(a["y"]), w=torch.ones(3))
+    assert torch.equal(b["y"], torch.zeros_like(a["y"])) and b["w"].tolist() == [1.0, 1.0, 1.0]
+    assert torch.equal(b["x"], a["x"]) and set(b.non_tensors) == set(a.non_tensors)
+    assert not torch.equal(a["y"], b["y"])  # the original is unchanged
+    with pytest.raises(ValueError, match="'w' has 2 rows, the batch 3"):
+        a.replace(w=torch.ones(2))

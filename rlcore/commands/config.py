@@ -44,7 +44,7 @@ def entries(model: Any, defaults: Any, prefix: str = "") -> Iterator[dict[str, A
 
     for name, field in type(model).model_fields.items():
         value, default = getattr(model, name), getattr(defaults, name, None)
-        key = f"{prefix}{name}"
+        key = f"{prefix}{field.alias or name}"  # ppo.async: a Python keyword, the field is async_
         if isinstance(value, BaseModel):
             yield from entries(value, default, key + ".")
             continue

@@ -68,6 +68,10 @@ class Pending(Generic[R]):
     refs: list
     method: str
 
+    def done(self) -> bool:
+        """Whether every rank has finished (or failed): ``result`` then returns (or raises) at once."""
+        return len(ray.wait(self.refs, num_returns=len(self.refs), timeout=0)[0]) == len(self.refs)
+
     def result(self) -> R:
         outs = self.group._get(self.refs, self.method)
         if self.mode is Dispatch.DP_COMPUTE:

@@ -4,6 +4,11 @@ Problems look like ``"37+85"``; the expected response is the bare integer ``"122
 Each operand first draws its digit count uniformly from ``[min_digits, max_digits]``
 and then a value uniformly among the numbers with that many digits (0-9 count as
 1-digit numbers), so short and long operands are equally common whatever the range.
+
+Long-tailed responses (``add_long_tail``): a share of the problems ask for a long answer.
+Their question ends with ``LONG_MARKER`` (``"37+85="``) and their demonstration is a run
+of ``FILLER`` characters before the number (``"........................122"``); the
+ground truth stays the number.
 """
 
 from __future__ import annotations
@@ -20,12 +25,23 @@ DATA_SOURCE = "arithmetic"
 ABILITY = "math"
 ALLOWED_OPS = ("+", "-", "*")
 
-_QUESTION_RE = re.compile(r"(\d+)([+\-*])(\d+)")
+# Marks the question of a problem that asks for a long answer; both characters are in the
+# built-in char tokenizer (rlcore.engine.tiny_model) and never occur in a short question.
+LONG_MARKER = "="
+FILLER = "."
+
+# An optional trailing LONG_MARKER (group 4) marks a long-answer question.
+_QUESTION_RE = re.compile(r"(\d+)([+\-*])(\d+)(" + re.escape(LONG_MARKER) + r")?")
 # Rejection sampling gives up after this many draws per wanted problem and falls back
 # to enumerating what is left; only near-exhausted problem spaces ever get there.
 _DRAWS_PER_PROBLEM = 20
 # Enumerating more candidates than this would use too much memory to be worth it.
 _MAX_ENUMERATION = 5_000_000
+
+
+def base_question(question: str) -> str:
+    """The question without its long-answer marker (``"37+85="`` -> ``"37+85"``); others unchanged."""
+    return question.removesuffix(LONG_MARKER)
 
 
 def _check_config(min_digits: int, max_digits: int, ops: tuple[str, ...]) -> None:
@@ -122,7 +138,8 @@ def add_demonstrator_errors(rows: list[dict[str, Any]], rate: float, seed: int) 
     the demonstration (``extra_info.answer``) is the carry-free sum instead of the true sum.
 
     Only the demonstration changes; ``reward_model.ground_truth`` stays the true answer, so a
-    verifiable reward still scores the truth. Returns the new rows and how many were changed.
+    verifiable reward still scores the truth. A long-answer row (``add_long_tail``) keeps its filler
+    before the wrong sum. Returns the new rows and how many were changed.
     """
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"demonstrator error rate must be in [0, 1], got {rate}")
@@ -135,10 +152,55 @@ def add_demonstrator_errors(rows: list[dict[str, Any]], rate: float, seed: int) 
             a, b = int(parsed.group(1)), int(parsed.group(3))
             wrong = carry_free_sum(a, b)
             if wrong != a + b and draw < rate:
-                row = {**row, "extra_info": {**row["extra_info"], "answer": str(wrong)}}
+                answer = row["extra_info"]["answer"]
+                filler = answer[: len(answer) - len(answer.lstrip(FILLER))]  # a long demonstration keeps its filler
+                row = {**row, "extra_info": {**row["extra_info"], "answer": filler + str(wrong)}}
                 changed += 1
         out.append(row)
     return out, changed
+
+
+def long_answer(answer: str, length: int) -> str:
+    """The long demonstration of ``answer``: ``length`` FILLER characters, then the answer."""
+    return FILLER * length + answer
+
+
+def add_long_tail(
+    rows: list[dict[str, Any]], frac: float, length: int, seed: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Long-tailed responses: with probability ``frac`` a row asks for a long answer.
+
+    Such a row's question and prompt get LONG_MARKER appended (``"37+85="``) and its
+    demonstration (``extra_info.answer``, whatever it was, e.g. a demonstrator error) becomes
+    ``length`` FILLER characters followed by it. ``reward_model.ground_truth`` stays the number.
+    One draw per row, so for a given seed a higher ``frac`` marks a superset of the rows.
+    Returns the new rows and how many were made long.
+    """
+    if not 0.0 <= frac <= 1.0:
+        raise ValueError(f"long-tail fraction must be in [0, 1], got {frac}")
+    if length < 1:
+        raise ValueError(f"long-tail length must be >= 1, got {length}")
+    rng = np.random.default_rng(seed)
+    out, changed = [], 0
+    for row in rows:
+        draw = rng.random()  # one draw per row, so the fraction does not shift which rows are picked
+        question = row["extra_info"]["question"]
+        if draw < frac and not question.endswith(LONG_MARKER):
+            question += LONG_MARKER
+            answer = long_answer(row["extra_info"]["answer"], length)
+            prompt = [{**m, "content": m["content"] + LONG_MARKER} if m["role"] == "user" else m
+                      for m in row["prompt"]]
+            row = {**row, "prompt": prompt, "extra_info": {**row["extra_info"], "question": question, "answer": answer}}
+            changed += 1
+        out.append(row)
+    return out, changed
+
+
+def max_answer_digits(*, max_digits: int, ops: Collection[str]) -> int:
+    """Most digits an answer (true or carry-free) can have: ``max_digits`` + 1 for "+",
+    2 * ``max_digits`` for "*", ``max_digits`` for "-"."""
+    high = 10**max_digits - 1
+    return max(len(str(_apply(high, op, 0 if op == "-" else high))) for op in ops)
 
 
 def parse_question(
@@ -147,7 +209,7 @@ def parse_question(
     """Parses a question back into ``(a, op, b)`` if this configuration could produce it.
 
     Args:
-        question: Question text such as ``"37+85"``.
+        question: Question text such as ``"37+85"`` (or ``"37+85="``: the long-answer marker is ignored).
         min_digits: Fewest digits in an operand.
         max_digits: Most digits in an operand.
         ops: Operators in use.
@@ -158,7 +220,7 @@ def parse_question(
     match = _QUESTION_RE.fullmatch(question)
     if match is None or match.group(2) not in ops:
         return None
-    a_text, op, b_text = match.groups()
+    a_text, op, b_text, _ = match.groups()
     low, _ = _value_range(min_digits)
     _, high = _value_range(max_digits)
     for text in (a_text, b_text):
@@ -233,7 +295,8 @@ def available_problems(
     total = count_problems(min_digits=min_digits, max_digits=max_digits, ops=ops)
     config = {"min_digits": min_digits, "max_digits": max_digits, "ops": ops}
     # exclude may hold questions of other configurations; only those in this space count.
-    taken = sum(parse_question(q, **config) is not None for q in set(exclude))
+    # "37+85" and "37+85=" (long-answer marker) are the same problem: count it once.
+    taken = len({base_question(q) for q in exclude if parse_question(q, **config) is not None})
     return total - taken
 
 
@@ -256,7 +319,8 @@ def arithmetic_rows(
         max_digits: Most digits in an operand.
         ops: Operators, drawn from "+", "-", "*".
         split: Stored in ``extra_info.split``.
-        exclude: Questions that must not appear (e.g. the held-out test split).
+        exclude: Questions that must not appear (e.g. the held-out test split); a question with
+            the long-answer marker excludes the same problem without it.
 
     Returns:
         ``n`` rows with distinct questions, none in ``exclude``, indexed 0..n-1.
@@ -275,7 +339,7 @@ def arithmetic_rows(
             f"and ops {ops!r}: only {total} exist, {total - available} of them excluded, {available} left"
         )
     rng = np.random.default_rng(seed)
-    exclude = frozenset(exclude)
+    exclude = frozenset(base_question(q) for q in exclude)
     chosen = _sample_distinct(rng, n, min_digits, max_digits, ops, exclude)
     if len(chosen) < n:
         _fill_by_enumeration(rng, chosen, n, (min_digits, max_digits, ops), exclude)

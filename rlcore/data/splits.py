@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlcore.data.arithmetic import add_demonstrator_errors, arithmetic_rows, available_problems
+from rlcore.data.arithmetic import add_demonstrator_errors, add_long_tail, arithmetic_rows, available_problems
 from rlcore.data.gsm8k import gsm8k_rows
 from rlcore.errors import ConfigError, DataError
 from rlcore.registry import Registry, check_keywords, keyword_names
@@ -47,6 +47,8 @@ def _arithmetic_splits(
     max_digits: int,
     ops: tuple[str, ...],
     sft_carry_error_rate: float = 0.0,
+    long_tail_frac: float = 0.0,
+    long_tail_length: int = 24,
 ) -> Splits:
     """Generates test first, then train splits that never contain a test question.
 
@@ -54,6 +56,8 @@ def _arithmetic_splits(
     three; otherwise ``rl_train`` may repeat ``sft_train`` questions (never test ones).
     With ``sft_carry_error_rate`` > 0 the SFT demonstrations come from an imperfect
     demonstrator who forgets carries at that rate (see ``add_demonstrator_errors``).
+    With ``long_tail_frac`` > 0 that share of every split's rows asks for a long answer:
+    ``long_tail_length`` filler characters before the number (see ``add_long_tail``).
     """
     config = {"min_digits": min_digits, "max_digits": max_digits, "ops": tuple(ops)}
     test = arithmetic_rows(n_test, seed=_split_seed(seed, "test"), split="test", **config)
@@ -70,7 +74,11 @@ def _arithmetic_splits(
     )
     if sft_carry_error_rate:
         sft, _ = add_demonstrator_errors(sft, sft_carry_error_rate, _split_seed(seed, "sft_train") + 1)
-    return {"sft_train": sft, "rl_train": rl, "test": test}
+    splits = {"sft_train": sft, "rl_train": rl, "test": test}
+    if long_tail_frac:  # after the exclusions above, which compare unmarked questions
+        for name, rows in splits.items():
+            splits[name], _ = add_long_tail(rows, long_tail_frac, long_tail_length, _split_seed(seed, name) + 2)
+    return splits
 
 
 @TASKS.register("gsm8k")
@@ -118,8 +126,8 @@ def build_splits(task: str, **options: Any) -> Splits:
     Args:
         task: A name in ``TASKS`` ("arithmetic" or "gsm8k").
         **options: Exactly what the task's builder takes (``task_options``): ``seed`` and the sizes
-            ``n_sft``/``n_rl``/``n_test`` for both; ``min_digits``, ``max_digits``, ``ops`` and
-            ``sft_carry_error_rate`` (arithmetic); ``gsm8k_train_path``/``gsm8k_test_path`` (gsm8k).
+            ``n_sft``/``n_rl``/``n_test`` for both; ``min_digits``, ``max_digits``, ``ops``,
+            ``sft_carry_error_rate``, ``long_tail_frac`` and ``long_tail_length`` (arithmetic); ``gsm8k_train_path``/``gsm8k_test_path`` (gsm8k).
 
     Returns:
         ``{"sft_train": rows, "rl_train": rows, "test": rows}``, each split's rows having

@@ -11,6 +11,7 @@ import re
 from typing import Callable
 
 from rlcore.data.arithmetic import DATA_SOURCE as ARITHMETIC
+from rlcore.data.arithmetic import FILLER as ARITHMETIC_FILLER
 from rlcore.data.gsm8k import DATA_SOURCE as GSM8K
 from rlcore.registry import Registry
 
@@ -27,17 +28,23 @@ _GSM8K_TAIL_CHARS = 300
 
 @REWARD_FNS.register(ARITHMETIC)
 def arithmetic_reward(solution_str: str, ground_truth: str) -> float:
-    """Scores a bare-integer response.
+    """Scores a bare-integer response, or one with a leading run of filler (long-tailed answers).
+
+    A leading run of the task's filler character (``rlcore.data.arithmetic.FILLER``, ".") is
+    dropped before the check, whatever its length and whether or not the problem asked for a
+    long answer (the reward cannot tell): ``"....46"`` scores like ``"46"``. Any other prefix,
+    or filler mixed with something else, still fails.
 
     Args:
         solution_str: The model response.
         ground_truth: The correct integer as text.
 
     Returns:
-        1.0 if the stripped response is exactly an integer equal to ``ground_truth``
-        (``"46"`` and ``" 46 "`` pass; ``"46abc"`` and ``""`` do not), else 0.0.
+        1.0 if the stripped response, after its leading filler run, is exactly an integer equal
+        to ``ground_truth`` (``"46"``, ``" 46 "`` and ``"...46"`` pass; ``"46abc"``, ``""``,
+        ``".#.46"`` and ``". 46"`` do not), else 0.0.
     """
-    text = solution_str.strip()
+    text = solution_str.strip().lstrip(ARITHMETIC_FILLER)
     if not _INTEGER_RE.fullmatch(text):
         return 0.0
     return 1.0 if int(text) == int(ground_truth) else 0.0

@@ -16,10 +16,11 @@ import dataclasses
 import tempfile
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,18 +29,31 @@ from tqdm import tqdm
 from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage
 from rlcore.algos.kl_control import controller_options, make_kl_controller
 from rlcore.algos.losses import PolicyLossOptions, kl_penalty
+from rlcore.algos.off_policy import importance_weights, off_policy_metrics
 from rlcore.config import Config
 from rlcore.controller.balance import balance_over_ranks
 from rlcore.controller.resource_pool import ResourcePool
-from rlcore.controller.worker_group import WorkerGroup
+from rlcore.controller.worker_group import Pending, WorkerGroup
 from rlcore.data.collate import prompt_batch
 from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.common import StepLog, model_spec, start_pool, stop_if_diverged, timer
-from rlcore.trainer.generation import engine_spec, generate, generate_spec, reward_scorer, rule_rewards
+from rlcore.trainer.common import (
+    StepLog,
+    model_spec,
+    start_pool,
+    stop_if_diverged,
+    timer,
+)
+from rlcore.trainer.generation import (
+    engine_spec,
+    generate,
+    generate_spec,
+    reward_scorer,
+    rule_rewards,
+)
 from rlcore.trainer.rollout_data import (
     PromptSampler,
     keep_informative_groups,
@@ -48,7 +62,13 @@ from rlcore.trainer.rollout_data import (
     sample_rows,
 )
 from rlcore.viewer import RolloutsFile, rollouts_frame, write_page
-from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
+from rlcore.workers.actor import (
+    ActorRolloutRefWorker,
+    ActorUpdateSpec,
+    KLLossSpec,
+    LogProbSpec,
+    OffPolicySpec,
+)
 from rlcore.workers.critic import CriticUpdateSpec, CriticWorker, ValuesSpec
 from rlcore.workers.optim import OptimSpec
 
@@ -58,6 +78,14 @@ ACTOR_UPDATE_KEYS = SEQUENCE_KEYS + ("old_log_probs", "ref_log_probs", "advantag
 CRITIC_UPDATE_KEYS = SEQUENCE_KEYS + ("values", "returns")
 # The Batch field holding each data input an estimator may declare.
 ESTIMATOR_FIELDS = {"index": "uid", "values": "values", "reward_baselines": "reward_baselines"}
+
+
+def proximal_in_update(cfg: Config) -> bool:
+    """Whether the proximal (old) log-probs, when they are recomputed, can be the actor update's own first forward
+    instead of a forward of their own: one epoch of one mini-batch (so no optimizer step comes before any row's
+    forward), and nothing on the controller reads them (a KL penalty in the reward does)."""
+    a = cfg.actor
+    return a.ppo_epochs == 1 and a.ppo_mini_batch_size >= cfg.ppo.train_batch_size and not cfg.algorithm.use_kl_in_reward
 
 
 def needs_reference(cfg: Config) -> bool:
@@ -97,7 +125,7 @@ class RoundGroups:
     critic: WorkerGroup[CriticWorker] | None = None
 
     @classmethod
-    def start(cls, cfg: Config, pool: ResourcePool, init_dir: str) -> "RoundGroups":
+    def start(cls, cfg: Config, pool: ResourcePool, init_dir: str) -> RoundGroups:
         """Start and initialise the groups ``cfg`` needs, from the model at ``init_dir`` (a critic from
         ``init_dir/critic`` if a previous round saved one there)."""
         use_critic = ESTIMATORS.get(cfg.algorithm.adv_estimator).needs_critic
@@ -150,6 +178,9 @@ class RoundRunner:
         self.policy_version = 0  # actor updates so far: the version of the weights the next rollouts use
         self.last_batch = Batch()  # the last step's whole batch (rollouts, rewards, advantages), for inspection
         self.rewards = reward_scorer(cfg)  # guarded reward functions; counts their errors and timeouts
+        # the proximal policy's log-probs come from a trainer forward (else the rollout's are the old ones)
+        self.recompute_log_prob = cfg.actor.recompute_log_prob
+        self.proximal_in_update = proximal_in_update(cfg)
 
     # ------------------------------------------------------------------ steps
     def _generate(self, prompts: Batch, seed: int, greedy: bool = False) -> Batch:
@@ -186,7 +217,6 @@ class RoundRunner:
 
     def step(self, step: int) -> Metrics:
         t: Metrics = {}
-        cfg, alg = self.cfg, self.cfg.algorithm
         version = self.policy_version  # the weights this step's rollouts come from
         errors, timeouts = self.rewards.counts()
         with timer(t, "step"):
@@ -196,42 +226,75 @@ class RoundRunner:
                     batch = self._add_greedy_baseline(batch, step)
                 m.update({"reward/errors": self.rewards.errors - errors,
                           "reward/timeouts": self.rewards.timeouts - timeouts})
-                if cfg.ppo.balance_batch:
-                    batch, m["perf/dp_token_imbalance"] = balance_over_ranks(batch, cfg.rollout.n,
-                                                                             cfg.resources.n_workers)
-            sequences = batch.only(*SEQUENCE_KEYS)
-            if cfg.actor.recompute_log_prob:
-                with timer(t, "old_log_prob"):
-                    batch = batch.union(self.actor.call(ActorRolloutRefWorker.compute_log_prob, sequences,
-                                                        self.log_prob_spec))
-                m.update(logprob_mismatch(batch))
-            else:  # the rollout ran the same weights: its log-probs are the old policy's
-                batch = batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
-            if alg.use_kl_in_reward:  # the rewards need them here; for the KL loss alone the update computes them
-                with timer(t, "ref"):
-                    batch = batch.union(self.actor.call(ActorRolloutRefWorker.compute_ref_log_prob, sequences,
-                                                        self.log_prob_spec))
-            if self.critic is not None:
-                with timer(t, "values"):
-                    batch = batch.union(self.critic.call(CriticWorker.compute_values, sequences, self.values_spec))
-            with timer(t, "adv"):
-                batch, adv_m = self._advantages(batch)
-            if self.critic is not None:
-                with timer(t, "update_critic"):
-                    m.update(self.critic.call(CriticWorker.update_critic, batch.only(*CRITIC_UPDATE_KEYS),
-                                              dataclasses.replace(self.critic_spec, seed=self.seed + step)))
-            if self.critic is None or step >= cfg.critic.warmup_steps:
-                with timer(t, "update_actor"):
-                    # without a recompute, the update's first mini-batch (before any optimizer step, the
-                    # rollout's weights) measures the rollout/trainer mismatch from the rollout log-probs
-                    keys = ACTOR_UPDATE_KEYS if cfg.actor.recompute_log_prob else ACTOR_UPDATE_KEYS + (
-                        "rollout_log_probs",)
-                    m.update(self.actor.call(ActorRolloutRefWorker.update_actor, batch.only(*keys),
-                                             dataclasses.replace(self.actor_spec, seed=self.seed + step)))
-                self.policy_version += 1
-        self.samples += sample_rows(batch, self.tok, step, cfg.ppo.log_samples, policy_version=version)
+            batch, train_m = self.train(batch, step, t)
+        self.samples += sample_rows(batch, self.tok, step, self.cfg.ppo.log_samples, policy_version=version)
         self.last_batch = batch
-        return {**m, **adv_m, **self._rollout_metrics(batch, t), **t}
+        return {**m, **train_m, **self._rollout_metrics(batch, t), **t}
+
+    def train(self, batch: Batch, step: int, t: Metrics,
+              while_updating: Callable[[Pending], None] | None = None) -> tuple[Batch, Metrics]:
+        """Everything of a step after its rollouts are scored: old (proximal) and reference log-probs, values,
+        advantages with the off-policy weights, the critic and actor updates; the policy version goes up by one.
+        Returns the batch with what was computed and the step's metrics; timings go into ``t``.
+        ``while_updating(pending)`` runs on the controller while the actor update runs on the ranks."""
+        cfg, alg = self.cfg, self.cfg.algorithm
+        m: Metrics = {}
+        if cfg.ppo.balance_batch:
+            with timer(t, "balance"):
+                batch, m["perf/dp_token_imbalance"] = balance_over_ranks(batch, cfg.rollout.n, cfg.resources.n_workers)
+        sequences = batch.only(*SEQUENCE_KEYS)
+        # fused: the update's own first forward is the proximal policy, no separate one (OffPolicySpec)
+        fused = self.recompute_log_prob and self.proximal_in_update
+        if self.recompute_log_prob and not fused:
+            with timer(t, "old_log_prob"):
+                batch = batch.union(self.actor.call(ActorRolloutRefWorker.compute_log_prob, sequences,
+                                                    self.log_prob_spec))
+            m.update(logprob_mismatch(batch))
+        elif not self.recompute_log_prob:  # the rollout ran the same weights: its log-probs are the old policy's
+            batch = batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
+        if alg.use_kl_in_reward:  # the rewards need them here; for the KL loss alone the update computes them
+            with timer(t, "ref"):
+                batch = batch.union(self.actor.call(ActorRolloutRefWorker.compute_ref_log_prob, sequences,
+                                                    self.log_prob_spec))
+        if self.critic is not None:
+            with timer(t, "values"):
+                batch = batch.union(self.critic.call(CriticWorker.compute_values, sequences, self.values_spec))
+        with timer(t, "adv"):
+            batch, adv_m = self._advantages(batch)
+            m.update(adv_m)
+            if self.recompute_log_prob and not fused:
+                batch, off_m = self._off_policy_weights(batch)
+                m.update(off_m)
+        if self.critic is not None:
+            with timer(t, "update_critic"):
+                m.update(self.critic.call(CriticWorker.update_critic, batch.only(*CRITIC_UPDATE_KEYS),
+                                          dataclasses.replace(self.critic_spec, seed=self.seed + step)))
+        if self.critic is None or step >= cfg.critic.warmup_steps:
+            with timer(t, "update_actor"):
+                # without a recompute, the update's first mini-batch (before any optimizer step, the
+                # rollout's weights) measures the rollout/trainer mismatch from the rollout log-probs
+                keys = ACTOR_UPDATE_KEYS if self.recompute_log_prob and not fused else ACTOR_UPDATE_KEYS + (
+                    "rollout_log_probs",)
+                o = cfg.actor.off_policy
+                spec = dataclasses.replace(self.actor_spec, seed=self.seed + step, off_policy=OffPolicySpec(
+                    o.correction, o.cap, o.low, o.high) if fused else None)
+                pending = self.actor.submit(ActorRolloutRefWorker.update_actor, batch.only(*keys), spec)
+                if while_updating is not None:
+                    while_updating(pending)
+                m.update(pending.result())
+            self.policy_version += 1
+        return batch, m
+
+    def _off_policy_weights(self, batch: Batch) -> tuple[Batch, Metrics]:
+        """``actor.off_policy``: the advantages times the importance weights of the proximal (recomputed) policy
+        over the behaviour (rollout) policy; the weights' metrics (``off_policy/*``) whatever the correction."""
+        o = self.cfg.actor.off_policy
+        weights, stats = importance_weights(batch["old_log_probs"], batch["rollout_log_probs"],
+                                            batch["response_mask"], o.correction, cap=o.cap, low=o.low, high=o.high)
+        metrics = off_policy_metrics(stats)
+        if o.correction == "none":
+            return batch, metrics
+        return batch.replace(advantages=batch["advantages"] * weights, is_weights=weights), metrics
 
     def validate(self, prompts: Batch) -> Metrics:
         """Greedy pass@1 of the current policy (the rollout copy holds the latest weights) on ``prompts``."""
@@ -331,13 +394,22 @@ def round_seed(cfg: Config, round_name: str) -> int:
 
 
 @contextmanager
-def running_round(cfg: Config, *, init_dir: str, tokenizer, prompts: Batch, seed: int) -> Iterator[RoundRunner]:
+def running_round(cfg: Config, *, init_dir: str, tokenizer, prompts: Batch, seed: int,
+                  steps: int | None = None) -> Iterator[RoundRunner]:
     """A RoundRunner over freshly started worker groups (on a new resource pool), all stopped on the way
-    out whatever happens: ``with running_round(...) as runner: runner.step(0)``."""
+    out whatever happens: ``with running_round(...) as runner: runner.step(0)``. With ``ppo.mode: async`` it is
+    an :class:`~rlcore.trainer.async_ppo.AsyncRoundRunner` with its generators, for a round of ``steps``."""
     with start_pool(cfg) as pool:
         groups = RoundGroups.start(cfg, pool, init_dir)
         try:
-            yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
+            if cfg.ppo.mode == "async":
+                if steps is None:
+                    raise ValueError("running_round: ppo.mode async needs the round's steps")
+                with async_ppo.running_async_round(cfg, groups, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
+                                         seed=seed, steps=steps) as runner:
+                    yield runner
+            else:
+                yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
         finally:
             groups.shutdown()
 
@@ -374,7 +446,7 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     rollouts = RolloutsFile(rollouts_path) if rollouts_path else None
     first = resume.step if resume is not None else 0
     with running_round(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
-                       seed=round_seed(cfg, round_name)) as runner:
+                       seed=round_seed(cfg, round_name), steps=rnd.steps) as runner:
         if resume is not None:
             runner.load_state(resume.folder, resume.state["runner"])
             log.restore(resume.state["log_rows"], to_tracker=not getattr(tracker, "resumed", False))
@@ -454,3 +526,8 @@ def round_summary(rows: list[Metrics], val_rows: list[Metrics], steps: int, wall
         "ppo/steps": steps,
         "ppo/wall_s": wall_s,
     }
+
+
+# The asynchronous round builds on RoundRunner and RoundGroups above, and running_round picks it: imported once
+# they exist (the module object, so either module may be imported first).
+from rlcore.trainer import async_ppo  # noqa: E402

@@ -17,11 +17,26 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.algos.losses import POLICY_LOSSES, AggScale, PolicyLossOptions, agg_loss, kl_penalty, policy_loss
+from rlcore.algos.losses import (
+    POLICY_LOSSES,
+    AggScale,
+    PolicyLossOptions,
+    agg_loss,
+    kl_penalty,
+    policy_loss,
+)
+from rlcore.algos.off_policy import (
+    MAX_KEYS,
+    SUM_KEYS,
+    importance_weights,
+    merge_stats,
+    off_policy_metrics,
+)
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed
 from rlcore.engine.model import ModelSpec, load_policy, load_tokenizer, save_pretrained
 from rlcore.engine.sequence import SequenceModel, sequences
+from rlcore.engine.weights import pack_state
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.rollout.base import EngineSpec
@@ -52,6 +67,17 @@ class KLLossSpec:
 
 
 @dataclass(frozen=True)
+class OffPolicySpec:
+    """``actor.off_policy`` applied on the ranks, when the update's own forward is the proximal policy."""
+
+    correction: str
+    """``rlcore.algos.off_policy.CORRECTIONS`` name."""
+    cap: float = 2.0
+    low: float = 0.5
+    high: float = 2.0
+
+
+@dataclass(frozen=True)
 class ActorUpdateSpec:
     """One PPO actor update (params.yaml ``actor``)."""
 
@@ -70,6 +96,10 @@ class ActorUpdateSpec:
     """None: no KL loss term."""
     seed: int
     """Seeds the mini-batch shuffle."""
+    off_policy: OffPolicySpec | None = None
+    """Set when the batch has ``rollout_log_probs`` and no ``old_log_probs``: the update is one epoch of one
+    mini-batch, so its forward, before the optimizer step, is the proximal policy: its log-probs are the old
+    ones and the correction's weights are taken against the rollout's there (no separate forward)."""
 
 
 class ActorRolloutRefWorker(RankWorker):
@@ -82,6 +112,8 @@ class ActorRolloutRefWorker(RankWorker):
         self.with_ref = with_ref
         self.rollout_stale = True
         self.mismatch: dict[str, float] | None = None  # accumulated by update_actor's first mini-batch
+        self.off_stats: dict[str, float] | None = None  # off-policy weights' statistics of an update (OffPolicySpec)
+        self.fused_kl = {"kl_ref_sum": 0.0, "kl_ref_tokens": 0.0}  # actor/kl_ref's sums, from the update's forward
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -99,6 +131,16 @@ class ActorRolloutRefWorker(RankWorker):
             self.engine.load_weights(self.actor.strategy.rollout_state_dict(self.actor.module))
             self.rollout_stale = False
         return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def rollout_weights(self) -> list | None:
+        """The policy's weights as a rollout engine loads them (unsharded, compute dtype), put into the Ray object
+        store by rank 0 as raw bytes (:func:`~rlcore.engine.weights.pack_state`): ``[ref]`` there (a list, so the reference travels unresolved; the object lives while
+        this rank does and someone holds the reference), None on the other ranks. A collective under fsdp."""
+        import ray  # a worker only ever runs this inside Ray
+
+        state = self.actor.strategy.rollout_state_dict(self.actor.module)
+        return [ray.put(pack_state(state))] if self.rank == 0 else None
 
     # -------------------------------------------------------------- log-probs
     def _log_probs(self, model: SequenceModel, batch: Batch, spec: LogProbSpec, with_entropy: bool) -> Batch:
@@ -119,9 +161,9 @@ class ActorRolloutRefWorker(RankWorker):
 
     @register(Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:
-        """``old_log_probs`` and ``entropy`` of the responses under the actor (a training forward)."""
-        out = self._log_probs(self.actor, batch, spec, with_entropy=True)
-        return Batch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+        """``old_log_probs`` of the responses under the actor (a training forward; the update computes the
+        entropy it logs itself)."""
+        return Batch({"old_log_probs": self._log_probs(self.actor, batch, spec, with_entropy=False)["log_probs"]})
 
     @register(Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:
@@ -140,9 +182,22 @@ class ActorRolloutRefWorker(RankWorker):
                                                 part["responses"].to(self.device), temperature=spec.temperature,
                                                 with_entropy=True, entropy_grad=spec.entropy_coeff != 0)
         options = options_from(spec.loss, POLICY_LOSSES.get(spec.policy_loss).options)
-        pg, m = policy_loss(spec.policy_loss, old_log_prob=part["old_log_probs"].to(self.device), log_prob=lp,
-                            advantages=part["advantages"].to(self.device), response_mask=rmask, agg_scale=scale,
-                            **options)
+        advantages = part["advantages"].to(self.device)
+        if "old_log_probs" in part:
+            old = part["old_log_probs"].to(self.device)
+        else:  # the proximal policy is this forward (spec.off_policy): weigh the advantages here
+            assert spec.off_policy is not None, "no old_log_probs and no proximal-from-update spec"
+            old, o = lp.detach(), spec.off_policy
+            weights, stats = importance_weights(old, part["rollout_log_probs"].to(self.device), rmask, o.correction,
+                                                cap=o.cap, low=o.low, high=o.high)
+            self.off_stats = stats if self.off_stats is None else merge_stats(self.off_stats, stats)
+            advantages = advantages * weights
+            if "ref_log_probs" in part:  # actor/kl_ref of the old policy, as _kl_to_ref takes it otherwise
+                kl = kl_penalty(old, part["ref_log_probs"].to(self.device), "kl") * rmask
+                self.fused_kl["kl_ref_sum"] += float(kl.sum())
+                self.fused_kl["kl_ref_tokens"] += float(rmask.sum())
+        pg, m = policy_loss(spec.policy_loss, old_log_prob=old, log_prob=lp, advantages=advantages,
+                            response_mask=rmask, agg_scale=scale, **options)
         if self.mismatch is not None and "rollout_log_probs" in part:
             self._track_mismatch(lp.detach(), part["rollout_log_probs"].to(self.device), rmask)
         mode, factor = spec.loss.loss_agg_mode, spec.loss.loss_scale_factor
@@ -201,9 +256,13 @@ class ActorRolloutRefWorker(RankWorker):
             ref = self.compute_ref_log_prob(batch, LogProbSpec(spec.micro_batch_size, spec.temperature))
             batch = batch.union(ref)
             extra["perf/ref_in_update_s"] = time.perf_counter() - start
-        if "ref_log_probs" in batch:
+        if "ref_log_probs" in batch and "old_log_probs" in batch:
             extra.update(self._kl_to_ref(batch))
 
+        self.off_stats, self.fused_kl = None, {"kl_ref_sum": 0.0, "kl_ref_tokens": 0.0}
+        if "old_log_probs" not in batch and (spec.epochs != 1 or spec.mini_batch_size < len(batch)):
+            raise ValueError("update_actor: without old_log_probs the update must be one epoch of one mini-batch "
+                             f"(got {spec.epochs} epoch(s), mini-batches of {spec.mini_batch_size} of {len(batch)} rows)")
         # the first mini-batch's forwards run the weights the rollout sampled with: the training-inference
         # mismatch of the same tokens, for free (no extra forward)
         self.mismatch = {"abs_sum": 0.0, "abs_max": 0.0, "k3_sum": 0.0, "tokens": 0.0} \
@@ -223,8 +282,15 @@ class ActorRolloutRefWorker(RankWorker):
             generator=torch.Generator().manual_seed(spec.seed * 7919 + self.rank), device=self.device,
             micro_loss=lambda part, scale: self._actor_loss(part, spec, scale), optimizer_step=optimizer_step)
         self.rollout_stale = True
+        if "old_log_probs" not in batch and "ref_log_probs" in batch:
+            extra.update(self.fused_kl)
         metrics = distributed.all_reduce_mean({**update_metrics(rows, "actor"), **extra}, self.device)
         metrics.update(mismatch_metrics)
+        if "old_log_probs" not in batch:  # every rank computed its share: collectives
+            stats: dict[str, float] = self.off_stats or {}
+            merged = {k: distributed.all_reduce_sum(stats.get(k, 0.0), self.device) for k in SUM_KEYS}
+            merged.update({k: distributed.all_reduce_max(stats.get(k, 0.0), self.device) for k in MAX_KEYS})
+            metrics.update(off_policy_metrics(merged))
         if "kl_ref_sum" in metrics:
             metrics["actor/kl_ref"] = metrics.pop("kl_ref_sum") / max(metrics.pop("kl_ref_tokens"), 1.0)
         return metrics

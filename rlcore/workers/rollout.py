@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
@@ -47,6 +48,19 @@ def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank
         outs.append(Batch({"responses": out["responses"].cpu(), "response_mask": out["response_mask"].cpu(),
                            "rollout_log_probs": out["log_probs"].cpu()}))
     return Batch.concat(outs)
+
+
+def generate_sharded(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, shards: int,
+                     device: torch.device) -> Batch:
+    """:func:`generate_on` for a batch as a worker group of ``shards`` ranks would generate it: padded with copies
+    of its first rows to a multiple of ``shards``, split into equal chunks, chunk ``r`` sampled with rank ``r``'s
+    generator, trimmed back. One engine then draws exactly the tokens the group would (an asynchronous round's
+    generator reproduces a synchronous round's rollouts this way)."""
+    pad = -len(batch) % shards
+    if pad:
+        batch = Batch.concat([batch, batch.select(np.arange(pad) % len(batch))])
+    parts = [generate_on(engine, chunk, spec, rank=r, device=device) for r, chunk in enumerate(batch.chunk(shards))]
+    return Batch.concat(parts).slice(0, len(batch) - pad)
 
 
 class RolloutWorker(RankWorker):

@@ -333,7 +333,7 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
         return (adv, ret) if len(calls) == 1 else (torch.full_like(adv, math.inf), torch.full_like(ret, math.nan))
 
     @contextmanager
-    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed):
+    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
         yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
 
     monkeypatch.setattr(ppo, "compute_advantage", turning_infinite)
@@ -385,7 +385,7 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
     write_rows(rows(HASH_SOURCE).to_dict("records"), data)
 
     @contextmanager
-    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed):
+    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
         runner = RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
         real_step = runner.step
 

@@ -1,0 +1,230 @@
+"""What an asynchronous round's generators and trainer share on Ray: the bounded rollout queue, the
+versioned policy weights, and the generator actors themselves (started, watched, restarted).
+
+* :class:`RolloutQueue` is ``ray.util.queue.Queue`` (an actor) with ``ppo.async.queue_size`` slots: a
+  generator's ``put`` of a finished step batch blocks while it is full (back-pressure); the controller takes
+  batches in arrival order.
+* :class:`WeightVersions` is a small actor holding the newest published policy as ``(version, [ref])``: the
+  trainer's rank 0 puts its unsharded weights into the object store once per update and the controller
+  publishes the reference with the version. A generator asks for anything newer than what it holds before
+  each batch and loads the whole object: an object in the store is immutable and complete once put, so a
+  generator never sees a half-updated copy, and the old version stays readable until nobody holds it.
+* :class:`GeneratorPool` starts ``rollout.n_workers`` generator actors on their own placement group (one
+  bundle each), hands them work, notices a dead one as soon as Ray reports it, and restarts it in its bundle
+  up to a limit; :meth:`GeneratorPool.shutdown` kills the actors, the queue and the version actor and removes
+  the placement group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.queue import Queue
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlcore.controller.decorator import RankPlacement
+from rlcore.controller.resource_pool import PLACEMENT_STRATEGIES
+from rlcore.controller.worker_group import is_lost
+from rlcore.errors import WorkerDied
+from rlcore.protocol import Batch
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One step batch to generate: the prompts (repeated for groups), the seed of the sampling call and an id
+    (the order the controller started items in)."""
+
+    id: int
+    prompts: Batch
+    seed: int
+
+
+@dataclass
+class Rollout:
+    """A generated step batch as it comes out of the queue."""
+
+    item_id: int
+    version: int
+    """The policy version that generated every sample of it."""
+    batch: Batch
+    generator: int
+    gen_s: float
+    """Seconds the generator spent loading weights and generating it."""
+
+
+class WeightVersions:
+    """The newest published policy: its version and a one-element list holding its object reference (a list,
+    so the reference is passed along rather than resolved)."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.ref: list = []
+
+    def publish(self, version: int, ref: list) -> None:
+        if version > self.version:
+            self.version, self.ref = version, ref
+
+    def newer_than(self, version: int) -> tuple[int, list] | None:
+        """``(version, [ref])`` of the newest policy if it is newer than ``version``, else None."""
+        return (self.version, self.ref) if self.version > version else None
+
+    def current(self) -> int:
+        return self.version
+
+
+class RolloutQueue:
+    """The bounded queue of generated step batches (``ray.util.queue.Queue``, an actor of its own). The controller
+    keeps one ``get`` outstanding on it, so it can wait for the next batch and for other calls at once
+    (``ray.wait``) without polling the queue actor."""
+
+    def __init__(self, size: int):
+        self.queue = Queue(maxsize=size, actor_options={"num_cpus": 0})
+        self._taking = None  # the outstanding get: resolves to the next batch out of the queue
+
+    def get(self, timeout_s: float, also: list | tuple = ()) -> Rollout | None:
+        """The next batch; None after ``timeout_s``, or as soon as one of the object refs ``also`` is ready."""
+        if self._taking is None:
+            self._taking = self.queue.actor.get.remote(None)
+        ready, _ = ray.wait([self._taking, *also], num_returns=1, timeout=timeout_s)
+        if not ready or ready[0] != self._taking:
+            return None
+        ref, self._taking = self._taking, None
+        return ray.get(ref)
+
+    def depth(self) -> int:
+        """Batches waiting in the queue (one the controller's get already took is not counted)."""
+        return self.queue.qsize()
+
+    def shutdown(self) -> None:
+        self.queue.shutdown(force=True)
+
+
+@dataclass
+class _Slot:
+    """One generator bundle: its actor, the items it is working on (in order) and their result refs."""
+
+    actor: Any = None
+    items: list[WorkItem] = field(default_factory=list)
+    refs: list = field(default_factory=list)
+    alive: bool = True
+
+
+class GeneratorPool:
+    """``n`` generator actors of ``worker_cls`` (``worker_cls(RankPlacement, index=..., queue=..., weights=...,
+    **kwargs)``) on a placement group of ``n`` bundles of ``{CPU: cpus_per_worker (, GPU: 1)}``.
+
+    :meth:`submit` gives an item to the least busy live generator; :meth:`poll` collects finished calls,
+    detects dead generators and restarts them (their unfinished items go to the restarted actor, so none is
+    lost), or retires them once ``max_restarts`` restarts were spent."""
+
+    def __init__(self, worker_cls: type, n: int, cpus_per_worker: float, use_gpu: bool, *, queue_size: int,
+                 max_restarts: int, timeout_s: float, placement: str = "pack", **kwargs: Any):
+        self.worker_cls, self.kwargs = ray.remote(worker_cls), kwargs
+        self.cpus, self.use_gpu, self.timeout_s = cpus_per_worker, use_gpu, timeout_s
+        self.max_restarts, self.restarts, self.deaths = max_restarts, 0, 0
+        self.busy_s = 0.0  # generation seconds reported by finished items
+        self.queue = RolloutQueue(queue_size)
+        self.weights = ray.remote(num_cpus=0)(WeightVersions).remote()
+        bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
+        self.pg = placement_group([dict(bundle) for _ in range(n)], strategy=PLACEMENT_STRATEGIES[placement])
+        self.slots = [_Slot() for _ in range(n)]
+        try:
+            ray.get(self.pg.ready(), timeout=timeout_s)
+            for i in range(n):
+                self._start(i)
+            ray.get([s.actor.init_model.remote() for s in self.slots], timeout=timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, index: int) -> None:
+        threads = max(1, int(self.cpus))
+        self.slots[index].actor = self.worker_cls.options(
+            num_cpus=self.cpus, num_gpus=1 if self.use_gpu else 0, max_concurrency=1,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                                 placement_group_bundle_index=index),
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+        ).remote(RankPlacement(0, 1, threads), index=index, queue=self.queue.queue, weights=self.weights,
+                 use_gpu=self.use_gpu, **self.kwargs)
+
+    # ------------------------------------------------------------------ work
+    @property
+    def alive(self) -> int:
+        return sum(s.alive for s in self.slots)
+
+    def in_flight(self) -> int:
+        return sum(len(s.items) for s in self.slots)
+
+    def submit(self, item: WorkItem, spec: Any) -> None:
+        """Give ``item`` to the live generator with the fewest unfinished items."""
+        live = [i for i, s in enumerate(self.slots) if s.alive]
+        if not live:
+            raise RuntimeError("no generator left")
+        index = min(live, key=lambda i: (len(self.slots[i].items), i))
+        self._send(index, item, spec)
+
+    def _send(self, index: int, item: WorkItem, spec: Any) -> None:
+        slot = self.slots[index]
+        slot.items.append(item)
+        slot.refs.append(slot.actor.generate_item.remote(item, spec))
+        self.spec = spec
+
+    def poll(self) -> list[str]:
+        """Collect the calls that finished; a generator whose call failed because it is gone is restarted (and
+        given back its unfinished items) or retired. Returns one line per death. A generator's own exception
+        (a bug) is raised with its traceback."""
+        events = []
+        for index, slot in enumerate(self.slots):
+            while slot.alive and slot.refs:
+                ready, _ = ray.wait(slot.refs[:1], timeout=0)
+                if not ready:
+                    break
+                try:
+                    self.busy_s += ray.get(ready[0])
+                except Exception as err:
+                    if not is_lost(err):
+                        raise
+                    events.append(self._died(index))
+                    break
+                slot.refs.pop(0)
+                slot.items.pop(0)
+        return events
+
+    def _died(self, index: int) -> str:
+        slot = self.slots[index]
+        self.deaths += 1
+        lost = list(slot.items)
+        slot.items, slot.refs = [], []
+        ray.kill(slot.actor)
+        if self.restarts < self.max_restarts:
+            self.restarts += 1
+            self._start(index)
+            ray.get(slot.actor.init_model.remote(), timeout=self.timeout_s)
+            for item in lost:
+                self._send(index, item, self.spec)
+            return (f"generator {index} died; restarted it ({self.restarts} of ppo.async.max_generator_restarts "
+                    f"{self.max_restarts}), {len(lost)} batch(es) generated again")
+        slot.alive = False
+        others = [i for i, s in enumerate(self.slots) if s.alive]
+        if not others:
+            raise WorkerDied("generators", index, "generate_item",
+                             f"no generator left: ppo.async.max_generator_restarts {self.max_restarts} spent")
+        for item in lost:
+            self.submit(item, self.spec)
+        return f"generator {index} died; going on with {len(others)} generator(s) (no restarts left)"
+
+    def pids(self) -> list[int]:
+        """The process id of each live generator (tests kill one)."""
+        return ray.get([s.actor.pid.remote() for s in self.slots if s.alive], timeout=self.timeout_s)
+
+    def shutdown(self) -> None:
+        """Kill the generators, the queue and the version actor; remove the placement group."""
+        for s in self.slots:
+            if s.actor is not None:
+                ray.kill(s.actor)
+        self.queue.shutdown()
+        ray.kill(self.weights)
+        remove_placement_group(self.pg)

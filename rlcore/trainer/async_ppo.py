@@ -1,0 +1,219 @@
+"""An asynchronous PPO round (``ppo.mode: async``): generators fill a bounded queue while the trainer trains.
+
+The round has two kinds of workers on separate resource bundles: the trainer's worker group (actor, reference,
+critic: the synchronous round's groups) and ``rollout.n_workers`` generators
+(:class:`~rlcore.workers.generator.GeneratorWorker`), each with a rollout engine over its own copy of the
+policy. This controller hands the generators step batches to generate (:class:`WorkItem`: the prompts and the
+sampling seed the synchronous round would use for that step) and runs the trainer on batches as they come
+out of the queue; after each update the trainer's rank 0 puts the new weights into the object store and the
+controller publishes them as the next policy version, which generators load before their next batch.
+
+Staleness (``ppo.async.max_staleness`` = s, in policy versions): a batch is handed out only while fewer than
+s + 1 are outstanding (handed out, not yet trained on), so a batch in a first-in-first-out queue is trained
+on at most s versions after the one it was generated with, and generators wait (they have no work) instead of
+producing batches that would be too old; AReaL's ``max_head_offpolicyness`` gate. Several generators can
+finish out of order: a batch that still arrives more than s versions old is dropped, counted
+(``async/dropped_samples``) and generated again. s = 0 alternates generation and training exactly as the
+synchronous round does, with the same prompts, seeds and weights: the same batches and metrics.
+
+With s > 0 the trainer recomputes the old log-probs (the proximal policy, the weights before this update)
+and ``actor.off_policy`` corrects for the behaviour policy that sampled (the rollout's log-probs).
+
+A generator that dies (process killed, node lost) is restarted in its bundle and its unfinished batches are
+generated again (``ppo.async.max_generator_restarts``; after that the round goes on with fewer), counted in
+``async/generator_deaths``; a trainer rank that dies ends the stage as in the synchronous round
+(:class:`~rlcore.errors.WorkerDied`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from rlcore.config import Config
+from rlcore.controller.async_rollout import GeneratorPool, Rollout, WorkItem
+from rlcore.controller.worker_group import Pending
+from rlcore.protocol import Batch, Metrics
+from rlcore.trainer.common import model_spec, timer
+from rlcore.trainer.generation import engine_spec, generate_spec
+from rlcore.trainer.ppo import RoundGroups, RoundRunner
+from rlcore.trainer.rollout_data import sample_rows
+from rlcore.workers.actor import ActorRolloutRefWorker
+from rlcore.workers.generator import GeneratorWorker
+from rlcore.workers.rollout import GenerateSpec
+
+# how often the controller looks at the generators while it waits for a batch
+POLL_S = 0.02
+
+
+def start_generators(cfg: Config, init_dir: str) -> GeneratorPool:
+    """The round's generators (params.yaml ``rollout.n_workers``/``cpus_per_worker``, ``ppo.async``)."""
+    r, a = cfg.rollout, cfg.ppo.async_
+    return GeneratorPool(GeneratorWorker, r.n_workers, r.cpus_per_worker, cfg.resources.use_gpu,
+                         queue_size=a.queue_size, max_restarts=a.max_generator_restarts, timeout_s=cfg.ray.timeout_s,
+                         placement=cfg.resources.placement, model=model_spec(cfg, init_dir), engine=engine_spec(cfg),
+                         shards=cfg.resources.n_workers, seed=cfg.seed)
+
+
+class AsyncRoundRunner(RoundRunner):
+    """:class:`RoundRunner` whose step trains on the next batch out of the rollout queue (see the module
+    docstring); ``steps`` is the round's length (no batch is handed out for a step past it)."""
+
+    def __init__(self, cfg: Config, *, groups: RoundGroups, generators: GeneratorPool, tokenizer, prompts: Batch,
+                 seed: int, steps: int):
+        super().__init__(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
+        self.gens, self.steps = generators, steps
+        self.max_staleness = cfg.ppo.async_.max_staleness
+        self.recompute_log_prob = cfg.actor.recompute_log_prob or self.max_staleness > 0
+        self.spec = generate_spec(cfg, temperature=cfg.rollout.temperature, seed=0)
+        self.next_item = 0  # id of the next batch handed out (ids count up; a batch generated again keeps its id)
+        self.outstanding: dict[int, tuple[np.ndarray, WorkItem]] = {}  # handed out, not trained on: prompt rows
+        self.published = -1
+        self.ready: tuple[Rollout, Batch, Metrics] | None = None  # the next step's batch, scored while the ranks trained
+        self.carried: Metrics = {"async/dropped_samples": 0, "async/generator_deaths": 0}
+
+    # ---------------------------------------------------------------- weights
+    def publish(self) -> None:
+        """Put the trainer's current weights into the object store as version ``policy_version``."""
+        ref = self.actor.call(ActorRolloutRefWorker.rollout_weights)
+        ray.get(self.gens.weights.publish.remote(self.policy_version, ref))
+        self.published = self.policy_version
+
+    # ------------------------------------------------------------------ work
+    def _hand_out(self, step: int) -> None:
+        """Start batches while fewer than max_staleness + 1 are outstanding and the round still needs them."""
+        want, n = self.cfg.ppo.train_batch_size, self.cfg.rollout.n
+        while len(self.outstanding) < min(self.max_staleness + 1, self.steps - step):
+            rows = self.sampler.take(want)
+            item = WorkItem(self.next_item, self.prompts.select(rows).repeat(n).only("prompts", "prompt_mask"),
+                            self.seed * 100003 + self.next_item * 101)  # the synchronous round's seed of that step
+            self.outstanding[item.id] = (rows, item)
+            self.next_item += 1
+            self.gens.submit(item, self._spec(item))
+
+    def _spec(self, item: WorkItem) -> GenerateSpec:
+        return dataclasses.replace(self.spec, seed=item.seed)
+
+    def _next_rollout(self, m: Metrics, version: int, until: Pending | None = None) -> Rollout | None:
+        """The next batch out of the queue fresh enough to train on at policy ``version``; stale ones are dropped
+        and handed out again. With ``until``, None as soon as that call is done and no batch is there."""
+        deadline = time.monotonic() + self.cfg.ray.timeout_s
+        while True:
+            for line in self.gens.poll():
+                print(f"ppo async: {line}", file=sys.stderr, flush=True)
+                m["async/generator_deaths"] += 1
+            got = self.gens.queue.get(POLL_S, also=until.refs if until is not None else ())
+            if got is None:
+                if until is not None and until.done():
+                    return None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ppo async: no batch from {self.gens.alive} generator(s) in "
+                                       f"ray.timeout_s {self.cfg.ray.timeout_s:g}s")
+                continue
+            if got.item_id not in self.outstanding:  # a generator that died after its put: generated twice
+                continue
+            if version - got.version > self.max_staleness:
+                m["async/dropped_samples"] += len(got.batch)
+                _, item = self.outstanding[got.item_id]
+                self.gens.submit(item, self._spec(item))
+                continue
+            return got
+
+    def _scored(self, got: Rollout, step: int) -> tuple[Batch, Metrics]:
+        """The generated batch with its prompts' fields and rewards, and the reward functions' failures."""
+        errors, timeouts = self.rewards.counts()
+        rows, _ = self.outstanding[got.item_id]
+        batch = self._score(self.prompts.select(rows).repeat(self.cfg.rollout.n).union(got.batch), f"ppo step {step}")
+        return batch, {"reward/errors": self.rewards.errors - errors, "reward/timeouts": self.rewards.timeouts - timeouts}
+
+    def _prefetch(self, step: int, update: Pending) -> None:
+        """While the update of ``step`` runs on the ranks: take the next step's batch out of the queue as soon as
+        it is there and score it, so the trainer finds it ready (the controller is idle otherwise)."""
+        if step + 1 >= self.steps:
+            return
+        got = self._next_rollout(self.carried, self.policy_version + 1, until=update)
+        if got is not None:
+            self.ready = (got, *self._scored(got, step + 1))
+
+    def step(self, step: int) -> Metrics:
+        t: Metrics = {}
+        m: Metrics = self.carried  # what the last step's prefetch saw belongs to this step
+        self.carried = {"async/dropped_samples": 0, "async/generator_deaths": 0}
+        if self.published != self.policy_version:  # the first step, or after a resume
+            self.publish()
+        busy_before = self.gens.busy_s
+        with timer(t, "step"):
+            self._hand_out(step)
+            m["async/queue_depth"] = self.gens.queue.depth() + (self.ready is not None)
+            with timer(t, "gen"):  # what the step paid for its rollouts: waiting for them, then scoring them
+                with timer(t, "wait"):
+                    if self.ready is None:
+                        got = self._next_rollout(m, self.policy_version)
+                        assert got is not None
+                        self.ready = (got, *self._scored(got, step))
+                got, batch, reward_m = self.ready
+                self.ready = None
+                self.outstanding.pop(got.item_id)
+            m.update({**reward_m, "rollout/sample_tries": 1, "rollout/groups_kept": len(batch) // self.cfg.rollout.n})
+            staleness = self.policy_version - got.version
+            batch, train_m = self.train(batch, step, t, while_updating=lambda update: self._prefetch(step, update))
+            with timer(t, "publish"):
+                self.publish()
+            self._hand_out(step + 1)
+        gen_busy = self.gens.busy_s - busy_before
+        m.update({"async/staleness_mean": float(staleness), "async/staleness_max": float(staleness),
+                  "async/trainer_idle_frac": t["timing_s/wait"] / max(t["timing_s/step"], 1e-9),
+                  "async/generator_idle_frac": 1.0 - min(1.0, gen_busy / max(self.gens.alive * t["timing_s/step"],
+                                                                             1e-9)),
+                  "async/generators": float(self.gens.alive), "async/generation_s": got.gen_s})
+        self.samples += sample_rows(batch, self.tok, step, self.cfg.ppo.log_samples, policy_version=got.version)
+        self.last_batch = batch
+        rollout_m = self._rollout_metrics(batch, t)
+        # the generator's own seconds (weights and generation), not the trainer's wait for them
+        rollout_m["perf/gen_tokens_per_s"] = float(batch["response_mask"].sum()) / max(got.gen_s, 1e-9)
+        return {**m, **train_m, **rollout_m, **t}
+
+    # ------------------------------------------------------------ checkpoints
+    def save_state(self, folder: Path) -> dict[str, Any]:
+        """The synchronous round's state, plus the batches handed out and not trained on (their prompt rows and
+        seeds): a resumed round hands them out again first, so it trains on the same prompts."""
+        state = super().save_state(folder)
+        state["async"] = {"next_item": self.next_item,
+                          "outstanding": [(item.id, rows, item.seed) for rows, item in self.outstanding.values()]}
+        return state
+
+    def load_state(self, folder: Path, state: dict[str, Any]) -> None:
+        super().load_state(folder, state)
+        self.published = -1  # the restored weights are published before the next step
+        a = state.get("async")
+        if a is None:
+            return
+        self.next_item = a["next_item"]
+        n = self.cfg.rollout.n
+        for item_id, rows, seed in a["outstanding"]:
+            item = WorkItem(item_id, self.prompts.select(rows).repeat(n).only("prompts", "prompt_mask"), seed)
+            self.outstanding[item_id] = (rows, item)
+            self.gens.submit(item, self._spec(item))
+
+
+@contextmanager
+def running_async_round(cfg: Config, groups: RoundGroups, *, init_dir: str, tokenizer,
+                        prompts: Batch, seed: int, steps: int) -> Iterator[AsyncRoundRunner]:
+    """An :class:`AsyncRoundRunner` over ``groups`` and freshly started generators, which are stopped (with the
+    queue, the version actor and their placement group) on the way out whatever happens."""
+    generators = start_generators(cfg, init_dir)
+    print(f"ppo async: {generators.alive} generator(s), queue of {cfg.ppo.async_.queue_size} batch(es), "
+          f"max_staleness {cfg.ppo.async_.max_staleness}", flush=True)
+    try:
+        yield AsyncRoundRunner(cfg, groups=groups, generators=generators, tokenizer=tokenizer, prompts=prompts,
+                               seed=seed, steps=steps)
+    finally:
+        generators.shutdown()

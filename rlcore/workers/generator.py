@@ -1,0 +1,58 @@
+"""A generator of an asynchronous PPO round: a rollout engine over its own copy of the policy.
+
+It is not a rank of a process group: generators share nothing but the rollout queue they fill and the
+weight versions they read (``rlcore.controller.async_rollout``). Before each step batch it loads the newest
+published policy if it holds an older one, generates the batch as the trainer's ranks would have
+(:func:`~rlcore.workers.rollout.generate_sharded`), tags it with the version it used and puts it into the
+queue, waiting there while the queue is full.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+import torch
+
+from rlcore.controller.async_rollout import Rollout, WorkItem
+from rlcore.controller.decorator import RankPlacement
+from rlcore.engine.model import ModelSpec
+from rlcore.engine.weights import unpack_state
+from rlcore.rollout import EngineSpec
+from rlcore.workers.rank import RankWorker
+from rlcore.workers.rollout import GenerateSpec, generate_sharded, make_engine
+
+
+class GeneratorWorker(RankWorker):
+    def __init__(self, placement: RankPlacement, *, index: int, queue, weights, model: ModelSpec, engine: EngineSpec,
+                 shards: int, use_gpu: bool = False, seed: int = 0):
+        super().__init__(placement, seed)
+        self.index, self.queue, self.weights = index, queue, weights
+        self.model_spec, self.engine_spec, self.shards = model, engine, shards
+        self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+        self.version = -1  # no published policy loaded yet
+
+    def init_model(self) -> None:
+        self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def _pull_weights(self) -> None:
+        """Load the newest published policy if it is newer than the one held (one whole object: never torn)."""
+        newer = ray.get(self.weights.newer_than.remote(self.version))
+        if newer is not None:
+            version, (ref,) = newer
+            self.engine.load_weights(unpack_state(ray.get(ref)))
+            self.version = version
+
+    def generate_item(self, item: WorkItem, spec: GenerateSpec) -> float:
+        """Generate ``item`` with the newest policy and put it into the queue (blocking while it is full);
+        returns the seconds spent loading weights and generating (not waiting)."""
+        start = time.perf_counter()
+        self._pull_weights()
+        out = generate_sharded(self.engine, item.prompts, spec, shards=self.shards, device=self.device)
+        busy = time.perf_counter() - start
+        self.queue.put(Rollout(item.id, self.version, out, self.index, busy), block=True)
+        return busy
