@@ -85,10 +85,12 @@ def test_stale_batches_are_corrected_a_killed_generator_is_restarted_and_nothing
     """max_staleness 1 with one generator: after the first step every batch was generated one version back (the
     generator works on the next batch while the trainer trains), the trainer recomputes the proximal log-probs,
     and the advantages are the estimator's times min(pi_prox / pi_behav, cap). The generator, SIGKILLed mid-round,
-    is restarted and the round completes; afterwards no actor, queue or placement group is left."""
+    is restarted and the round completes; afterwards no actor, queue or placement group is left. The controller
+    takes and scores each next batch while the update runs, as it does on GPUs."""
     cfg = config(ppo={"train_batch_size": 4, "mode": "async", "async": {"max_staleness": 1}},
                  actor={"ppo_mini_batch_size": 2, "lr": 0.05, "off_policy": {"correction": "tis", "cap": 1.02}})
     with async_round(cfg, tiny, groups, steps=6) as runner:
+        runner.prefetch = True  # what a GPU run does: the next batch taken and scored while the update runs
         rows = [runner.step(i) for i in range(3)]
         (pid,) = runner.gens.pids()
         os.kill(pid, signal.SIGKILL)  # mid-round: it holds the next batch (generated or being generated)
