@@ -2,9 +2,9 @@
 
 ``ray.put`` of a dict of torch tensors pickles every tensor through torch's serializer; a dict of numpy byte
 arrays goes into the store as plain buffers and comes out of ``ray.get`` as zero-copy views of the store's
-memory. Measured by ``bench/weight_sync.py`` on the 2-core machine (median of 5): 0.8 MB of tiny-model weights
-16 ms pickled vs 9 ms as byte arrays; 254 MB (125M parameters, bfloat16) 738 ms vs 80 ms; a gloo broadcast
-between the same two actors took 1.1 ms and 151 ms.
+memory. Measured by ``bench/weight_sync.py`` on the 2-core machine (medians of 5, publish to loaded): 0.8 MB of
+tiny-model weights 21 ms pickled vs 7 ms as byte arrays; 254 MB (125M parameters, bfloat16) 861 ms vs 90 ms; a
+gloo broadcast between the same two actors took 2.6 ms and 231 ms.
 """
 
 from __future__ import annotations
