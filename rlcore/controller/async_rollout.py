@@ -107,7 +107,7 @@ class _Slot:
     """One generator bundle: its actor, the items it is working on (in order) and their result refs."""
 
     actor: Any = None
-    items: list[WorkItem] = field(default_factory=list)
+    items: list[tuple[WorkItem, Any]] = field(default_factory=list)  # (item, its GenerateSpec), in order
     refs: list = field(default_factory=list)
     alive: bool = True
 
@@ -155,9 +155,6 @@ class GeneratorPool:
     def alive(self) -> int:
         return sum(s.alive for s in self.slots)
 
-    def in_flight(self) -> int:
-        return sum(len(s.items) for s in self.slots)
-
     def submit(self, item: WorkItem, spec: Any) -> None:
         """Give ``item`` to the live generator with the fewest unfinished items."""
         live = [i for i, s in enumerate(self.slots) if s.alive]
@@ -168,9 +165,8 @@ class GeneratorPool:
 
     def _send(self, index: int, item: WorkItem, spec: Any) -> None:
         slot = self.slots[index]
-        slot.items.append(item)
+        slot.items.append((item, spec))
         slot.refs.append(slot.actor.generate_item.remote(item, spec))
-        self.spec = spec
 
     def poll(self) -> list[str]:
         """Collect the calls that finished; a generator whose call failed because it is gone is restarted (and
@@ -203,8 +199,8 @@ class GeneratorPool:
             self.restarts += 1
             self._start(index)
             ray.get(slot.actor.init_model.remote(), timeout=self.timeout_s)
-            for item in lost:
-                self._send(index, item, self.spec)
+            for item, spec in lost:
+                self._send(index, item, spec)
             return (f"generator {index} died; restarted it ({self.restarts} of ppo.async.max_generator_restarts "
                     f"{self.max_restarts}), {len(lost)} batch(es) generated again")
         slot.alive = False
@@ -212,8 +208,8 @@ class GeneratorPool:
         if not others:
             raise WorkerDied("generators", index, "generate_item",
                              f"no generator left: ppo.async.max_generator_restarts {self.max_restarts} spent")
-        for item in lost:
-            self.submit(item, self.spec)
+        for item, spec in lost:
+            self.submit(item, spec)
         return f"generator {index} died; going on with {len(others)} generator(s) (no restarts left)"
 
     def pids(self) -> list[int]:
