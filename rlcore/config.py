@@ -84,9 +84,22 @@ class ModelConfig(_Section):
     attn_implementation sdpa and a llama/qwen2/qwen3 model; other models run padded forwards."""
 
 
+class FileColumns(_Section):
+    prompt: str = Field("prompt", min_length=1)
+    """Column of the prompt: text (one user message) or a list of chat messages {role, content}. A dotted name
+    reaches into a nested column (reward_model.ground_truth)."""
+    ground_truth: str = Field("ground_truth", min_length=1)
+    """Column of what the reward compares against: text, or a number (written as text)."""
+    demonstration: str = Field("demonstration", min_length=1)
+    """Column of the SFT target: text, or chat messages ending with the assistant's. Required in the SFT rows."""
+    data_source: str | None = None
+    """Column naming each row's data_source; null: every row gets task.data_source."""
+
+
 class TaskConfig(_Section):
     name: str = "arithmetic"
-    """Task builder from rlcore.data (arithmetic: synthetic, gsm8k: local GSM8K-format files)."""
+    """Task builder from rlcore.data (arithmetic: synthetic; gsm8k: local GSM8K-format files; file: your own
+    .jsonl/.parquet files, task.file and task.columns)."""
     min_digits: int = Field(1, ge=1)
     """Fewest digits of an arithmetic operand."""
     max_digits: int = Field(2, ge=1)
@@ -107,10 +120,15 @@ class TaskConfig(_Section):
     ends with "=" and the demonstration is long_tail_length "." before the number (rewards accept the filler)."""
     long_tail_length: int = Field(24, ge=1)
     """Filler characters of a long answer before the number (needs max_response_length >= it + answer digits + 1)."""
-    gsm8k_train_path: str | None = None
-    """Local .jsonl/.parquet with question/answer rows (task gsm8k)."""
-    gsm8k_test_path: str | None = None
-    """Local .jsonl/.parquet for the test split (task gsm8k)."""
+    file: dict[Literal["train", "test", "sft"], str] = {}
+    """Local .jsonl/.parquet files of tasks gsm8k and file: train (RL prompts; also the SFT rows when sft is
+    absent), test (held-out prompts), sft (optional: prompts with demonstrations). Each is a DVC dependency of the
+    prepare stage (dvc.yaml's task_file stages); leave a key out rather than setting it to null."""
+    columns: FileColumns = FileColumns()
+    """task file: where each field of a row is in the files (rlcore.data.files)."""
+    data_source: str = Field("file", min_length=1)
+    """task file: the data_source of every row when columns.data_source is null (it selects the built-in rule
+    reward, if there is one of that name: arithmetic, gsm8k, math; your reward.functions receive it)."""
     max_prompt_length: int = Field(16, ge=1)
     """Prompt tokens after the chat template; longer prompts are an error."""
     max_response_length: int = Field(6, ge=1)
@@ -121,12 +139,23 @@ class TaskConfig(_Section):
     def _known_task(cls, v: str) -> str:
         return names.check_name("task", v, names.TASKS)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in (("gsm8k_train_path", "file.train"), ("gsm8k_test_path", "file.test")):
+                if old in data:
+                    raise ValueError(f"task.{old} is now task.{new} (a DVC dependency of the prepare stage)")
+        return data
+
     @model_validator(mode="after")
     def _digit_range(self) -> "TaskConfig":
         if self.min_digits > self.max_digits:
             raise ValueError(f"task.min_digits {self.min_digits} exceeds task.max_digits {self.max_digits}")
-        if self.name == "gsm8k" and not self.gsm8k_train_path:
-            raise ValueError("task.name gsm8k needs task.gsm8k_train_path (a local .jsonl or .parquet file)")
+        if self.name in ("gsm8k", "file"):
+            for key in ("train", "test"):
+                if key not in self.file:
+                    raise ValueError(f"task.name {self.name} needs task.file.{key} (a local .jsonl or .parquet file)")
         if self.name == "arithmetic" and self.long_tail_frac > 0:
             # largest answer: max_digits + 1 digits for "+", 2 * max_digits for "*", max_digits for "-"
             high = 10**self.max_digits - 1
@@ -249,14 +278,72 @@ class RolloutConfig(_Section):
         return names.check_name("rollout engine", v, names.ROLLOUT_ENGINES)
 
 
+class RewardFunctionConfig(_Section):
+    path: str = Field(min_length=1)
+    """Python file of the function (relative to the repository); a DVC dependency of exactly the stages that score
+    (score, the PPO rounds, evaluate): dvc.yaml's reward_file stages record it by sha256."""
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The function in that file, called as fn(data_source, solution_str, ground_truth, extra_info, **kwargs) and
+    returning a float, None (does not apply to this row) or a dict with 'score' and extra values to log. Also the
+    function's metrics name (reward/<name>/mean): names are unique."""
+    weight: float = Field(1.0, allow_inf_nan=False)
+    """Weight of the function's score in the training reward (the weighted sum of every reward function, the
+    built-in rule and the reward model)."""
+    kwargs: dict[str, Any] = {}
+    """Keyword arguments every call gets (verl's reward_kwargs)."""
+    batched: bool = False
+    """True: called once per batch with lists (data_sources, solution_strs, ground_truths, extra_infos) and returns
+    a list of scores."""
+
+
+class RewardModelConfig(_Section):
+    path: str = Field(min_length=1)
+    """A local Hugging Face sequence-classification folder (num_labels=1): an rm stage's models/rm/<name>, or any
+    other. It scores each response at its last token."""
+    weight: float = Field(1.0, allow_inf_nan=False)
+    """Weight of its score in the training reward."""
+    normalize: bool = True
+    """Standardise scores with the mean and std the rm stage saved in the folder (reward_stats.json)."""
+    micro_batch_size: int = Field(256, ge=1)
+    """Sequences per reward-model forward on one rank."""
+
+
 class RewardConfig(_Section):
     timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
-    """Seconds one sample's reward function may run. Past them it is stopped (the scoring process is killed
-    and replaced, so a hung function ends too) and the sample scores error_score; PPO steps log the count as
-    reward/timeouts. Reward functions run in a child process of the stage (rlcore.rewards.guard)."""
+    """Seconds one sample's reward function may run (one call of a batched function). Past them it is stopped (its
+    scoring process is killed and replaced, so a hung function ends too) and the sample scores error_score for that
+    function; steps log the count as reward/timeouts and reward/<name>/timeouts. Functions run in child processes of
+    the stage (rlcore.rewards.guard)."""
     error_score: float = Field(0.0, allow_inf_nan=False)
-    """Reward of a sample whose function raised (or ran past timeout_s); PPO steps log the count of those
-    that raised as reward/errors. A batch where every sample fails stops the stage with the first error."""
+    """Score, in place of a function's, of a sample whose function raised, returned something other than a finite
+    number, None or a dict with 'score', ran past timeout_s, or killed its process (reward/errors,
+    reward/<name>/errors). A batch where every function failed on every sample stops the stage."""
+    rule_weight: float = Field(1.0, allow_inf_nan=False)
+    """Weight of the built-in rule of each row's data_source (arithmetic, gsm8k, math) in the training reward; 0 keeps
+    it for evaluation only. Rows whose data_source has no rule are scored by the other functions."""
+    functions: list[RewardFunctionConfig] = []
+    """Your reward functions: [{path, name, weight, kwargs, batched}] (rlcore.rewards.functions)."""
+    model: RewardModelConfig | None = None
+    """A reward model in the training reward: {path, weight, normalize} (null: none)."""
+    accuracy: str = "auto"
+    """What counts as a correct answer in rollout/acc, val/*, score's filter and evaluate's pass@k: auto (the rule of
+    the row's data_source where it has one, else the first of your functions that applies), rule, or the name of one
+    of your functions. A sample is correct when that score is >= 1."""
+    processes: int = Field(2, ge=1)
+    """Scoring processes: a batch is split over them, so slow functions run in parallel."""
+
+    @model_validator(mode="after")
+    def _names(self) -> "RewardConfig":
+        labels = [f.name for f in self.functions]
+        for i, name in enumerate(labels):
+            if name in ("rule", "rm") or name in labels[:i]:
+                why = "is taken by the built-in rule/reward model" if name in ("rule", "rm") else "appears twice"
+                raise ValueError(f"reward.functions[{i}].name {name!r} {why}; each function's name names its metrics "
+                                 "(wrap one in a function of another name)")
+        if self.accuracy not in ("auto", "rule", *labels):
+            raise ValueError(f"reward.accuracy {self.accuracy!r} is not auto, rule or one of reward.functions' names "
+                             f"({', '.join(labels) or 'none configured'})")
+        return self
 
 
 class ScoreConfig(_Section):

@@ -27,7 +27,7 @@ SHARDED_STRATEGIES = ("fsdp",)
 # rlcore.rollout.ENGINES
 ROLLOUT_ENGINES = ("hf", "static")
 # rlcore.data.splits.TASKS
-TASKS = ("arithmetic", "gsm8k")
+TASKS = ("arithmetic", "file", "gsm8k")
 
 
 def check_name(kind: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -1,7 +1,7 @@
 """evaluate: greedy pass@1 and sampled pass@k on the held-out test split, SFT vs the final round.
 
-    python -m stages.evaluate --data data/processed/test.parquet --sft models/sft \
-        --final models/ppo/r1 --metrics metrics/eval.json --samples metrics/eval_samples.csv
+    python -m stages.evaluate --data data/processed/test.parquet --rewards inputs/reward \
+        --sft models/sft --final models/ppo/r1 --metrics metrics/eval.json --samples metrics/eval_samples.csv
 
 Its MLflow run carries every params.yaml key, so pipeline runs compare side by side.
 """
@@ -20,6 +20,7 @@ PARAMS = tuple(Config.model_fields)  # all of params.yaml: they label the pipeli
 def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--data", required=True)
+    p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
     p.add_argument("--sft", required=True)
     p.add_argument("--final", required=True)
     p.add_argument("--samples", required=True, help="CSV of sample prompts, responses and rewards")
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg, params = stage_config(args.params, PARAMS, "evaluate")
         for path, what in ((args.data, "test data"), (args.sft, "SFT model"), (args.final, "final model")):
             require_file(path, what)
+        from rlcore.inputs import recorded_reward_inputs
+        params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
         from rlcore.tracking import open_run

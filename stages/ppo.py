@@ -1,6 +1,6 @@
 """ppo@<round>: one RL round (estimator, losses and KL from params.yaml) from the previous model.
 
-    python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet \
+    python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet --rewards inputs/reward \
         --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv \
         --val-data data/processed/test.parquet --rollouts metrics/ppo_r1_rollouts.parquet
 """
@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--round", required=True)
     p.add_argument("--init", required=True)
     p.add_argument("--data", required=True)
+    p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
     p.add_argument("--val-data", default=None, help="held-out prompts for ppo.val_every (reported only)")
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.round not in cfg.ppo.rounds:
             raise ConfigError(f"--round {args.round!r} is not a key of ppo.rounds ({', '.join(cfg.ppo.rounds)})")
         require_file(args.data, "scored rl data")
+        from rlcore.inputs import recorded_reward_inputs
+        params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
         require_file(args.init, "initial model")
         if args.val_data and cfg.ppo.val_every:
             require_file(args.val_data, "validation data")

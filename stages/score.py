@@ -1,7 +1,9 @@
-"""score: sample the SFT policy on the RL prompts, score with rule rewards, filter trivial prompts.
+"""score: sample the SFT policy on the RL prompts, score them with the reward, filter trivial prompts.
 
-    python -m stages.score --model models/sft --data data/processed/rl_train.parquet \
+    python -m stages.score --model models/sft --data data/processed/rl_train.parquet --rewards inputs/reward \
         --out data/scored/rl_train.parquet --metrics metrics/score.json
+
+``--rewards`` holds the manifests of the reward files and reward model (dvc.yaml's reward_file and rm stages).
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
+    p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     with stage_errors("score"):
         cfg, params = stage_config(args.params, PARAMS, "score")
         require_file(args.data, "rl data")
+        from rlcore.inputs import recorded_reward_inputs
+        params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
         require_file(args.model, "SFT model")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer

@@ -182,7 +182,8 @@ def test_missing_params_file(tmp_path):
 # ------------------------------------------------------------------ stage CLI
 def run_ppo_stage(params: Path, data: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
     cmd = [sys.executable, "-m", "stages.ppo", "--params", str(params), "--round", "r1",
-           "--init", str(tmp_path / "init"), "--data", data, "--out", str(tmp_path / "out"),
+           "--init", str(tmp_path / "init"), "--data", data, "--rewards", str(tmp_path / "rewards"),
+           "--out", str(tmp_path / "out"),
            "--metrics", str(tmp_path / "m.json")]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
@@ -234,8 +235,9 @@ def test_a_bug_in_a_real_stage_prints_its_traceback_and_exits_1(tmp_path):
     code = ("import sys; import rlcore.trainer.prepare as p; "
             "p.write_splits = lambda cfg, out: {}['missing_key']; "
             "import stages.prepare as s; s.main(sys.argv[1:])")
-    proc = subprocess.run([sys.executable, "-c", code, "--out-dir", str(tmp_path / "d"), "--metrics",
-                           str(tmp_path / "m.json")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code, "--inputs", str(tmp_path / "in"), "--out-dir", str(tmp_path / "d"),
+                           "--metrics", str(tmp_path / "m.json")], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr and "KeyError: 'missing_key'" in proc.stderr
 
@@ -243,12 +245,15 @@ def test_a_bug_in_a_real_stage_prints_its_traceback_and_exits_1(tmp_path):
 def test_bad_data_rows_end_a_real_stage_with_one_line_naming_the_row(tmp_path):
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?"}\n')
-    raw = with_value(with_value(defaults_raw(), "task.name", "gsm8k"), "task.gsm8k_train_path", str(bad))
-    raw = with_value(raw, "task.gsm8k_test_path", str(bad))
+    raw = with_value(with_value(defaults_raw(), "task.name", "gsm8k"), "task.file", {"train": str(bad), "test": str(bad)})
     params = write_params(tmp_path / "params.yaml", raw)
-    proc = subprocess.run([sys.executable, "-m", "stages.prepare", "--params", str(params), "--out-dir",
-                           str(tmp_path / "d"), "--metrics", str(tmp_path / "m.json")], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60)
+    from rlcore.inputs import write_manifest
+
+    for split in ("train", "test"):  # what dvc.yaml's task_file stages record
+        write_manifest(bad, tmp_path / "in" / f"{split}.json")
+    proc = subprocess.run([sys.executable, "-m", "stages.prepare", "--params", str(params), "--inputs",
+                           str(tmp_path / "in"), "--out-dir", str(tmp_path / "d"), "--metrics", str(tmp_path / "m.json")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "train.jsonl" in lines[0] and "line 2" in lines[0] and "answer" in lines[0], lines

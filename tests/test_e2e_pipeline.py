@@ -61,7 +61,7 @@ def ran_stages(output: str) -> set[str]:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("pipeline")
-    for name in ("rlcore", "stages", "dvc.yaml"):
+    for name in ("rlcore", "stages", "inputs", "dvc.yaml"):
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
     params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
@@ -160,7 +160,7 @@ def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_r
     params["rollout"].update(n_workers=1, cpus_per_worker=1)
     (root / "params_ckpt.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cmd = [sys.executable, "-m", "stages.ppo", "--params", "params_ckpt.yaml", "--round", "r1", "--init", "models/sft",
-           "--data", "data/scored/rl_train.parquet", "--out", "models/resumed_r1", "--metrics", "metrics/resumed.json",
+           "--data", "data/scored/rl_train.parquet", "--rewards", "inputs/reward", "--out", "models/resumed_r1", "--metrics", "metrics/resumed.json",
            "--plots", "plots/resumed.csv", "--val-data", "data/processed/test.parquet",
            "--rollouts", "metrics/resumed_rollouts.parquet"]
     checkpoint = root / "checkpoints" / "ppo@r1" / "step_00000001"

@@ -30,5 +30,5 @@ def test_sharded_strategies_are_those_whose_entry_shards():
 
 def test_check_name_lists_the_allowed_names():
     assert names.check_name("task", "gsm8k", names.TASKS) == "gsm8k"
-    with pytest.raises(ValueError, match="unknown task 'mnist'; allowed: arithmetic, gsm8k"):
+    with pytest.raises(ValueError, match="unknown task 'mnist'; allowed: arithmetic, file, gsm8k"):
         names.check_name("task", "mnist", names.TASKS)

@@ -218,7 +218,7 @@ def write_params(path: Path, *, address: str, checkpoints: Path) -> Path:
 def stage_args(inputs: dict[str, Path], params: Path, name: str) -> list[str]:
     out = inputs["root"] / name
     return ["--params", str(params), "--round", "r1", "--init", str(inputs["init"]), "--data", str(inputs["data"]),
-            "--out", str(out / "model"), "--metrics", str(out / "metrics.json"), "--plots", str(out / "plots.csv")]
+            "--rewards", str(inputs["root"]), "--out", str(out / "model"), "--metrics", str(out / "metrics.json"), "--plots", str(out / "plots.csv")]
 
 
 def run_in_process(inputs: dict[str, Path], params: Path, name: str, monkeypatch) -> dict[str, Path]:

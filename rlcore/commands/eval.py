@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     k = args.k if args.k is not None else cfg.evaluate.k
     from rlcore.cli import write_json
     from rlcore.rewards.generations import evaluate_generations
-    from rlcore.rewards.guard import RewardScorer
+    from rlcore.rewards.scoring import RewardScorer
 
-    scorer = RewardScorer(timeout_s=cfg.reward.timeout_s, error_score=cfg.reward.error_score)
+    scorer = RewardScorer.from_config(cfg.reward)
     result = evaluate_generations(args.generations, k, scorer)
     print(format_table(result))
     if args.out:

@@ -52,7 +52,7 @@ def encode_responses(tokenizer, texts: Sequence[str], max_len: int, source: str)
 
 
 def prompt_batch(df: pd.DataFrame, tokenizer, max_prompt_length: int, source: str) -> Batch:
-    """Prompt tensors plus what rewards need: data_source, ground_truth, a group ``uid``."""
+    """Prompt tensors plus what rewards need: data_source, ground_truth, extra_info, a group ``uid``."""
     prompts, mask = encode_prompts(tokenizer, list(df["prompt"]), max_prompt_length, source)
     return Batch(
         {"prompts": prompts, "prompt_mask": mask},
@@ -61,6 +61,7 @@ def prompt_batch(df: pd.DataFrame, tokenizer, max_prompt_length: int, source: st
             "ground_truth": np.array([rm["ground_truth"] for rm in df["reward_model"]], dtype=object),
             "uid": np.array([f"{e['split']}-{e['index']}" for e in df["extra_info"]], dtype=object),
             "question": np.array([e["question"] for e in df["extra_info"]], dtype=object),
+            "extra_info": [dict(e) for e in df["extra_info"]],
         },
     )
 

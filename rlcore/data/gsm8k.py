@@ -7,15 +7,13 @@ ground truth, as in verl's GSM8K preprocessing.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any, Iterator
-
-import pyarrow.parquet as pq
+from typing import Any
 
 from rlcore.data.schema import make_row
-from rlcore.errors import DataError, InputNotFound
+from rlcore.data.tables import read_records
+from rlcore.errors import DataError
 
 DATA_SOURCE = "gsm8k"
 ABILITY = "math"
@@ -37,40 +35,6 @@ def final_answer(answer: str) -> str | None:
     """
     match = _FINAL_ANSWER_RE.search(answer)
     return None if match is None else match.group(1).replace(",", "")
-
-
-def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
-    """Yields ``(position label, record)`` for each non-blank line."""
-    with path.open(encoding="utf-8") as f:
-        row = 0
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}: row {row} (line {lineno})"
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: expected one JSON object per line ({e.msg})") from None
-            row += 1
-
-
-def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:
-    table = pq.read_table(path)
-    missing = [c for c in REQUIRED_FIELDS if c not in table.column_names]
-    if missing:
-        raise DataError(f"{path}: missing column(s) {missing}; expected columns {list(REQUIRED_FIELDS)}")
-    for row, record in enumerate(table.select(list(REQUIRED_FIELDS)).to_pylist()):
-        yield f"{path}: row {row}", record
-
-
-def _read_records(path: Path) -> Iterator[tuple[str, Any]]:
-    if not path.is_file():
-        raise InputNotFound(f"GSM8K file not found: {path}")
-    if path.suffix == ".jsonl":
-        return _jsonl_records(path)
-    if path.suffix == ".parquet":
-        return _parquet_records(path)
-    raise DataError(f"{path}: unsupported file type {path.suffix!r}; expected .jsonl or .parquet")
 
 
 def _checked_fields(record: Any, where: str) -> tuple[str, str, str]:
@@ -108,7 +72,7 @@ def gsm8k_rows(
     """
     path = Path(path)
     rows = []
-    for index, (where, record) in enumerate(_read_records(path)):
+    for index, (where, record) in enumerate(read_records(path, what="GSM8K file")):
         question, answer, ground_truth = _checked_fields(record, where)
         rows.append(
             make_row(

@@ -183,7 +183,24 @@ def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # from_pylist keeps prompt as list<struct> and the dicts as structs, which is what
     # verl's parquet datasets look like.
-    pq.write_table(pa.Table.from_pylist(records), path)
+    try:
+        table = pa.Table.from_pylist(records)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise DataError(f"{path}: {_mixed_field(records) or 'the rows cannot be stored as parquet'} ({err})") from None
+    pq.write_table(table, path)
+
+
+def _mixed_field(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """Names the first ``extra_info`` field whose values have different types in different rows (parquet
+    needs one type per column)."""
+    for key in dict.fromkeys(k for r in records for k in r["extra_info"]):
+        try:
+            pa.array([r["extra_info"].get(key) for r in records])
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            kinds = sorted({type(r["extra_info"][key]).__name__ for r in records
+                            if r["extra_info"].get(key) is not None})
+            return f"field 'extra_info.{key}' has different types in different rows ({', '.join(kinds)})"
+    return None
 
 
 def read_rows(path: str | Path) -> pd.DataFrame:

@@ -7,11 +7,12 @@ settings it reads (:func:`task_options`); :func:`build_splits` refuses any other
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from rlcore.data.arithmetic import add_demonstrator_errors, add_long_tail, arithmetic_rows, available_problems
+from rlcore.data.files import split_files
 from rlcore.data.gsm8k import gsm8k_rows
 from rlcore.errors import ConfigError, DataError
 from rlcore.registry import Registry, check_keywords, keyword_names
@@ -82,30 +83,25 @@ def _arithmetic_splits(
 
 
 @TASKS.register("gsm8k")
-def _gsm8k_splits(
-    *, n_sft: int, n_rl: int, n_test: int, gsm8k_train_path: str | None, gsm8k_test_path: str | None
-) -> Splits:
-    """Splits the GSM8K train file in file order and takes test from the test file.
+def _gsm8k_splits(*, n_sft: int, n_rl: int, n_test: int, file: Mapping[str, str]) -> Splits:
+    """Splits the GSM8K train file (``task.file.train``) in file order and takes test from ``task.file.test``.
 
     ``sft_train`` is the first ``n_sft`` train rows and ``rl_train`` the next ``n_rl``;
     ``test`` is the first ``n_test`` test rows. When a file has fewer rows than asked
     for, a split gets all that is left (so it may be shorter than requested), but a
     split left with no rows at all is an error.
     """
-    if not gsm8k_train_path or not gsm8k_test_path:
-        raise ConfigError("task 'gsm8k' needs task.gsm8k_train_path and task.gsm8k_test_path")
-    train = gsm8k_rows(gsm8k_train_path, split="train")
-    test = gsm8k_rows(gsm8k_test_path, split="test")
+    missing = [k for k in ("train", "test") if k not in file]
+    if missing:
+        raise ConfigError(f"task 'gsm8k' needs task.file.{missing[0]} (a local .jsonl or .parquet file)")
+    train = gsm8k_rows(file["train"], split="train")
+    test = gsm8k_rows(file["test"], split="test")
     splits = {
         "sft_train": _reindexed(train[:n_sft], "sft_train"),
         "rl_train": _reindexed(train[n_sft : n_sft + n_rl], "rl_train"),
         "test": _reindexed(test[:n_test], "test"),
     }
-    sources = {
-        "sft_train": (gsm8k_train_path, train),
-        "rl_train": (gsm8k_train_path, train),
-        "test": (gsm8k_test_path, test),
-    }
+    sources = {"sft_train": (file["train"], train), "rl_train": (file["train"], train), "test": (file["test"], test)}
     for name, rows in splits.items():
         if not rows:
             path, file_rows = sources[name]
@@ -113,6 +109,14 @@ def _gsm8k_splits(
                 f"{path}: no rows left for split {name!r}; the file has only {len(file_rows)} rows"
             )
     return splits
+
+
+@TASKS.register("file")
+def _file_splits(*, n_sft: int, n_rl: int, n_test: int, file: Mapping[str, str], columns: Any,
+                 data_source: str) -> Splits:
+    """Your own task from ``.jsonl``/``.parquet`` files (``task.file``, ``task.columns``; see
+    :mod:`rlcore.data.files`): the first ``n_sft`` SFT rows, ``n_rl`` RL rows and ``n_test`` test rows."""
+    return split_files(file, columns=columns, data_source=data_source, n_sft=n_sft, n_rl=n_rl, n_test=n_test)
 
 
 def task_options(task: str) -> frozenset[str]:
@@ -124,10 +128,11 @@ def build_splits(task: str, **options: Any) -> Splits:
     """Builds the ``sft_train``, ``rl_train`` and ``test`` splits of a task.
 
     Args:
-        task: A name in ``TASKS`` ("arithmetic" or "gsm8k").
+        task: A name in ``TASKS`` ("arithmetic", "gsm8k" or "file").
         **options: Exactly what the task's builder takes (``task_options``): ``seed`` and the sizes
             ``n_sft``/``n_rl``/``n_test`` for both; ``min_digits``, ``max_digits``, ``ops``,
-            ``sft_carry_error_rate``, ``long_tail_frac`` and ``long_tail_length`` (arithmetic); ``gsm8k_train_path``/``gsm8k_test_path`` (gsm8k).
+            ``sft_carry_error_rate``, ``long_tail_frac`` and ``long_tail_length`` (arithmetic); ``file`` (gsm8k,
+            file); ``columns`` and ``data_source`` (file).
 
     Returns:
         ``{"sft_train": rows, "rl_train": rows, "test": rows}``, each split's rows having

@@ -1,9 +1,10 @@
-"""What each ``data_source``'s reward function can score, checked before anything heavy starts.
+"""What the reward can score, checked before anything heavy starts.
 
-A row whose ``data_source`` has no reward function, or whose ground truth the function cannot compare
-with (``"forty"`` for an integer answer), would otherwise fail in the middle of a PPO step, after Ray
-started and models loaded. :func:`check_ground_truths` stops the stage at load time instead, with one
-line naming the file, the row and the field.
+A row that no reward applies to (its ``data_source`` has no built-in rule and no function of yours or reward
+model is configured), or whose ground truth the built-in rule cannot compare with (``"forty"`` for an integer
+answer), would otherwise fail in the middle of a PPO step, after Ray started and models loaded.
+:func:`check_ground_truths` stops the stage at load time instead, with one line naming the file, the row and
+the field.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from rlcore.data.arithmetic import DATA_SOURCE as ARITHMETIC
 from rlcore.data.gsm8k import DATA_SOURCE as GSM8K
 from rlcore.errors import DataError
-from rlcore.rewards.rule import REWARD_FNS
+from rlcore.rewards.rule import RULES
 
 # data_source -> (pattern the ground truth must match in full, what it is)
 GROUND_TRUTH_FORMATS: dict[str, tuple[re.Pattern[str], str]] = {
@@ -23,14 +24,18 @@ GROUND_TRUTH_FORMATS: dict[str, tuple[re.Pattern[str], str]] = {
 }
 
 
-def check_ground_truths(rows: Iterable[Mapping[str, Any]], source: str) -> None:
-    """Raise DataError for the first row whose data_source has no reward function or whose
-    ``reward_model.ground_truth`` does not have its data_source's format."""
+def check_ground_truths(rows: Iterable[Mapping[str, Any]], source: str, *, others: bool = False) -> None:
+    """Raise DataError for the first row whose data_source has no built-in rule while nothing else scores it
+    (``others``: functions of yours or a reward model are configured) or whose ``reward_model.ground_truth``
+    does not have its data_source's format."""
     for i, row in enumerate(rows):
         ds = row["data_source"]
-        if ds not in REWARD_FNS:
-            raise DataError(f"{source}: row {i}: field 'data_source' is {ds!r}, which has no reward function "
-                            f"(registered: {', '.join(sorted(REWARD_FNS.names()))})")
+        if ds not in RULES:
+            if others:
+                continue
+            raise DataError(f"{source}: row {i}: field 'data_source' is {ds!r}, which has no built-in rule "
+                            f"(those: {', '.join(sorted(RULES.names()))}) and no reward.functions or reward.model "
+                            "is configured to score it")
         fmt = GROUND_TRUTH_FORMATS.get(ds)
         truth = row["reward_model"]["ground_truth"]
         if fmt is not None and not fmt[0].fullmatch(truth):
@@ -38,11 +43,13 @@ def check_ground_truths(rows: Iterable[Mapping[str, Any]], source: str) -> None:
                             f"data_source {ds} expects {fmt[1]}")
 
 
-def read_reward_rows(path: str):
+def read_reward_rows(path: str, reward: Any = None):
     """The rows of a dataset parquet (``rlcore.data.schema.read_rows``: the schema checked), with every
-    row's data_source and ground truth checked as above: what score, PPO rounds and evaluate read."""
+    row's data_source and ground truth checked as above against params.yaml's ``reward`` section (None: the
+    built-in rules alone): what score, PPO rounds and evaluate read."""
     from rlcore.data.schema import read_rows
 
     df = read_rows(path)
-    check_ground_truths(df.to_dict("records"), str(path))
+    others = reward is not None and bool(reward.functions or reward.model)
+    check_ground_truths(df.to_dict("records"), str(path), others=others)
     return df

@@ -1,22 +1,23 @@
 """Scoring a generations file (``rlcore eval``) and the unbiased pass@k estimator the evaluate stage uses.
 
 A generations file has one row per prompt with a ``responses`` list (``rlcore generate`` writes one), the
-row's ``data_source`` (which selects the reward function) and its ground truth (``reward_model.ground_truth``
-as in the pipeline's row schema, or a top-level ``ground_truth``). Importing this module loads no torch.
+row's ``data_source`` (which selects the built-in rule), its ground truth (``reward_model.ground_truth`` as in
+the pipeline's row schema, or a top-level ``ground_truth``) and, optionally, its ``extra_info``. Each response is
+scored with params.yaml's reward functions, as the pipeline does. Importing this module loads no torch.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from rlcore.errors import DataError, InputNotFound
-from rlcore.rewards.guard import RewardScorer
-from rlcore.rewards.rule import REWARD_FNS
+from rlcore.data.tables import read_records as read_table
+from rlcore.errors import DataError
+from rlcore.rewards.rule import RULES
+from rlcore.rewards.scoring import Rewards, RewardScorer, samples_of
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -28,32 +29,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a parquet file or a JSON-lines file, as plain dicts."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputNotFound(f"{path}: file not found")
-    if path.suffix in (".jsonl", ".json"):
-        rows = []
-        for i, line in enumerate(path.read_text().splitlines()):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}: line {i + 1}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}: line {i + 1}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-        check_columns(rows, path)
-    else:
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            rows = pq.read_table(path).to_pylist()
-        except (pa.ArrowInvalid, OSError) as err:
-            raise DataError(f"{path}: not a parquet file ({err}); expected .parquet or .jsonl") from None
-    if not rows:
-        raise DataError(f"{path}: no rows; expected at least one")
+    rows = [record for _, record in read_table(path, what="generations file")]
+    if Path(path).suffix == ".jsonl":
+        check_columns(rows, Path(path))
     return rows
 
 
@@ -78,51 +56,58 @@ def ground_truth_of(row: Mapping[str, Any]) -> Any:
     return row.get("ground_truth")
 
 
-def score_records(rows: list[dict], source: str, scorer: RewardScorer) -> list[tuple[str, np.ndarray]]:
-    """``(data_source, rewards of the row's responses)`` per row, from the reward function registered for
-    the row's ``data_source`` (all responses in one guarded batch: ``scorer``); a row that cannot be scored
-    is one line naming it and the field."""
+def score_records(rows: list[dict], source: str, scorer: RewardScorer) -> list[tuple[str, Rewards]]:
+    """``(data_source, Rewards of the row's responses)`` per row, every response scored in one guarded batch
+    (``scorer``); a row that cannot be scored is one line naming it and the field."""
     sources: list[str] = []
     texts: list[str] = []
     truths: list[str] = []
+    extras: list[dict] = []
     sizes: list[int] = []
+    only_rules = [f.label for f in scorer.functions] == ["rule"]
     for i, row in enumerate(rows):
         where = f"{source}: row {i}"
         ds, gt, responses = row.get("data_source"), ground_truth_of(row), row.get("responses")
         if not isinstance(ds, str):
             raise DataError(f"{where}: missing field 'data_source' (selects the reward function)")
-        if ds not in REWARD_FNS:
-            raise DataError(f"{where}: data_source {ds!r} has no reward function; registered: "
-                            f"{', '.join(sorted(REWARD_FNS.names()))}")
+        if only_rules and ds not in RULES:
+            raise DataError(f"{where}: data_source {ds!r} has no built-in rule (those: "
+                            f"{', '.join(sorted(RULES.names()))}) and no reward.functions are configured")
         if not isinstance(gt, str):
             raise DataError(f"{where}: missing field 'reward_model.ground_truth' (or 'ground_truth'), a string")
         if not isinstance(responses, (list, tuple, np.ndarray)) or not len(responses):
             raise DataError(f"{where}: field 'responses' should be a non-empty list of strings (from rlcore generate)")
+        extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
         sources += [ds] * len(responses)
         texts += [str(r) for r in responses]
         truths += [gt] * len(responses)
+        extras += [extra] * len(responses)
         sizes.append(len(responses))
-    rewards = np.split(scorer.score(sources, texts, truths, what=source), np.cumsum(sizes)[:-1])
-    return [(sources[start], r) for start, r in zip(np.cumsum([0] + sizes[:-1]), rewards)]
+    rewards = scorer.score(samples_of(sources, texts, truths, extras), what=source)
+    starts = np.cumsum([0] + sizes[:-1])
+    return [(sources[a], rewards.select(np.arange(a, a + size))) for a, size in zip(starts, sizes)]
 
 
-def summarize(rewards: list[np.ndarray], k: int) -> dict[str, float]:
-    """Mean reward, pass@1 and the unbiased pass@k over prompts; a response counts as correct when its
-    reward is 1 (the rule rewards' full score)."""
-    correct = [int((r >= 1.0).sum()) for r in rewards]
+def summarize(rewards: list[Rewards], k: int) -> dict[str, float]:
+    """Mean training reward, pass@1 and the unbiased pass@k over prompts (a response is correct when its
+    accuracy score is >= 1: the rules' full score), and each reward function's mean."""
+    correct = [int((r.acc >= 1.0).sum()) for r in rewards]
+    every = Rewards.concat(rewards)
     return {
         "n_prompts": len(rewards),
-        "n_responses": int(sum(len(r) for r in rewards)),
-        "mean_reward": float(np.mean(np.concatenate(rewards))),
+        "n_responses": len(every),
+        "mean_reward": float(every.total.mean()),
         "pass@1": float(np.mean([pass_at_k(len(r), c, 1) for r, c in zip(rewards, correct)])),
         "pass@k": float(np.mean([pass_at_k(len(r), c, k) for r, c in zip(rewards, correct)])),
+        **{key.removeprefix("reward/"): value for key, value in every.metrics().items()
+           if key.endswith("/mean") and key.count("/") == 2},
     }
 
 
 def evaluate_generations(path: str | Path, k: int, scorer: RewardScorer | None = None) -> dict[str, Any]:
-    """``{"k", "pass@1", "pass@k", "mean_reward", "n_prompts", "n_responses", "reward_errors",
-    "reward_timeouts", "by_data_source": {...}}`` for a generations file, scored by ``scorer`` (default:
-    a :class:`~rlcore.rewards.guard.RewardScorer` with the default ``reward`` params)."""
+    """``{"k", "pass@1", "pass@k", "mean_reward", "n_prompts", "n_responses", "<function>/mean", ...,
+    "reward_errors", "reward_timeouts", "by_data_source": {...}}`` for a generations file, scored by ``scorer``
+    (default: the built-in rules with the default ``reward`` params)."""
     rows = read_records(path)
     scorer = scorer or RewardScorer()
     scored = score_records(rows, str(path), scorer)
@@ -130,9 +115,10 @@ def evaluate_generations(path: str | Path, k: int, scorer: RewardScorer | None =
         if len(r) < k:
             raise DataError(f"{path}: row {i}: {len(r)} responses; pass@{k} needs at least k={k} "
                             f"(generate with --n {k} or more, or lower --k)")
-    by_source: dict[str, list[np.ndarray]] = defaultdict(list)
+    by_source: dict[str, list[Rewards]] = defaultdict(list)
     for ds, r in scored:
         by_source[ds].append(r)
+    every = Rewards.concat([r for _, r in scored]).metrics()
     return {"k": k, **summarize([r for _, r in scored], k),
-            "reward_errors": scorer.errors, "reward_timeouts": scorer.timeouts,
+            "reward_errors": every["reward/errors"], "reward_timeouts": every["reward/timeouts"],
             "by_data_source": {ds: summarize(rs, k) for ds, rs in sorted(by_source.items())}}

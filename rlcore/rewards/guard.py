@@ -1,41 +1,50 @@
-"""Reward functions run guarded: a sample whose function raises or runs past ``reward.timeout_s`` scores
-``reward.error_score`` and is counted; the rest of the batch is scored as usual.
+"""Reward functions run guarded, in scoring processes: a function that raises, returns something that is not a
+score, runs past ``reward.timeout_s`` or kills its process costs that one (function, sample) pair, which is
+counted; everything else is scored as usual.
 
-    scorer = RewardScorer(timeout_s=10.0, error_score=0.0)
-    rewards = scorer.score(data_sources, texts, ground_truths, what="ppo step 3")
-    scorer.errors, scorer.timeouts  # totals so far
+    pool = ScoringPool(processes=2)
+    outcome = pool.run(samples, specs, timeout_s=10.0)   # one status and score per function and sample
 
 Where the functions run. A thread cannot be stopped, and a ``SIGALRM`` timer in the controller reaches
 Python code only (not C code that never returns to the interpreter), works in the main thread only, and
-clashes with reward libraries that arm their own alarm (math-verify does). So the samples are scored in
-one long-lived child process (``python -c`` with the controller's ``sys.path``; not a fork of the
-controller, which has Ray's threads, and not a ``multiprocessing`` spawn, which imports ``__main__``
-again). A batch goes to it in one message; it scores the samples in order and writes each score and
-status, and before each sample its index and start time, into shared memory, so the controller knows
-which sample is running and since when without a message per sample. The controller sleeps on the pipe
-until that sample's deadline; a sample past it gets the process SIGKILLed (which stops anything: a Python
-loop, C code, a deadlock), the scores before it are read from shared memory, and the rest of the batch
-goes to a fresh process. A process that dies by itself (a segfault, ``os._exit``) costs the sample it was
-on the same way, counted with the errors. An exception is caught in the child; the first of a batch
-comes back with its traceback.
+clashes with reward libraries that arm their own alarm (math-verify does). So samples are scored in
+long-lived child processes (``python -c`` with the controller's ``sys.path``; not a fork of the controller,
+which has Ray's threads, and not a ``multiprocessing`` spawn, which imports ``__main__`` again), where each
+function runs on the process's main thread. A batch is split into one contiguous shard per process
+(``reward.processes``), so a slow function is scored in parallel; each shard goes to its process in one
+message. The process works through the shard function by function: a plain function sample by sample, a
+batched one in one call over the shard, an ``async def`` one on all the shard's samples at once (an event
+loop, each sample under its own ``asyncio.wait_for``). Before each unit of work (a task: one sample of a
+plain function; a phase: the whole call of a batched or async one) it writes, into shared memory, which
+tasks it covers, when it started and how long it may take; each result's score and status also go there.
+So the controller knows what is running and since when without a message per sample: it sleeps on the
+pipes until the earliest deadline, and a unit past its deadline gets its process SIGKILLed (which stops
+anything: a Python loop, C code, a deadlock). What was scored before it is read from shared memory, the
+unit's unscored tasks count as timed out, and the rest goes to a fresh process. A process that dies by
+itself (a segfault, ``os._exit``) costs its unit the same way, counted with the errors. An exception is
+caught in the child; the first of each function in a message comes back with its traceback. Extra values
+a function returns (a dict with ``score`` and more) come back in messages, batched (every 0.2 s and at the
+end of each function's work): those of a process killed mid-shard since its last message are lost (the
+scores are not).
 
-Costs: the process starts on the first batch (about 0.6 s, mostly importing rlcore.rewards) and again
-after each timeout or death. A batch of 256 arithmetic samples takes 0.5 ms instead of 0.16 ms in-process
-(one message each way, about 1.3 us per sample), next to 6 ms for decoding them and about 110 ms for a
-default PPO step. The functions go to the child with ``cloudpickle``: one defined at module level by
-reference (the child imports its module once), a lambda or closure by value. Since they run in the child,
-what they change in the controller's globals is not seen there, and what they cache lives as long as the
-child. A controller killed with SIGKILL leaves a child that is hung in a function behind (one that is
-waiting for the next batch exits when the pipe closes).
+Functions reach the processes as specs, not objects: a user's function as ``(file, function name)``, which
+the process imports itself (so what the module caches lives in the process); the built-in rule of each
+data_source, or a function registered at run time, with ``cloudpickle`` (a module-level function by
+reference, a lambda or closure by value).
 
-``pebble``'s process pool also kills a task that runs too long, but it would cost a message each way per
-sample (a task each), or, with one task per batch, lose which sample hung and what the others scored.
+Costs: a process starts on the first batch (about 0.6 s, mostly importing rlcore.rewards) and again after
+each timeout or death. A message costs about 0.1 ms each way and a sample about 1.3 us on top of the
+function itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import importlib.util
+import inspect
 import json
+import math
 import mmap
 import os
 import signal
@@ -46,59 +55,351 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import cloudpickle
 import numpy as np
 
 from rlcore.errors import UserError
-from rlcore.rewards.rule import REWARD_FNS
 
-CAPACITY = 4096  # samples per message to the scoring process (the shared arrays' length); more go in turns
-SETUP_TIMEOUT_S = 120.0  # the scoring process's start and its import of the reward functions' modules
-SETUP_POLL_S = 0.05  # how often the controller looks whether setting up is over (which sends nothing)
+TASKS_CAP = 1 << 16  # (function, sample) pairs per message (the shared arrays' length); more go in turns
+SETUP_TIMEOUT_S = 120.0  # a scoring process's start and its import of the reward functions' modules
+POLL_S = 0.05  # how often the controller looks at a process that is setting up or finishing
+EXTRAS_FLUSH_S = 0.2  # how often a process sends the extra values it has collected
+ASYNC_CONCURRENCY = 64  # samples an async function runs at once in one process
+ASYNC_SLACK_S = 5.0  # on top of an async phase's own per-sample timeouts, before its process is killed
 MESSAGE_CHARS = 300  # of an exception's message, in the one-line summary
 
-# A sample's status; 0: not scored (yet).
-OK, RAISED, TIMED_OUT, DIED = 1, 2, 3, 4
-# Shared with the scoring process: scores float64[CAPACITY], progress float64[2], status int8[CAPACITY].
-SHARED_BYTES = 8 * CAPACITY + 16 + CAPACITY
+# A (function, sample) pair's status; 0: not scored (yet).
+OK, RAISED, TIMED_OUT, DIED, NOT_APPLICABLE = 1, 2, 3, 4, 5
+# Shared with a scoring process: scores float64[TASKS_CAP], progress float64[4], status int8[TASKS_CAP].
+SHARED_BYTES = 8 * TASKS_CAP + 32 + TASKS_CAP
 # The scoring process's program: argv = the controller's sys.path (JSON), the pipe's fd, the shared file's fd.
 _CHILD = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
           "from rlcore.rewards.guard import _main; _main(int(sys.argv[2]), int(sys.argv[3]))")
 
+Sample = tuple[str, str, Any, Mapping[str, Any]]  # (data_source, solution_str, ground_truth, extra_info)
+
 
 class RewardError(UserError):
-    """Every sample of a batch failed in its reward function: the function raised or ran past
-    ``reward.timeout_s`` on each of them, so there is nothing to learn or report from. The user's code
-    (the function registered for the data_source) or data is what to fix; the first failure's traceback
-    was printed as a warning just before."""
+    """A reward function cannot be used (its file does not import, the function is missing or takes other
+    arguments, or it fails on a probe row), or every sample of a batch failed in every function: nothing
+    to learn or report from. The user's code or data is what to fix."""
 
 
 @dataclass(frozen=True)
-class Failure:
-    """The first failure of a batch: which data_source, a one-line summary and the traceback."""
+class FunctionSpec:
+    """How a scoring process gets one reward function (see the module docstring).
 
-    data_source: str
-    summary: str
-    detail: str
+    ``kind``: ``"file"`` (``path`` and ``name``: a user's Python file), ``"pickled"`` (``blob``: a cloudpickled
+    callable with verl's signature) or ``"rules"`` (``rules``: data_source -> cloudpickled ``fn(solution_str,
+    ground_truth) -> float``; a data_source without one is not applicable, and a rule must return a number).
+    """
+
+    label: str
+    kind: str
+    path: str | None = None
+    name: str | None = None
+    blob: bytes | None = None
+    rules: tuple[tuple[str, bytes], ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    batched: bool = False
+
+    def where(self) -> str:
+        """``"rewards/mine.py:compute_score"`` (or the label) for messages."""
+        return f"{self.path}:{self.name}" if self.kind == "file" else self.label
+
+
+@dataclass
+class Outcome:
+    """What a batch got from its functions: ``status`` and ``scores`` ``[functions, samples]`` (scores are NaN
+    unless the status is OK), ``extras[f][key]`` ``[samples]`` (NaN where a sample gave none), the first
+    exception of each function ``(sample, summary, traceback)``, and how processes died."""
+
+    status: np.ndarray
+    scores: np.ndarray
+    extras: list[dict[str, np.ndarray]]
+    raised: dict[int, tuple[int, str, str]] = field(default_factory=dict)
+    deaths: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- the scoring process
 def _describe(err: BaseException) -> tuple[str, str]:
     """``"ValueError: bad (rewards.py:12 in my_reward)"`` and the traceback below the scoring loop."""
-    frames = traceback.extract_tb(err.__traceback__)[1:]  # the first frame is _serve's own
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.endswith("rewards/guard.py")]
     where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
     message = str(err)
     message = message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS] + "..."
     summary = (f"{type(err).__name__}: {message}" if message else type(err).__name__) + where
-    tb = err.__traceback__.tb_next if err.__traceback__ is not None else None
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.endswith("rewards/guard.py"):
+        tb = tb.tb_next
     return summary, "".join(traceback.format_exception(type(err), err, tb)).rstrip()
 
 
+class BadScore(Exception):
+    """A reward function returned something that is not a score."""
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, (bool, int, float, np.integer, np.floating)):
+        number = float(value)
+        if not math.isfinite(number):
+            raise BadScore(f"{what} {number}, not a finite number")
+        return number
+    raise BadScore(f"{what} {value!r:.80} ({type(value).__name__}), not a number")
+
+
+def as_score(value: Any, *, allow_none: bool) -> tuple[float | None, dict[str, float]]:
+    """``(score, extras)`` from what a function returned: a number; None (not applicable) where allowed; a
+    mapping with ``score`` (a number, or None where allowed) and extra values (the numeric ones are kept).
+    Anything else, and NaN or infinity, raises :class:`BadScore`."""
+    extras: dict[str, float] = {}
+    if isinstance(value, Mapping):
+        if "score" not in value:
+            raise BadScore(f"returned a dict without 'score' (keys: {', '.join(map(str, value))})")
+        for key, extra in value.items():
+            if key != "score" and isinstance(extra, (bool, int, float, np.integer, np.floating)):
+                number = float(extra)
+                if math.isfinite(number):
+                    extras[str(key)] = number
+        value = value["score"]
+        what = "returned score"
+    else:
+        what = "returned"
+    if value is None:
+        if allow_none:
+            return None, extras
+        raise BadScore(f"{what} None; a data_source's rule must return a number")
+    return _number(value, what), extras
+
+
+def load_function(spec: FunctionSpec) -> Callable:
+    """The callable of a ``"file"`` or ``"pickled"`` spec, checked against verl's signature; raises
+    :class:`RewardError` naming the file and function."""
+    if spec.kind == "pickled":
+        assert spec.blob is not None
+        fn = cloudpickle.loads(spec.blob)
+    else:
+        fn = _from_file(spec)
+    if not callable(fn):
+        raise RewardError(f"reward function {spec.where()}: {type(fn).__name__} object, not a function")
+    try:
+        inspect.signature(fn).bind("data_source", "solution_str", "ground_truth", {}, **dict(spec.kwargs))
+    except TypeError as err:
+        raise RewardError(f"reward function {spec.where()}{_signature(fn)} cannot be called as fn(data_source, "
+                          f"solution_str, ground_truth, extra_info{', **kwargs' if spec.kwargs else ''}) ({err})") from None
+    except ValueError:  # no signature to inspect (a C function): the call will tell
+        pass
+    return fn
+
+
+def _signature(fn: Callable) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return ""
+
+
+def _from_file(spec: FunctionSpec) -> Any:
+    assert spec.path is not None and spec.name is not None
+    path = Path(spec.path).resolve()
+    if not path.is_file():
+        raise RewardError(f"reward file {spec.path}: not found")
+    module_name = f"rlcore_reward_{abs(hash(str(path))):x}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))  # its sibling modules import, as when running it as a script
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise RewardError(f"reward file {spec.path}: not a Python file")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except BaseException as err:
+            del sys.modules[module_name]
+            summary, _ = _describe(err)
+            raise RewardError(f"reward file {spec.path} does not import: {summary}") from None
+    if not hasattr(module, spec.name):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                       and getattr(v, "__module__", None) == module_name)
+        raise RewardError(f"reward file {spec.path} has no function {spec.name!r} (it defines: "
+                          f"{', '.join(names) or 'none'})")
+    return getattr(module, spec.name)
+
+
+class _Child:
+    """The scoring process's state: the loaded functions and the shared arrays."""
+
+    def __init__(self, conn: Connection, scores, status, progress):
+        self.conn, self.scores, self.status, self.progress = conn, scores, status, progress
+        self.fns: dict[str, Any] = {}  # label -> callable, {data_source: rule}, or RewardError
+        self.meta: dict[str, tuple[dict[str, Any], bool]] = {}  # label -> (kwargs, batched)
+        self.extras: dict[int, dict[str, float]] = {}
+        self.last_flush = time.monotonic()
+        self.reported: set[int] = set()
+
+    def load(self, specs: Sequence[FunctionSpec]) -> None:
+        for spec in specs:
+            self.meta[spec.label] = (dict(spec.kwargs), spec.batched)
+            try:
+                if spec.kind == "rules":
+                    rules = self.fns.get(spec.label)
+                    rules = dict(rules) if isinstance(rules, dict) else {}
+                    rules.update({ds: cloudpickle.loads(blob) for ds, blob in spec.rules})
+                    self.fns[spec.label] = rules
+                else:
+                    self.fns[spec.label] = load_function(spec)
+            except BaseException as err:
+                self.fns[spec.label] = err if isinstance(err, RewardError) else RewardError(
+                    f"reward function {spec.where()} cannot be loaded in the scoring process: {_describe(err)[0]}")
+
+    def begin(self, first: int, end: int, limit: float) -> None:
+        """Publish the unit of work about to run: tasks ``[first, end)``, from now, for ``limit`` seconds."""
+        p = self.progress
+        p[3], p[2], p[1] = float(end), limit, time.monotonic()
+        p[0] = float(first)
+
+    def record(self, t: int, c: int, value: Any, allow_none: bool) -> None:
+        try:
+            score, extras = as_score(value, allow_none=allow_none)
+        except BadScore as err:
+            self.fail(t, c, err, "")
+            return
+        if extras:
+            self.extras[t] = extras
+        if score is None:
+            self.status[t] = NOT_APPLICABLE
+        else:
+            self.scores[t] = score
+            self.status[t] = OK
+
+    def fail(self, t: int, c: int, err: BaseException, detail: str | None = None) -> None:
+        self.status[t] = RAISED
+        if c not in self.reported:  # only the first of each function is described (a traceback costs ~0.1 ms)
+            self.reported.add(c)
+            summary, tb = _describe(err) if detail is None else (str(err), str(err))
+            self.conn.send(("raised", t, summary, tb))
+
+    def flush(self, force: bool = False) -> None:
+        if self.extras and (force or time.monotonic() - self.last_flush > EXTRAS_FLUSH_S):
+            self.conn.send(("extras", self.extras))
+            self.extras = {}
+            self.last_flush = time.monotonic()
+
+    def serve(self) -> None:
+        """For each message ``(specs, order, samples, start, timeout_s)``: score tasks ``start..`` (task
+        ``c * n + i``: function ``order[c]`` on sample ``i``) into the shared arrays, then ``("done",)``;
+        ends when the pipe closes."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle; it kills this process
+        while True:
+            try:
+                specs, order, samples, start, timeout_s = self.conn.recv()
+            except EOFError:
+                return  # the controller is gone
+            self.begin(-1, -1, SETUP_TIMEOUT_S)
+            self.load(specs)
+            self.reported = set()
+            n, t = len(samples), start
+            while t < len(order) * n:
+                c, i = divmod(t, n)
+                t = self.run_function(c, order[c], samples, i, n, timeout_s)
+            self.flush(force=True)
+            self.begin(len(order) * n, len(order) * n, SETUP_TIMEOUT_S)
+            self.conn.send(("done",))
+
+    def run_function(self, c: int, label: str, samples: list, i: int, n: int, timeout_s: float) -> int:
+        """Score samples ``i..n-1`` with function ``c``; returns the next task."""
+        fn, (kwargs, batched) = self.fns[label], self.meta[label]
+        first, end = c * n + i, (c + 1) * n
+        if isinstance(fn, BaseException):
+            for t in range(first, end):
+                self.fail(t, c, fn, str(fn))
+            return end
+        if isinstance(fn, dict):  # the rule of each sample's data_source
+            for t in range(first, end):
+                ds, text, gt, _ = samples[t - c * n]
+                self.begin(t, t + 1, timeout_s)
+                rule = fn.get(ds)
+                if rule is None:
+                    self.status[t] = NOT_APPLICABLE
+                    continue
+                try:
+                    self.record(t, c, rule(text, gt), allow_none=False)
+                except BaseException as err:  # SystemExit and KeyboardInterrupt from the function included
+                    self.fail(t, c, err)
+            self.flush()
+            return end
+        part = samples[i:]
+        if batched:
+            self.begin(first, end, timeout_s)
+            try:
+                values = fn(*(list(col) for col in zip(*part)), **kwargs)
+                if not isinstance(values, (list, tuple, np.ndarray)) or len(values) != len(part):
+                    raise BadScore(f"a batched function returned {type(values).__name__}"
+                                   f"{f' of length {len(values)}' if hasattr(values, '__len__') else ''}; "
+                                   f"expected a list of {len(part)} scores")
+            except BaseException as err:
+                for t in range(first, end):
+                    self.fail(t, c, err, None if not isinstance(err, BadScore) else "")
+                return end
+            for k, value in enumerate(values):
+                self.record(first + k, c, value, allow_none=True)
+        elif inspect.iscoroutinefunction(fn):
+            rounds = math.ceil(len(part) / ASYNC_CONCURRENCY)
+            self.begin(first, end, timeout_s * rounds + ASYNC_SLACK_S)
+            asyncio.run(self._gather(fn, kwargs, part, first, c, timeout_s))
+        else:
+            for k, sample in enumerate(part):
+                self.begin(first + k, first + k + 1, timeout_s)
+                try:
+                    self.record(first + k, c, fn(*sample, **kwargs), allow_none=True)
+                except BaseException as err:
+                    self.fail(first + k, c, err)
+                self.flush()
+        self.flush(force=True)
+        return end
+
+    async def _gather(self, fn, kwargs, part, first: int, c: int, timeout_s: float) -> None:
+        gate = asyncio.Semaphore(ASYNC_CONCURRENCY)
+
+        async def one(k: int, sample) -> None:
+            async with gate:
+                try:
+                    value = await asyncio.wait_for(fn(*sample, **kwargs), timeout_s)
+                except asyncio.TimeoutError:
+                    self.status[first + k] = TIMED_OUT
+                    return
+                except BaseException as err:
+                    self.fail(first + k, c, err)
+                    return
+                self.record(first + k, c, value, allow_none=True)
+
+        await asyncio.gather(*(one(k, s) for k, s in enumerate(part)))
+
+
+def _views(buffer) -> tuple[memoryview[float], memoryview[float], memoryview[int]]:
+    """Scores, progress (``[first task of the unit running, its time.monotonic() start, its limit in seconds,
+    the task after the unit]``) and status over the shared buffer (memoryviews: setting an item costs half
+    of what a numpy array's does)."""
+    view = memoryview(buffer)
+    return (view[:8 * TASKS_CAP].cast("d"), view[8 * TASKS_CAP:8 * TASKS_CAP + 32].cast("d"),
+            view[8 * TASKS_CAP + 32:].cast("b"))
+
+
+def _main(conn_fd: int, memory_fd: int) -> None:
+    """Entry point of a scoring process."""
+    memory = mmap.mmap(memory_fd, SHARED_BYTES)
+    scores, progress, status = _views(memory)
+    _Child(Connection(conn_fd), scores, status, progress).serve()
+
+
+# --------------------------------------------------------------------------- the controller's side
 def _death(code: int) -> str:
     """``"the scoring process was killed by SIGSEGV ..."`` from a Popen return code."""
     try:
@@ -108,73 +409,8 @@ def _death(code: int) -> str:
     return f"the scoring process {how} while running the function"
 
 
-def _as_score(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"the reward function returned {value!r:.80}, not a number") from None
-
-
-def _views(buffer) -> tuple[memoryview[float], memoryview[float], memoryview[int]]:
-    """Scores, progress (``[index of the sample being scored, its time.monotonic() start]``) and status
-    over the shared buffer (memoryviews: setting an item costs half of what a numpy array's does)."""
-    view = memoryview(buffer)
-    return (view[:8 * CAPACITY].cast("d"), view[8 * CAPACITY:8 * CAPACITY + 16].cast("d"),
-            view[8 * CAPACITY + 16:].cast("b"))
-
-
-def _main(conn_fd: int, memory_fd: int) -> None:
-    """Entry point of the scoring process."""
-    memory = mmap.mmap(memory_fd, SHARED_BYTES)
-    scores, progress, status = _views(memory)
-    _serve(Connection(conn_fd), scores, status, progress)
-
-
-def _serve(conn, scores, status, progress) -> None:
-    """The scoring process: for each message ``(functions, samples)``, score the samples in order into
-    the shared arrays, reporting the first exception, then ``("done",)``; ends when the pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle; it kills this process
-    fns: dict[str, Any] = {}
-    while True:
-        try:
-            payload, samples = conn.recv()
-        except EOFError:
-            return  # the controller is gone
-        for ds, blob in payload.items():
-            try:
-                fns[ds] = cloudpickle.loads(blob)
-            except BaseException as err:  # e.g. its module does not import here: every sample of it fails so
-                summary, detail = _describe(err)
-                fns[ds] = Failure(ds, f"cannot load the function in the scoring process: {summary}", detail)
-        reported, now = False, time.monotonic
-        for i, (ds, text, gt) in enumerate(samples):
-            progress[1] = now()
-            progress[0] = i
-            fn = fns[ds]
-            if isinstance(fn, Failure):
-                status[i] = RAISED
-                if not reported:
-                    conn.send(("raised", i, fn.summary, fn.detail))
-                    reported = True
-                continue
-            try:
-                scores[i] = _as_score(fn(text, gt))
-                status[i] = OK
-            except BaseException as err:  # SystemExit and KeyboardInterrupt from the function included
-                status[i] = RAISED
-                if not reported:  # only the first is described (a traceback costs ~0.1 ms)
-                    conn.send(("raised", i, *_describe(err)))
-                    reported = True
-        progress[0] = len(samples)
-        conn.send(("done",))
-
-
 class _Process:
-    """One scoring process, its pipe and shared arrays, and the functions it was sent.
-
-    A plain ``python -c`` child with the controller's ``sys.path``, not a ``multiprocessing`` spawn,
-    which would import the controller's ``__main__`` again (a script without a ``__main__`` guard would
-    start another scoring process from there)."""
+    """One scoring process, its pipe and shared arrays, and the specs it holds."""
 
     def __init__(self) -> None:
         memory = tempfile.TemporaryFile()  # removed at once; the child maps the same file through its fd
@@ -188,178 +424,198 @@ class _Process:
                                      pass_fds=fds, stdin=subprocess.DEVNULL)
         theirs.close()
         memory.close()
-        self.sent: dict[str, Callable] = {}
+        self.held: dict[str, FunctionSpec] = {}
+        self.job: _Job | None = None
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
         self.conn.close()
 
-    def where(self) -> tuple[int, float]:
-        return int(self.progress[0]), self.progress[1]
-
-    def send(self, samples: Sequence[tuple], fns: dict[str, Callable]) -> None:
-        payload = {}
-        for ds, fn in fns.items():
-            if self.sent.get(ds) is not fn:
-                try:
-                    payload[ds] = cloudpickle.dumps(fn)
-                except Exception as err:
-                    raise RewardError(f"the reward function of data_source {ds!r} cannot be sent to the scoring "
-                                      f"process ({type(err).__name__}: {err})") from None
-        self.progress[0], self.progress[1] = -1.0, time.monotonic()  # setting up, from now
-        self.conn.send((payload, list(samples)))
-        self.sent.update(fns)
-
-    def wait(self, n: int, timeout_s: float, raised: list) -> tuple[int, int | None]:
-        """Wait for the ``n`` samples sent: ``(n, None)`` when done; ``(i, TIMED_OUT | DIED)`` when sample
-        ``i`` ran past its time (the process is killed) or the process died on it; ``(i, None)`` when the
-        process was killed just as it moved on to sample ``i`` (score ``i`` onwards again). The first
-        exception's ``(index, summary, traceback)`` is appended to ``raised``. (The child's and this
-        process's ``time.monotonic()`` are the same system-wide clock.)"""
+    def unit(self) -> tuple[int, float, float, int]:
+        """``(first task, start, limit, end)`` of the unit of work running now (first -1: setting up)."""
+        p = self.progress
         while True:
-            i, start = self.where()
-            limit = SETUP_TIMEOUT_S if i < 0 else timeout_s
-            left = start + limit - time.monotonic()
-            if not 0 <= i < n:  # setting up or finishing, which send nothing: look again soon
-                left = min(left, SETUP_POLL_S) if i < 0 else SETUP_POLL_S
-            try:
-                msg = self.conn.recv() if self.conn.poll(max(left, 0.0)) else None
-            except (EOFError, OSError):  # the process died
-                self.proc.wait()
-                i, _ = self.where()
-                if i < 0:
-                    raise RuntimeError(f"the reward scoring process exited with code {self.proc.returncode} before "
-                                       "scoring (see its output above)") from None
-                return (i, DIED) if i < n else (n, None)
-            if msg is not None:
-                if msg[0] == "raised":
-                    raised.append(msg[1:])
-                    continue
-                return n, None
-            if self.where() != (i, start) or i >= n or time.monotonic() - start < limit:
-                continue  # it moved on meanwhile, is finishing, or is still setting up
-            self.kill()
-            if self.where() != (i, start):
-                return min(self.where()[0], n), None
-            if i < 0:
-                raise RewardError(f"the reward scoring process did not start scoring within {SETUP_TIMEOUT_S:.0f} s "
-                                  "(starting Python and importing the reward functions' modules)")
-            return i, TIMED_OUT
+            first, start, limit, end = int(p[0]), p[1], p[2], int(p[3])
+            if int(p[0]) == first and p[1] == start:  # not rewritten while we read it
+                return first, start, limit, end
+
+    def send(self, job: _Job, specs: Sequence[FunctionSpec], timeout_s: float) -> None:
+        """Start ``job``'s remaining tasks; only the specs this process does not hold yet travel."""
+        new = [s for s in specs if self.held.get(s.label) != s]
+        np.frombuffer(self.memory, np.int8, TASKS_CAP, 8 * TASKS_CAP + 32)[:len(specs) * job.n] = 0  # the last job's
+        self.progress[1], self.progress[2], self.progress[3] = time.monotonic(), SETUP_TIMEOUT_S, -1.0
+        self.progress[0] = -1.0
+        self.conn.send((new, [s.label for s in specs], job.samples, job.next, timeout_s))
+        self.held.update({s.label: s for s in new})
+        self.job = job
 
 
-class _Scorer:
-    """The controller's one scoring process, started on first use and replaced after a timeout or death."""
+@dataclass
+class _Job:
+    """A contiguous run of samples ``[lo, hi)`` of the batch, scored by one process at a time."""
 
-    def __init__(self) -> None:
-        self.process: _Process | None = None
+    lo: int
+    samples: list
+    next: int = 0  # the next task to send (task c * n + i)
+    done: bool = False
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+
+class ScoringPool:
+    """The controller's scoring processes, started on first use, replaced after a timeout or a death, and
+    killed at exit."""
+
+    def __init__(self, processes: int = 1) -> None:
+        self.size = processes
+        self.slots: list[_Process | None] = [None] * processes
         self.lock = threading.Lock()
+        atexit.register(self.close)
 
-    def run(self, samples: list[tuple[str, Any, Any]], fns: dict[str, Callable],
-            timeout_s: float) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str, str]], str | None]:
-        """Status and score of each sample, the first exception of each message ``(index, summary,
-        traceback)``, and a note when the process died on a sample."""
-        status: np.ndarray = np.zeros(len(samples), dtype=np.int8)
-        scores: np.ndarray = np.zeros(len(samples), dtype=np.float64)
-        raised: list[tuple[int, str, str]] = []
-        died = None
+    def run(self, samples: Sequence[Sample], specs: Sequence[FunctionSpec], timeout_s: float) -> Outcome:
+        """Score every sample with every function (see the module docstring)."""
+        c_count, n = len(specs), len(samples)
+        out = Outcome(np.zeros((c_count, n), np.int8), np.full((c_count, n), np.nan), [{} for _ in specs])
+        if not n or not c_count:
+            return out
+        per_job = max(1, TASKS_CAP // c_count)
+        shards = np.array_split(np.arange(n), min(self.size, n))
+        jobs = [_Job(int(lo), list(samples[lo:min(lo + per_job, int(s[-1]) + 1)]))
+                for s in shards for lo in range(int(s[0]), int(s[-1]) + 1, per_job)]
         with self.lock:
-            pos = 0
-            while pos < len(samples):
-                if self.process is None or self.process.proc.poll() is not None:  # none yet, or it died idle
-                    self.process = _Process()
-                p = self.process
-                part = samples[pos:pos + CAPACITY]
-                found: list = []
-                try:
-                    p.send(part, fns)
-                    done, lost = p.wait(len(part), timeout_s, found)
-                except BaseException:
-                    self.close()
-                    raise
-                raised += [(pos + j, s, d) for j, s, d in found]
-                status[pos:pos + done] = p.status[:done]
-                scores[pos:pos + done] = p.scores[:done]
-                pos += done
-                if lost is not None:
-                    if lost == DIED and died is None:
-                        died = _death(p.proc.returncode)
-                    status[pos], pos = lost, pos + 1
-                if p.proc.returncode is not None:
-                    self.process = None  # killed or dead: the rest goes to a fresh one
-        return status, scores, raised, died
+            try:
+                self._run_jobs(jobs, specs, timeout_s, out)
+            except BaseException:
+                self.close()
+                raise
+        return out
+
+    def _run_jobs(self, jobs: list[_Job], specs: Sequence[FunctionSpec], timeout_s: float, out: Outcome) -> None:
+        waiting = list(jobs)
+        while True:
+            for k, p in enumerate(self.slots):  # every idle process takes the next job
+                if waiting and (p is None or p.job is None):
+                    if p is None or p.proc.poll() is not None:
+                        p = self.slots[k] = _Process()
+                    p.send(waiting.pop(0), specs, timeout_s)
+            busy = [p for p in self.slots if p is not None and p.job is not None]
+            if not busy:
+                return
+            now = time.monotonic()
+            pause = min(_pause(p, now) for p in busy)
+            for conn in wait([p.conn for p in busy], max(pause, 0.0)):
+                p = next(q for q in busy if q.conn is conn)
+                self._receive(p, specs, out)
+            now = time.monotonic()
+            for p in busy:
+                if p.job is not None and self.slots[self.slots.index(p)] is p:
+                    self._check_deadline(p, specs, out, now)
+            waiting += [j for j in jobs if not j.done and j not in waiting
+                        and not any(q is not None and q.job is j for q in self.slots)]
+
+    def _receive(self, p: _Process, specs: Sequence[FunctionSpec], out: Outcome) -> None:
+        job = p.job
+        assert job is not None
+        try:
+            while p.conn.poll():
+                msg = p.conn.recv()
+                if msg[0] == "raised":  # the first of each function in the batch's order
+                    c, i = divmod(msg[1], job.n)
+                    if c not in out.raised or job.lo + i < out.raised[c][0]:
+                        out.raised[c] = (job.lo + i, msg[2], msg[3])
+                elif msg[0] == "extras":
+                    for t, values in msg[1].items():
+                        c, i = divmod(t, job.n)
+                        for key, value in values.items():
+                            column = out.extras[c].setdefault(key, np.full(out.status.shape[1], np.nan))
+                            column[job.lo + i] = value
+                else:  # done
+                    self._collect(p, out, len(specs) * job.n)
+                    job.next, job.done, p.job = len(specs) * job.n, True, None
+                    return
+        except (EOFError, OSError):  # the process died
+            p.proc.wait()
+            first, _, _, end = p.unit()
+            if first < 0:
+                self._drop(p)
+                raise RewardError(f"the reward scoring process exited with code {p.proc.returncode} while loading "
+                                  "the reward functions (see its output above)") from None
+            out.deaths.append(_death(p.proc.returncode))
+            self._lose(p, specs, out, first, end, DIED)
+
+    def _check_deadline(self, p: _Process, specs: Sequence[FunctionSpec], out: Outcome, now: float) -> None:
+        first, start, limit, end = p.unit()
+        if now - start < limit or (first >= 0 and first >= len(specs) * p.job.n):
+            return
+        p.kill()
+        if p.unit()[:2] != (first, start):  # it moved on just before the kill: resend from where it was
+            first, _, _, end = p.unit()
+            self._lose(p, specs, out, first, first if first >= 0 else 0, TIMED_OUT)
+            return
+        if first < 0:
+            self._drop(p)
+            raise RewardError(f"the reward scoring process did not start scoring within {SETUP_TIMEOUT_S:.0f} s "
+                              "(starting Python and importing the reward functions' modules)")
+        self._lose(p, specs, out, first, end, TIMED_OUT)
+
+    def _lose(self, p: _Process, specs: Sequence[FunctionSpec], out: Outcome, first: int, end: int, why: int) -> None:
+        """``p`` was killed or died in the unit ``[first, end)``: keep what it scored, mark the unit's unscored
+        tasks ``why``, and leave the job's rest to a fresh process."""
+        job = p.job
+        assert job is not None
+        self._collect(p, out, end)
+        for t in range(first, end):
+            c, i = divmod(t, job.n)
+            if out.status[c, job.lo + i] == 0:
+                out.status[c, job.lo + i] = why
+        job.next, p.job = end, None
+        if end >= len(specs) * job.n:
+            job.done = True
+        self._drop(p)
+
+    def _collect(self, p: _Process, out: Outcome, upto: int) -> None:
+        """Copy ``p``'s statuses and scores of its job's tasks ``[job.next, upto)`` into ``out``."""
+        job = p.job
+        assert job is not None
+        status = np.frombuffer(p.memory, np.int8, TASKS_CAP, 8 * TASKS_CAP + 32)[job.next:upto]
+        scores = np.frombuffer(p.memory, np.float64, TASKS_CAP)[job.next:upto]
+        for k in np.flatnonzero(status):
+            c, i = divmod(job.next + int(k), job.n)
+            out.status[c, job.lo + i] = status[k]
+            if status[k] == OK:
+                out.scores[c, job.lo + i] = scores[k]
+
+    def _drop(self, p: _Process) -> None:
+        if p.proc.returncode is None:
+            p.kill()
+        else:
+            p.conn.close()
+        self.slots[self.slots.index(p)] = None
 
     def close(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process = None
+        for p in self.slots:
+            if p is not None:
+                p.kill()
+        self.slots = [None] * self.size
 
 
-_SCORER = _Scorer()
-atexit.register(_SCORER.close)  # the process would also end by itself when the pipe closes, unless it hangs
+def _pause(p: _Process, now: float) -> float:
+    """How long the controller may sleep before it must look at ``p`` again."""
+    first, start, limit, end = p.unit()
+    left = start + limit - now
+    if first < 0 or first >= end:  # setting up or finishing, which send nothing: look again soon
+        return min(left, POLL_S)
+    return left
 
 
-# --------------------------------------------------------------------------- the controller's side
-class RewardScorer:
-    """Scores batches with the reward function registered for each sample's data_source, guarded
-    (``reward.timeout_s``, ``reward.error_score``). One per stage: it counts the failures (``errors``:
-    raised, or the scoring process died; ``timeouts``) and prints the first one's traceback once."""
+_POOLS: dict[int, ScoringPool] = {}
 
-    def __init__(self, timeout_s: float = 10.0, error_score: float = 0.0):
-        self.timeout_s, self.error_score = timeout_s, error_score
-        self.errors = self.timeouts = 0
-        self._warned = False
 
-    def counts(self) -> tuple[int, int]:
-        """``(errors, timeouts)`` so far."""
-        return self.errors, self.timeouts
-
-    def score(self, data_sources: Sequence[str], texts: Sequence[str], ground_truths: Sequence[Any], *,
-              what: str) -> np.ndarray:
-        """``[n]`` float64 rewards; a sample that failed gets ``error_score``. ``what`` names the batch in
-        messages (``"ppo step 3"``).
-
-        Raises:
-            KeyError: A data_source with no reward function, listing the registered ones.
-            RewardError: Every sample failed.
-        """
-        samples = list(zip(data_sources, texts, ground_truths))
-        fns = {ds: REWARD_FNS.get(ds) for ds in dict.fromkeys(data_sources)}
-        status, scores, raised, died = _SCORER.run(samples, fns, self.timeout_s)
-        failed = status != OK
-        if not failed.any():
-            return scores
-        scores[failed] = self.error_score
-        errors, timeouts = int(np.isin(status, (RAISED, DIED)).sum()), int((status == TIMED_OUT).sum())
-        self.errors, self.timeouts = self.errors + errors, self.timeouts + timeouts
-        first = self._first_failure(samples, status, raised, died)
-        errors_text = f"{errors} error{'s' if errors != 1 else ''}" if errors else ""
-        timeouts_text = f"{timeouts} ran past reward.timeout_s {self.timeout_s:g} s" if timeouts else ""
-        if not self._warned:
-            self._warned = True
-            counted = ", ".join(t for t in (errors_text, timeouts_text) if t)
-            print(f"warning: reward: {int(failed.sum())} of {len(samples)} samples of {what} failed in their reward "
-                  f"function ({counted}) and scored reward.error_score {self.error_score:g}; later failures are "
-                  f"only counted (reward/errors, reward/timeouts). The first, data_source {first.data_source!r}:\n"
-                  f"{first.detail}", file=sys.stderr, flush=True)
-        if failed.all():
-            sources = ", ".join(repr(ds) for ds in dict.fromkeys(data_sources))
-            counted = "; ".join(t for t in (errors_text and f"{errors_text}, the first {first.summary}",
-                                            timeouts_text) if t)
-            fix = "raise reward.timeout_s or fix the function" if timeouts else "fix the function"
-            raise RewardError(f"all {len(samples)} samples of {what} failed in their reward function "
-                              f"(data_source {sources}: {counted}); {fix}")
-        return scores
-
-    def _first_failure(self, samples: list[tuple], status: np.ndarray, raised: list[tuple[int, str, str]],
-                       died: str | None) -> Failure:
-        """The first exception (its traceback says the most), else the first timeout, else the death."""
-        if raised:
-            i, summary, detail = min(raised)
-            return Failure(samples[i][0], summary, detail)
-        i = int(np.flatnonzero(status != OK)[0])
-        if status[i] == TIMED_OUT:
-            text = f"ran past reward.timeout_s ({self.timeout_s:g} s) and was stopped"
-            return Failure(samples[i][0], text, text)
-        text = died or "the scoring process died"
-        return Failure(samples[i][0], text, text)
+def pool_of(processes: int) -> ScoringPool:
+    """The stage's one pool of ``processes`` scoring processes (created on first use)."""
+    if processes not in _POOLS:
+        _POOLS[processes] = ScoringPool(processes)
+    return _POOLS[processes]

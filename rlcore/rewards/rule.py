@@ -1,8 +1,9 @@
-"""Rule-based rewards, one function per ``data_source``.
+"""Rule-based rewards, one function per ``data_source``: the built-in ``rule`` reward function.
 
-Every function takes ``(solution_str, ground_truth)`` and returns a float in [0, 1];
-``compute_score`` picks the function from the row's ``data_source`` the way verl's
-``default_compute_score`` does.
+Every rule takes ``(solution_str, ground_truth)`` and returns a float in [0, 1];
+``compute_score`` picks the rule from the row's ``data_source`` the way verl's
+``default_compute_score`` does. The pipeline scores with them through the ``rule`` entry of
+``rlcore.rewards.functions.REWARD_FUNCTIONS`` (weight ``reward.rule_weight``), beside your own functions.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from rlcore.data.arithmetic import DATA_SOURCE as ARITHMETIC
 from rlcore.data.arithmetic import FILLER as ARITHMETIC_FILLER
 from rlcore.data.gsm8k import DATA_SOURCE as GSM8K
 from rlcore.registry import Registry
+from rlcore.rewards.math_answer import DATA_SOURCE as MATH
+from rlcore.rewards.math_answer import math_reward
 
 RewardFn = Callable[[str, str], float]
-REWARD_FNS: Registry[RewardFn] = Registry("data_source")
+RULES: Registry[RewardFn] = Registry("data_source rule")
 
 # ASCII digits only: int() would also accept "4_6", "+46" and non-ASCII digits.
 _INTEGER_RE = re.compile(r"-?[0-9]+")
@@ -26,7 +29,7 @@ _GSM8K_ANSWER_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
 _GSM8K_TAIL_CHARS = 300
 
 
-@REWARD_FNS.register(ARITHMETIC)
+@RULES.register(ARITHMETIC)
 def arithmetic_reward(solution_str: str, ground_truth: str) -> float:
     """Scores a bare-integer response, or one with a leading run of filler (long-tailed answers).
 
@@ -64,7 +67,7 @@ def extract_gsm8k_answer(text: str) -> str | None:
     return matches[-1].replace(",", "") if matches else None
 
 
-@REWARD_FNS.register(GSM8K)
+@RULES.register(GSM8K)
 def gsm8k_reward(solution_str: str, ground_truth: str) -> float:
     """Scores a GSM8K response by its ``#### N`` answer.
 
@@ -77,6 +80,9 @@ def gsm8k_reward(solution_str: str, ground_truth: str) -> float:
         but wrong answer also gets 0.0, like verl's default ``format_score``).
     """
     return 1.0 if extract_gsm8k_answer(solution_str) == ground_truth else 0.0
+
+
+RULES.add(MATH, math_reward)
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str) -> float:
@@ -93,4 +99,4 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str) -> flo
     Raises:
         KeyError: For an unknown ``data_source``, listing the allowed ones.
     """
-    return float(REWARD_FNS.get(data_source)(solution_str, ground_truth))
+    return float(RULES.get(data_source)(solution_str, ground_truth))

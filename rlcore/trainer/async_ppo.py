@@ -132,11 +132,11 @@ class AsyncRoundRunner(RoundRunner):
             return got
 
     def _scored(self, got: Rollout, step: int) -> tuple[Batch, Metrics]:
-        """The generated batch with its prompts' fields and rewards, and the reward functions' failures."""
-        errors, timeouts = self.rewards.counts()
+        """The generated batch with its prompts' fields and rewards, and the reward metrics (``reward/*``)."""
         rows, _ = self.outstanding[got.item_id]
-        batch = self._score(self.prompts.select(rows).repeat(self.cfg.rollout.n).union(got.batch), f"ppo step {step}")
-        return batch, {"reward/errors": self.rewards.errors - errors, "reward/timeouts": self.rewards.timeouts - timeouts}
+        batch, rewards = self._score(self.prompts.select(rows).repeat(self.cfg.rollout.n).union(got.batch),
+                                     f"ppo step {step}")
+        return batch, rewards.metrics()
 
     def _prefetch(self, step: int, update: Pending) -> None:
         """While the update of ``step`` runs on the ranks: take the next step's batch out of the queue as soon as

@@ -1,4 +1,4 @@
-"""Evaluation on the held-out test split: greedy pass@1 and sampled pass@k per model."""
+"""Evaluation on the held-out test split: greedy pass@1 and sampled pass@k per model, and each reward function's mean."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rlcore.config import Config
 from rlcore.data.collate import decode_responses, prompt_batch
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.generations import pass_at_k
-from rlcore.rewards.guard import RewardScorer
+from rlcore.rewards.scoring import RewardScorer
 from rlcore.trainer.common import start_pool
 from rlcore.trainer.generation import reward_scorer
 from rlcore.trainer.score import rollout_group, sample_rewards
@@ -19,7 +19,6 @@ def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: 
     """Metrics ``{name}/greedy_pass@1``, ``{name}/pass@k``, ... and a sample table for one model."""
     e = cfg.evaluate
     group = rollout_group(cfg, pool, model_dir)
-    errors, timeouts = scorer.counts()
     try:
         greedy, gen = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=1, temperature=1.0,
                                      greedy=True, seed=cfg.seed, desc=f"eval {name} greedy")
@@ -28,27 +27,30 @@ def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: 
                                     desc=f"eval {name} sampled")
     finally:
         group.shutdown()
-    correct = sampled.sum(axis=1).astype(int)
+    passed = (sampled.acc >= 1.0).reshape(len(prompts), e.n_samples)
+    correct = passed.sum(axis=1).astype(int)
     lengths = gen["response_mask"].sum(-1).float()
     metrics = {
-        f"{name}/greedy_pass@1": float(greedy.mean()),
-        f"{name}/pass@1": float(sampled.mean()),
+        f"{name}/greedy_pass@1": float((greedy.acc >= 1.0).mean()),
+        f"{name}/pass@1": float(passed.mean()),
         f"{name}/pass@{e.k}": float(np.mean([pass_at_k(e.n_samples, c, e.k) for c in correct])),
         f"{name}/greedy_response_length": float(lengths.mean()),
-        f"{name}/reward_errors": scorer.errors - errors,
-        f"{name}/reward_timeouts": scorer.timeouts - timeouts,
+        f"{name}/reward_mean": float(sampled.total.mean()),
+        **{f"{name}/{k}": v for k, v in sampled.metrics().items()},
     }
     texts = decode_responses(tokenizer, gen["responses"], gen["response_mask"])
     table = [{"model": name, "question": prompts["question"][i], "ground_truth": prompts["ground_truth"][i],
-              "greedy_response": texts[i], "reward": float(greedy[i, 0])} for i in range(min(e.table_rows, len(texts)))]
+              "greedy_response": texts[i], "reward": float(greedy.total[i]), "correct": bool(greedy.acc[i] >= 1.0)}
+             for i in range(min(e.table_rows, len(texts)))]
     return metrics, table
 
 
 def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: str) -> tuple[dict, list[dict]]:
     """Evaluate each named model folder on ``data_path``; also the gain of the last over the first."""
-    prompts = prompt_batch(read_reward_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
+    df = read_reward_rows(data_path, cfg.reward)
+    scorer = reward_scorer(cfg, df, data_path)
+    prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path)
     metrics, table = {"test/n_prompts": len(prompts)}, []
-    scorer = reward_scorer(cfg)
     with start_pool(cfg) as pool:
         for name, path in models.items():
             m, t = evaluate_model(cfg, pool, path, tokenizer, prompts, name, scorer)

@@ -1,4 +1,4 @@
-"""Generation on a worker group and rule rewards: what scoring, evaluation and PPO rounds share."""
+"""Generation on a worker group and the rewards of what it generated: what scoring, evaluation and PPO rounds share."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import decode_responses
 from rlcore.protocol import Batch
-from rlcore.rewards.guard import RewardScorer
+from rlcore.rewards.scoring import ModelScores, Rewards, RewardScorer, probe, samples_of
 from rlcore.rollout import EngineSpec, SamplingParams
 from rlcore.workers.rollout import GenerateSpec
 
@@ -47,15 +47,26 @@ def generate(group: WorkerGroup[W], method: Callable[[W, Batch, GenerateSpec], B
     return prompts.union(group.call(method, tensors, spec).slice(0, len(prompts)))
 
 
-def reward_scorer(cfg: Config) -> RewardScorer:
-    """A stage's guarded scorer (params.yaml ``reward``): counts its failures, warns about the first once."""
-    return RewardScorer(timeout_s=cfg.reward.timeout_s, error_score=cfg.reward.error_score)
+def reward_scorer(cfg: Config, rows=None, source: str = "") -> RewardScorer:
+    """A stage's guarded reward functions (params.yaml ``reward``): counts their failures, warns about each
+    function's first once. With ``rows`` (a DataFrame of the stage's data), each function is first called once
+    on the first row, its ground truth as the answer (:func:`~rlcore.rewards.scoring.probe`), so a reward file
+    that does not import, a missing function or a wrong return type stops the stage before Ray starts."""
+    scorer = RewardScorer.from_config(cfg.reward)
+    if rows is not None and len(rows):
+        row = rows.iloc[0]
+        truth = row["reward_model"]["ground_truth"]
+        probe(scorer, samples_of([row["data_source"]], [truth], [truth], [row["extra_info"]])[0],
+              where=f"{source}: row 0 (its ground truth as the answer)")
+    return scorer
 
 
-def rule_rewards(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str) -> np.ndarray:
-    """Score each response with the rule registered for its data_source; ``[batch]`` floats. A response
-    whose function raises or runs past ``reward.timeout_s`` gets ``reward.error_score`` (counted by
-    ``scorer``); a batch where every one fails raises :class:`~rlcore.rewards.guard.RewardError` naming
-    ``what``."""
+def score_responses(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str,
+                    model: ModelScores | None = None) -> Rewards:
+    """Score each response with every reward function (and combine them with a reward model's ``model`` scores):
+    :class:`~rlcore.rewards.scoring.Rewards`, whose ``total`` is the training reward and ``acc`` the accuracy
+    score. A batch where every function fails on every sample raises
+    :class:`~rlcore.rewards.guard.RewardError` naming ``what``."""
     texts = decode_responses(tokenizer, batch["responses"], batch["response_mask"])
-    return scorer.score(batch["data_source"], texts, batch["ground_truth"], what=what)
+    extra = batch["extra_info"] if "extra_info" in batch else None
+    return scorer.score(samples_of(batch["data_source"], texts, batch["ground_truth"], extra), what=what, model=model)

@@ -47,12 +47,13 @@ from rlcore.trainer.common import (
     stop_if_diverged,
     timer,
 )
+from rlcore.rewards.scoring import Rewards
 from rlcore.trainer.generation import (
     engine_spec,
     generate,
     generate_spec,
     reward_scorer,
-    rule_rewards,
+    score_responses,
 )
 from rlcore.trainer.rollout_data import (
     PromptSampler,
@@ -187,24 +188,32 @@ class RoundRunner:
         spec = generate_spec(self.cfg, temperature=self.cfg.rollout.temperature, seed=seed, greedy=greedy)
         return generate(self.actor, ActorRolloutRefWorker.generate, prompts, spec)
 
-    def _score(self, batch: Batch, what: str) -> Batch:
-        """Rule rewards (``acc``) and the shaped ``scores`` (with the overlong penalty)."""
-        acc = torch.as_tensor(rule_rewards(self.tok, batch, self.rewards, what=what), dtype=torch.float32)
+    def _score(self, batch: Batch, what: str) -> tuple[Batch, Rewards]:
+        """The rewards of every function (and the reward model): the accuracy score (``acc``), the shaped training
+        reward (``scores``: the weighted sum plus the overlong penalty) and each component unweighted
+        (``reward_components``, for estimators that treat them apart); and the batch's :class:`Rewards`."""
+        rewards = score_responses(self.tok, batch, self.rewards, what=what)
         d = self.cfg.ppo.dapo
         lengths = batch["response_mask"].sum(-1)
         pen = overlong_penalty(lengths, self.cfg.task.max_response_length, d.overlong_buffer, d.overlong_penalty)
-        return batch.union(Batch({"acc": acc, "scores": acc + pen}))
+        components, _ = rewards.components()
+        return batch.union(Batch({"acc": torch.as_tensor(rewards.acc, dtype=torch.float32),
+                                  "scores": torch.as_tensor(rewards.total, dtype=torch.float32) + pen,
+                                  "reward_components": torch.as_tensor(components, dtype=torch.float32)})), rewards
 
     def collect(self, step: int) -> tuple[Batch, Metrics]:
-        """Rollouts for ``ppo.train_batch_size`` prompts, with DAPO dynamic sampling if asked."""
+        """Rollouts for ``ppo.train_batch_size`` prompts, with DAPO dynamic sampling if asked; the metrics of
+        every response scored on the way (``reward/*``) and of the tries."""
         cfg, n, want = self.cfg, self.cfg.rollout.n, self.cfg.ppo.train_batch_size
         d = cfg.ppo.dapo
         kept: list[Batch] = []
+        scored: list[Rewards] = []
         tries, have, last = 0, 0, Batch()
         while tries < (d.max_sample_tries if d.dynamic_sampling else 1) and have < want:
             prompts = self.prompts.select(self.sampler.take(want))
-            last = self._score(self._generate(prompts.repeat(n), self.seed * 100003 + step * 101 + tries),
-                               f"ppo step {step}")
+            last, rewards = self._score(self._generate(prompts.repeat(n), self.seed * 100003 + step * 101 + tries),
+                                        f"ppo step {step}")
+            scored.append(rewards)
             part = keep_informative_groups(last, n) if d.dynamic_sampling else last
             kept.append(part)
             have += len(part) // n
@@ -213,19 +222,17 @@ class RoundRunner:
         groups = min(len(batch) // n, want)
         while groups > 1 and (groups * n) % cfg.resources.n_workers:
             groups -= 1  # equal shards per rank
-        return batch.slice(0, groups * n), {"rollout/sample_tries": tries, "rollout/groups_kept": groups}
+        return batch.slice(0, groups * n), {**Rewards.concat(scored).metrics(), "rollout/sample_tries": tries,
+                                            "rollout/groups_kept": groups}
 
     def step(self, step: int) -> Metrics:
         t: Metrics = {}
         version = self.policy_version  # the weights this step's rollouts come from
-        errors, timeouts = self.rewards.counts()
         with timer(t, "step"):
             with timer(t, "gen"):
                 batch, m = self.collect(step)
                 if self.estimator.needs_greedy_baseline:
                     batch = self._add_greedy_baseline(batch, step)
-                m.update({"reward/errors": self.rewards.errors - errors,
-                          "reward/timeouts": self.rewards.timeouts - timeouts})
             batch, train_m = self.train(batch, step, t)
         self.samples += sample_rows(batch, self.tok, step, self.cfg.ppo.log_samples, policy_version=version)
         self.last_batch = batch
@@ -299,19 +306,20 @@ class RoundRunner:
     def validate(self, prompts: Batch) -> Metrics:
         """Greedy pass@1 of the current policy (the rollout copy holds the latest weights) on ``prompts``."""
         gen = self._generate(prompts, self.seed, greedy=True)
-        errors, timeouts = self.rewards.counts()
-        acc = rule_rewards(self.tok, gen, self.rewards, what="ppo validation")
-        return {"val/greedy_pass@1": float(acc.mean()),
+        rewards = score_responses(self.tok, gen, self.rewards, what="ppo validation")
+        m = rewards.metrics()
+        return {"val/greedy_pass@1": float((rewards.acc >= 1.0).mean()),
+                "val/reward_mean": float(rewards.total.mean()),
                 "val/response_length": gen["response_mask"].sum(-1).float().mean().item(),
-                "val/reward_errors": self.rewards.errors - errors,
-                "val/reward_timeouts": self.rewards.timeouts - timeouts}
+                "val/reward_errors": m["reward/errors"], "val/reward_timeouts": m["reward/timeouts"]}
 
     def _add_greedy_baseline(self, batch: Batch, step: int) -> Batch:
         """ReMax: the reward of one greedy response per prompt is every sample's baseline."""
         n = self.cfg.rollout.n
         firsts = batch.select(np.arange(0, len(batch), n))
         plain = Batch(firsts.only("prompts", "prompt_mask").tensors, dict(firsts.non_tensors))
-        greedy = self._score(self._generate(plain, self.seed + step, greedy=True), f"ppo step {step}'s greedy baseline")
+        greedy, _ = self._score(self._generate(plain, self.seed + step, greedy=True),
+                                f"ppo step {step}'s greedy baseline")
         return batch.union(Batch({"reward_baselines": greedy["scores"].repeat_interleave(n)}))
 
     def _advantages(self, batch: Batch) -> tuple[Batch, Metrics]:
@@ -435,11 +443,13 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     :class:`~rlcore.errors.TrainingDiverged` once that step is logged
     (:func:`~rlcore.trainer.common.stop_if_diverged`)."""
     rnd = cfg.ppo.rounds[round_name]
-    prompts = prompt_batch(read_reward_rows(data_path), tokenizer, cfg.task.max_prompt_length, data_path)
+    rows = read_reward_rows(data_path, cfg.reward)
+    reward_scorer(cfg, rows, data_path)  # each reward function called once, before Ray starts
+    prompts = prompt_batch(rows, tokenizer, cfg.task.max_prompt_length, data_path)
     every = cfg.ppo.val_every if val_path else 0
     val = Batch()
     if val_path and every:
-        val = prompt_batch(read_reward_rows(val_path), tokenizer, cfg.task.max_prompt_length, val_path)
+        val = prompt_batch(read_reward_rows(val_path, cfg.reward), tokenizer, cfg.task.max_prompt_length, val_path)
     log = StepLog(tracker, plot_csv)
     start = time.perf_counter()
     val_rows: list[Metrics] = []

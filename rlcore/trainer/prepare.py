@@ -9,15 +9,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlcore.config import Config
+from rlcore.data.files import overlap
 from rlcore.data.schema import write_rows
 from rlcore.data.splits import build_splits, task_options
+from rlcore.inputs import recorded_sha256
 from rlcore.registry import options_from
+
+
+def check_task_files(cfg: Config, inputs_dir: str | Path) -> dict[str, str]:
+    """The sha256 of each ``task.file`` the task reads, checked against what its ``task_file`` stage recorded
+    in ``inputs_dir`` (:func:`rlcore.inputs.recorded_sha256`)."""
+    if "file" not in task_options(cfg.task.name):
+        return {}
+    return {split: recorded_sha256(inputs_dir, split, path) for split, path in cfg.task.file.items()}
 
 
 def write_splits(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     """Build the splits of ``cfg.task`` (seeded by ``cfg.seed``), write ``<split>.parquet`` into
-    ``out_dir`` and return the stage metrics: rows per split and how many SFT demonstrations are
-    wrong (``task.sft_carry_error_rate``)."""
+    ``out_dir`` and return the stage metrics: rows per split, how many SFT demonstrations are wrong
+    (``task.sft_carry_error_rate``; for a file task, demonstrations that differ from the ground truth) and
+    how many test prompts also appear in a training split."""
     wanted = task_options(cfg.task.name)
     options = options_from(cfg.task, wanted - {"seed"})
     if "seed" in wanted:  # a generated task; a file-backed one (gsm8k) has no randomness
@@ -28,4 +39,5 @@ def write_splits(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     metrics: dict[str, float] = {f"prepare/{name}_rows": len(rows) for name, rows in splits.items()}
     metrics["prepare/sft_wrong_demonstrations"] = sum(
         r["extra_info"]["answer"] != r["reward_model"]["ground_truth"] for r in splits["sft_train"])
+    metrics["prepare/test_prompts_seen_in_training"] = overlap(splits["test"], splits["sft_train"], splits["rl_train"])
     return metrics

@@ -1,7 +1,8 @@
-"""Reward scoring of the SFT policy: n samples per RL prompt, rule rewards, trivial-prompt filter."""
+"""Reward scoring of the SFT policy: n samples per RL prompt, the training reward and accuracy, trivial-prompt filter."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,12 +11,11 @@ from tqdm import tqdm
 from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import prompt_batch
-from rlcore.errors import ConfigError
 from rlcore.protocol import Batch
 from rlcore.rewards.checks import read_reward_rows
-from rlcore.rewards.guard import RewardScorer
+from rlcore.rewards.scoring import Rewards, RewardScorer
 from rlcore.trainer.common import model_spec, start_pool
-from rlcore.trainer.generation import engine_spec, generate, generate_spec, reward_scorer, rule_rewards
+from rlcore.trainer.generation import engine_spec, generate, generate_spec, reward_scorer, score_responses
 from rlcore.workers.rollout import RolloutWorker
 
 CHUNK_PROMPTS = 128  # prompts per generate call, so the progress bar moves
@@ -44,41 +44,50 @@ def sample_chunks(cfg: Config, group: WorkerGroup[RolloutWorker], prompts: Batch
 
 
 def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, scorer: RewardScorer,
-                   n: int, temperature: float, greedy: bool, seed: int, desc: str) -> tuple[np.ndarray, Batch]:
-    """Rewards ``[prompts, n]`` (scored by ``scorer``) and the generated Batch (:func:`sample_chunks`)."""
+                   n: int, temperature: float, greedy: bool, seed: int, desc: str) -> tuple[Rewards, Batch]:
+    """The :class:`Rewards` of ``n`` responses per prompt (scored by ``scorer``; sample ``i * n + j`` is prompt
+    ``i``'s ``j``-th) and the generated Batch (:func:`sample_chunks`)."""
     gen = sample_chunks(cfg, group, prompts, n=n, temperature=temperature, greedy=greedy, seed=seed, desc=desc)
-    return rule_rewards(tokenizer, gen, scorer, what=desc).reshape(len(prompts), n), gen
+    return score_responses(tokenizer, gen, scorer, what=desc), gen
 
 
 def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_path: str) -> dict[str, float]:
-    """Write the scored (and, if asked, filtered) RL prompts; return SFT-policy reward metrics."""
-    df = read_reward_rows(data_path)
+    """Write the scored (and, if asked, filtered) RL prompts; return the SFT policy's reward metrics.
+
+    ``score.filter_trivial`` drops the prompts whose ``score.n`` training rewards are all equal: their group
+    advantages would be 0 (with a 0/1 reward: always right or always wrong). When that would drop every prompt,
+    all are kept, with a warning."""
+    df = read_reward_rows(data_path, cfg.reward)
     prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path)
     sc = cfg.score
-    scorer = reward_scorer(cfg)
+    scorer = reward_scorer(cfg, df, data_path)
     with start_pool(cfg) as pool:
         group = rollout_group(cfg, pool, model_dir)
         try:
-            rewards, _ = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=sc.n,
-                                        temperature=sc.temperature, greedy=False, seed=cfg.seed, desc="score")
+            scored, _ = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=sc.n,
+                                       temperature=sc.temperature, greedy=False, seed=cfg.seed, desc="score")
         finally:
             group.shutdown()
+    rewards = scored.total.reshape(len(df), sc.n)
+    correct = (scored.acc >= 1.0).reshape(len(df), sc.n)
     mean = rewards.mean(axis=1)
-    df = df.assign(sft_rewards=list(rewards.tolist()), sft_mean_reward=mean)
-    keep = (mean > 0) & (mean < 1) if sc.filter_trivial else np.ones(len(df), dtype=bool)
+    informative = rewards.max(axis=1) > rewards.min(axis=1)
+    keep = informative if sc.filter_trivial else np.ones(len(df), dtype=bool)
     if not keep.any():
-        raise ConfigError(f"score: every one of {len(df)} prompts has mean reward 0 or 1 under the SFT policy; "
-                           "nothing left for PPO (set score.filter_trivial: false or change sft/task)")
+        print(f"warning: score: the SFT policy's {sc.n} rewards are equal on every one of the {len(df)} prompts; "
+              "keeping them all (PPO steps learn nothing until the policy's samples differ: train SFT longer or "
+              "check the reward)", file=sys.stderr, flush=True)
+        keep = np.ones(len(df), dtype=bool)
+    df = df.assign(sft_rewards=list(rewards.tolist()), sft_mean_reward=mean, sft_pass_rate=correct.mean(axis=1))
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     df[keep].reset_index(drop=True).to_parquet(out_path)
     return {
         "score/mean_reward": float(rewards.mean()),
-        "score/pass@1": float(rewards.mean()),
-        f"score/pass@{sc.n}": float((rewards.max(axis=1) > 0).mean()),
-        "score/frac_all_correct": float((mean == 1).mean()),
-        "score/frac_all_wrong": float((mean == 0).mean()),
+        "score/pass@1": float(correct.mean()),
+        f"score/pass@{sc.n}": float(correct.any(axis=1).mean()),
+        "score/frac_all_correct": float(correct.all(axis=1).mean()),
+        "score/frac_all_wrong": float((~correct).all(axis=1).mean()),
         "score/prompts_kept": int(keep.sum()),
         "score/prompts_total": len(df),
-        "score/reward_errors": scorer.errors,
-        "score/reward_timeouts": scorer.timeouts,
+        **{f"score/{k}": v for k, v in scored.metrics().items()},
     }

@@ -82,7 +82,7 @@ def test_a_prompt_that_leaves_no_room_for_the_response_names_the_row(tiny_model_
     ('{"prompt": ""}\n', ["row 0", "empty"]),
     ('{"text": "hi"}\n', ["row 0", "'prompt'"]),
     ('{"prompt": 5}\n', ["row 0", "'prompt'", "int"]),
-    ("not json\n", ["line 1", "not valid JSON"]),
+    ("not json\n", ["line 1", "expected one JSON object per line"]),
     ('{"prompt": "1+1"}\n{"prompt": [{"role": "user", "content": "2+2"}]}\n', ["'prompt'", "list, str"]),
 ])
 def test_bad_prompt_rows_stop_before_ray_with_one_line(tiny_model_dir, tmp_path, capsys, content, words):

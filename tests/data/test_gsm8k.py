@@ -89,7 +89,7 @@ def test_parquet_bad_row_names_file_and_row(tmp_path):
 
 def test_missing_column(tmp_path):
     path = _write_parquet(tmp_path / "cols.parquet", [{"question": "q", "solution": "#### 1"}])
-    with pytest.raises(ValueError, match=r"cols\.parquet: missing column\(s\) \['answer'\]"):
+    with pytest.raises(ValueError, match=r"cols\.parquet: row 0: expected string field 'answer', got nothing"):
         gsm8k_rows(path, split="train")
 
 
@@ -98,7 +98,7 @@ def test_missing_file_and_unknown_suffix(tmp_path):
         gsm8k_rows(tmp_path / "nope.jsonl", split="train")
     csv = tmp_path / "data.csv"
     csv.write_text("question,answer\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"data\.csv: unsupported file type '\.csv'"):
+    with pytest.raises(ValueError, match=r"data\.csv': unsupported file type '\.csv'; expected \.jsonl or \.parquet"):
         gsm8k_rows(csv, split="train")
 
 
@@ -106,7 +106,7 @@ def test_gsm8k_splits(tmp_path):
     train = _write_jsonl(tmp_path / "train.jsonl", RECORDS)
     test = _write_parquet(tmp_path / "test.parquet", RECORDS[1:])
     splits = build_splits(
-        task="gsm8k", n_sft=2, n_rl=5, n_test=2, gsm8k_train_path=str(train), gsm8k_test_path=str(test),
+        task="gsm8k", n_sft=2, n_rl=5, n_test=2, file={"train": str(train), "test": str(test)},
     )
     assert [r["extra_info"]["question"] for r in splits["sft_train"]] == [r["question"] for r in RECORDS[:2]]
     # Only 2 train rows remain after SFT, so rl_train gets both instead of 5.
@@ -121,12 +121,12 @@ def test_gsm8k_split_with_no_rows_left_fails(tmp_path):
     train = _write_jsonl(tmp_path / "train.jsonl", RECORDS)
     with pytest.raises(ValueError, match=r"train\.jsonl: no rows left for split 'rl_train'"):
         build_splits(
-            task="gsm8k", n_sft=4, n_rl=1, n_test=1, gsm8k_train_path=str(train), gsm8k_test_path=str(train),
+            task="gsm8k", n_sft=4, n_rl=1, n_test=1, file={"train": str(train), "test": str(train)},
         )
 
 
 def test_gsm8k_takes_no_arithmetic_settings(tmp_path):
     train = _write_jsonl(tmp_path / "train.jsonl", RECORDS)
     with pytest.raises(TypeError, match="'ops'"):
-        build_splits(task="gsm8k", n_sft=1, n_rl=1, n_test=1, ops=("+",), gsm8k_train_path=str(train),
-                     gsm8k_test_path=str(train))
+        build_splits(task="gsm8k", n_sft=1, n_rl=1, n_test=1, ops=("+",),
+                     file={"train": str(train), "test": str(train)})

@@ -78,7 +78,7 @@ def test_the_ppo_stage_stops_before_ray_with_one_line(tmp_path, tiny_model_dir):
     params.write_text("tracking: {enabled: false}\n")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "stages.ppo", "--params", str(params), "--round", "r1", "--init",
-                           str(init), "--data", data, "--out", str(tmp_path / "out"), "--metrics",
+                           str(init), "--data", data, "--rewards", str(tmp_path), "--out", str(tmp_path / "out"), "--metrics",
                            str(tmp_path / "m.json")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]

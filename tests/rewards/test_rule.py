@@ -1,6 +1,6 @@
 import pytest
 
-from rlcore.rewards import REWARD_FNS, compute_score, extract_gsm8k_answer
+from rlcore.rewards import RULES, compute_score, extract_gsm8k_answer
 
 
 @pytest.mark.parametrize(
@@ -61,6 +61,6 @@ def test_gsm8k_score():
 
 
 def test_unknown_data_source_lists_allowed():
-    with pytest.raises(KeyError, match="unknown data_source 'mmlu'; allowed: arithmetic, gsm8k"):
+    with pytest.raises(KeyError, match="unknown data_source rule 'mmlu'; allowed: arithmetic, gsm8k, math"):
         compute_score("mmlu", "1", "1")
-    assert REWARD_FNS.names() == ["arithmetic", "gsm8k"]
+    assert RULES.names() == ["arithmetic", "gsm8k", "math"]

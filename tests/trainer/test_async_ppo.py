@@ -21,7 +21,7 @@ from rlcore.data.collate import prompt_batch
 from rlcore.engine.model import load_tokenizer
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.errors import WorkerDied
-from rlcore.rewards.rule import REWARD_FNS
+from rlcore.rewards.rule import RULES
 from rlcore.trainer.async_ppo import AsyncRoundRunner, running_async_round
 from rlcore.trainer.common import start_pool
 from rlcore.trainer.ppo import RoundGroups
@@ -32,9 +32,9 @@ SOURCE = "test_async_hash"
 
 @pytest.fixture(scope="module", autouse=True)
 def test_reward():
-    REWARD_FNS.register(SOURCE)(hash_reward)
+    RULES.register(SOURCE)(hash_reward)
     yield
-    REWARD_FNS._items.pop(SOURCE)
+    RULES._items.pop(SOURCE)
 
 
 def config(**over):

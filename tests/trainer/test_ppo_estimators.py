@@ -29,7 +29,7 @@ from rlcore.engine.sequence import sequences
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.errors import TrainingDiverged
 from rlcore.protocol import Batch
-from rlcore.rewards.rule import REWARD_FNS
+from rlcore.rewards.rule import RULES
 from rlcore.tracking import NullTracker
 from rlcore.trainer import ppo
 from rlcore.trainer.common import start_pool
@@ -56,11 +56,11 @@ CONSTANT_SOURCE = "test_constant"
 def test_rewards():
     """A deterministic, almost tie-free reward of the text (every group has a spread) and a constant one,
     registered only while this module runs so other tests see the real registry."""
-    REWARD_FNS.register(HASH_SOURCE)(hash_reward)
-    REWARD_FNS.register(CONSTANT_SOURCE)(lambda text, gt: 1.0)
+    RULES.register(HASH_SOURCE)(hash_reward)
+    RULES.register(CONSTANT_SOURCE)(lambda text, gt: 1.0)
     yield
     for name in (HASH_SOURCE, CONSTANT_SOURCE):
-        REWARD_FNS._items.pop(name)
+        RULES._items.pop(name)
 
 
 def rows(source: str, n: int = 8) -> pd.DataFrame:
@@ -356,13 +356,13 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
 
 def test_a_step_gives_samples_whose_reward_function_raises_the_error_score_and_counts_them(tiny, groups):
     _, tok, _ = tiny
-    REWARD_FNS.register("test_flaky")(flaky_reward)
+    RULES.register("test_flaky")(flaky_reward)
     try:
         runner = runner_for(config("grpo", reward={"error_score": -0.5}), tiny, groups, seed=6,
                             prompts=prompt_batch(rows("test_flaky"), tok, 16, "flaky rows"))
         m = runner.step(0)
     finally:
-        REWARD_FNS._items.pop("test_flaky")
+        RULES._items.pop("test_flaky")
     texts = decode_responses(tok, runner.last_batch["responses"], runner.last_batch["response_mask"])
     failing = [zlib.crc32(t.encode()) % 4 == 0 for t in texts]
     assert 0 < sum(failing) < len(texts)

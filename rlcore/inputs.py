@@ -1,0 +1,99 @@
+"""The pipeline's inputs from outside the repository's code, recorded by content: data files, reward files.
+
+DVC can only depend on paths written in ``dvc.yaml``, and the files a user configures (``task.file``,
+``reward.functions``) live in ``params.yaml``. So ``dvc.yaml`` has one small stage per configured file
+(``task_file@<split>``, ``reward_file@<i>``: a ``foreach`` over the params list, none when it is empty)
+whose only dependency is that file and whose only output is a manifest, ``{"path", "sha256"}``, in a
+folder the consuming stages depend on (``inputs/task`` for prepare; ``inputs/reward`` for score, the PPO
+rounds and evaluate). Editing a file re-runs its manifest stage, which changes the folder, which re-runs
+exactly the stages that read the file; the others stay cached.
+
+A consuming stage checks, before anything heavy starts, that each file it is about to read still has the
+recorded hash (:func:`recorded_sha256`): a file edited after DVC recorded it would make ``dvc.lock`` describe
+a run that did not happen. Light: hashlib and json only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from rlcore.errors import DataError, InputNotFound
+
+CHUNK = 1 << 20
+
+
+def sha256_of(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes; of a folder, of its files' relative paths and contents in sorted order."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with f.open("rb") as stream:
+            while chunk := stream.read(CHUNK):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest_name(key: str) -> str:
+    """A manifest's file name for ``key`` (a split, ``fn_<function>``, ``rm_<model>``)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.@-]+", key):
+        raise ValueError(f"manifest key {key!r}: use letters, digits, '_', '.', '@' or '-'")
+    return f"{key}.json"
+
+
+def write_manifest(path: str | Path, out: str | Path) -> dict[str, str]:
+    """Record ``path`` (a file or folder that must exist) and its sha256 in the JSON file ``out``."""
+    path = Path(path)
+    if not path.exists():
+        raise InputNotFound(f"{path}: not found")
+    record = {"path": str(path), "sha256": sha256_of(path)}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def recorded_sha256(folder: str | Path, key: str, path: str | Path) -> str:
+    """The sha256 that ``folder``'s manifest ``key`` recorded for ``path``, after checking that ``path`` still
+    has it. Raises a one-line :class:`~rlcore.errors.UserError` when the manifest is missing (the file was not
+    recorded: run ``dvc repro``), records another path, or the file changed since."""
+    manifest = Path(folder) / manifest_name(key)
+    if not manifest.is_file():
+        raise InputNotFound(f"{manifest}: no record of {path} (dvc.yaml's stage for it writes one: run the "
+                            "pipeline with dvc repro)")
+    record = json.loads(manifest.read_text())
+    if Path(record["path"]) != Path(path):
+        raise DataError(f"{manifest} records {record['path']}, not {path}: run the pipeline with dvc repro")
+    if not Path(path).exists():
+        raise InputNotFound(f"{path}: not found")
+    now = sha256_of(path)
+    if now != record["sha256"]:
+        raise DataError(f"{path} changed after DVC recorded it in {manifest}: run the pipeline with dvc repro "
+                        "(so dvc.lock describes what ran)")
+    return now
+
+
+def recorded_reward_inputs(reward, folder: str | Path) -> dict[str, dict[str, str]]:
+    """``{name: {"path", "sha256"}}`` of each reward file (``reward.functions``) and of the reward model folder
+    (``reward.model``, as ``"model"``), checked against their manifests in ``folder``: what score, the PPO rounds
+    and evaluate log to MLflow. A reward model folder no stage of the pipeline wrote (no manifest records it) is
+    hashed here; DVC does not track it."""
+    out = {f.name: {"path": f.path, "sha256": recorded_sha256(folder, f"fn_{f.name}", f.path)}
+           for f in reward.functions}
+    if reward.model is not None:
+        path = reward.model.path
+        match = [m for m in sorted(Path(folder).glob("rm_*.json"))
+                 if Path(json.loads(m.read_text())["path"]) == Path(path)]
+        if match:
+            out["model"] = {"path": path, "sha256": recorded_sha256(folder, match[0].stem, path)}
+        else:
+            if not Path(path).exists():
+                raise InputNotFound(f"reward.model.path {path!r}: not found (an rm stage writes models/rm/<name>: "
+                                    "add it to rm.models, or give a local Hugging Face folder)")
+            out["model"] = {"path": path, "sha256": sha256_of(path)}
+    return out

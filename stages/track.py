@@ -1,0 +1,32 @@
+"""task_file@<split>, reward_file@<i>: record one configured input file by its sha256 (rlcore.inputs).
+
+    python -m stages.track --file data/my_task/train.jsonl --out inputs/task/train.json
+
+The stage's only dependency is the file, so DVC re-runs it (and then the stages that depend on the manifest's
+folder) exactly when the file changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlcore.errors import UserError
+from rlcore.inputs import write_manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    p.add_argument("--file", required=True, help="the file (or folder) to record")
+    p.add_argument("--out", required=True, help="the manifest JSON to write")
+    args = p.parse_args(argv)
+    try:
+        record = write_manifest(args.file, args.out)
+    except UserError as err:
+        print(f"track: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"{record['path']}: sha256 {record['sha256'][:16]}...")
+
+
+if __name__ == "__main__":
+    main()
