@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-serve bench-async setup mlflow-ui clean
+.PHONY: run test bench bench-serve bench-async bench-reward setup mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ bench-serve: $(STAMP)
 # gloo), and the discrete-event simulation at 8-64 GPUs: the "async" section of bench/RESULTS.md
 bench-async: $(STAMP)
 	$(PY) -m bench.async_bench
+
+# what the reward functions cost in a PPO step (rule alone, two user functions, a slow one: processes, async):
+# its own section of bench/RESULTS.md
+bench-reward: $(STAMP)
+	$(PY) -m bench.reward_cost
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

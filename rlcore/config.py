@@ -96,6 +96,15 @@ class FileColumns(_Section):
     """Column naming each row's data_source; null: every row gets task.data_source."""
 
 
+class PairsConfig(_Section):
+    n_train: int = Field(0, ge=0)
+    """Pairs in data/processed/pairs_train.parquet (0: none written)."""
+    n_test: int = Field(0, ge=0)
+    """Pairs in data/processed/pairs_test.parquet (drawn from the test split's questions)."""
+    flip_rate: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of training pairs whose chosen and rejected answers are swapped (label noise; the test pairs never are)."""
+
+
 class TaskConfig(_Section):
     name: str = "arithmetic"
     """Task builder from rlcore.data (arithmetic: synthetic; gsm8k: local GSM8K-format files; file: your own
@@ -129,6 +138,8 @@ class TaskConfig(_Section):
     data_source: str = Field("file", min_length=1)
     """task file: the data_source of every row when columns.data_source is null (it selects the built-in rule
     reward, if there is one of that name: arithmetic, gsm8k, math; your reward.functions receive it)."""
+    pairs: PairsConfig = PairsConfig()
+    """arithmetic: built-in preference pairs for a reward model, written by prepare (data/processed/pairs_*.parquet)."""
     max_prompt_length: int = Field(16, ge=1)
     """Prompt tokens after the chat template; longer prompts are an error."""
     max_response_length: int = Field(6, ge=1)
@@ -152,6 +163,12 @@ class TaskConfig(_Section):
     def _digit_range(self) -> "TaskConfig":
         if self.min_digits > self.max_digits:
             raise ValueError(f"task.min_digits {self.min_digits} exceeds task.max_digits {self.max_digits}")
+        if (self.pairs.n_train or self.pairs.n_test) and self.name != "arithmetic":
+            raise ValueError(f"task.pairs (built-in preference pairs) exist for task arithmetic only, not {self.name}: "
+                             "give rm.models your own pairs files")
+        if self.pairs.n_test > self.n_test:
+            raise ValueError(f"task.pairs.n_test {self.pairs.n_test} exceeds task.n_test {self.n_test} (test pairs are "
+                             "made from the test split's questions)")
         if self.name in ("gsm8k", "file"):
             for key in ("train", "test"):
                 if key not in self.file:
@@ -306,6 +323,11 @@ class RewardModelConfig(_Section):
     """Standardise scores with the mean and std the rm stage saved in the folder (reward_stats.json)."""
     micro_batch_size: int = Field(256, ge=1)
     """Sequences per reward-model forward on one rank."""
+    placement: Literal["colocate", "separate"] = "colocate"
+    """colocate: one rank on each bundle of the stage's resource pool, sharing it with the actor (or rollout) ranks.
+    separate: one rank on a bundle of its own (cpus, and a GPU with resources.use_gpu)."""
+    cpus: float = Field(1.0, gt=0)
+    """placement separate: logical CPUs of the reward model's bundle (also its torch threads)."""
 
 
 class RewardConfig(_Section):
@@ -542,6 +564,42 @@ class AsyncConfig(_Section):
     round; after that the round goes on with the generators left, and stops when none is."""
 
 
+class RewardModelTraining(_Section):
+    train: str = Field(min_length=1)
+    """Preference pairs to train on (.jsonl/.parquet: prompt, chosen, rejected, optional margin; prompt as text or
+    chat messages, chosen/rejected as text or messages ending with the assistant's). data/processed/pairs_train.parquet
+    is the built-in task's (task.pairs)."""
+    test: str = Field(min_length=1)
+    """Held-out pairs for rm/accuracy and the other metrics."""
+    init: str = Field("models/sft", min_length=1)
+    """Model folder the reward model starts from (its backbone; the score head is new)."""
+
+
+class RMConfig(_Section):
+    models: dict[str, RewardModelTraining] = {}
+    """Reward models to train: name -> {train, test, init}; dvc.yaml makes one stage per key (rm@<name>) writing
+    models/rm/<name>, none while it is empty. Use one with reward.model.path: models/rm/<name>."""
+    steps: int = Field(600, ge=1)
+    """Optimizer steps."""
+    batch_size: int = Field(64, ge=1)
+    """Pairs per step across all ranks (divisible by resources.n_workers)."""
+    micro_batch_size: int = Field(64, ge=1)
+    """Pairs per forward/backward on one rank."""
+    lr: float = Field(1e-3, gt=0)
+    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(20, ge=0)
+    """Linear warm-up steps."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm."""
+    center_rewards_coefficient: float = Field(0.01, ge=0)
+    """Weight of mean((r_chosen + r_rejected)^2) in the loss, which keeps scores centred on 0 (TRL's
+    center_rewards_coefficient; Eisenstein et al. 2023). 0 = off."""
+    eval_every: int = Field(100, ge=0)
+    """Held-out accuracy every N steps (rm/val_accuracy in the plot and MLflow); 0 = only at the end."""
+
+
 class PPORound(_Section):
     init: str
     """Model folder the round starts from (the previous round's output)."""
@@ -613,6 +671,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     actor: ActorConfig = ActorConfig()
     critic: CriticConfig = CriticConfig()
+    rm: RMConfig = RMConfig()
     ppo: PPOConfig = PPOConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
 
@@ -633,6 +692,11 @@ class Config(_Section):
                                  f"must be divisible by resources.n_workers {w}")
         if self.ppo.mode == "async":
             self._async_checks()
+        elif self._separate_rm_cpus() and self.ray.address == "local":
+            need = w * self.resources.cpus_per_worker + self._separate_rm_cpus()
+            if need > self.ray.num_cpus:
+                raise ValueError(f"reward.model.placement separate needs resources.n_workers * cpus_per_worker + "
+                                 f"reward.model.cpus = {need:g} CPUs, more than ray.num_cpus {self.ray.num_cpus}")
         proximal = self.actor.recompute_log_prob or (self.ppo.mode == "async" and self.ppo.async_.max_staleness > 0)
         if self.actor.off_policy.correction != "none" and not proximal:
             raise ValueError(f"actor.off_policy.correction {self.actor.off_policy.correction} compares the rollout's "
@@ -645,6 +709,10 @@ class Config(_Section):
             )
         return self
 
+    def _separate_rm_cpus(self) -> float:
+        rm = self.reward.model
+        return rm.cpus if rm is not None and rm.placement == "separate" else 0.0
+
     def _async_checks(self) -> None:
         """What ppo.mode async cannot do, and the resources it needs on a local Ray."""
         if self.ppo.dapo.dynamic_sampling:
@@ -654,10 +722,10 @@ class Config(_Section):
             raise ValueError("algorithm.adv_estimator remax (a greedy baseline per step) is not supported with "
                              "ppo.mode async; use ppo.mode sync")
         r, g = self.resources, self.rollout
-        need = r.n_workers * r.cpus_per_worker + g.n_workers * g.cpus_per_worker
+        need = r.n_workers * r.cpus_per_worker + g.n_workers * g.cpus_per_worker + self._separate_rm_cpus()
         if self.ray.address == "local" and need > self.ray.num_cpus:
             raise ValueError(f"ppo.mode async needs resources.n_workers * cpus_per_worker + rollout.n_workers * "
-                             f"cpus_per_worker = {need:g} CPUs, more than ray.num_cpus {self.ray.num_cpus} (trainer and "
+                             f"cpus_per_worker (+ reward.model.cpus, placement separate) = {need:g} CPUs, more than ray.num_cpus {self.ray.num_cpus} (trainer and "
                              f"generators get their own bundles): lower resources.n_workers or raise ray.num_cpus")
 
 

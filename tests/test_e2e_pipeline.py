@@ -38,7 +38,13 @@ TINY = {
     "actor": {"ppo_mini_batch_size": 2},
     "evaluate": {"final_round": "r2", "k": 2, "n_samples": 2, "table_rows": 4},
     "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
+    # a reward function of the user's, at weight 0 (so every number stays the rule's): its file is a dependency of
+    # score, the rounds and evaluate only
+    "reward": {"functions": [{"path": "rewards/brevity.py", "name": "brevity", "weight": 0.0}]},
 }
+BREVITY = """def brevity(data_source, solution_str, ground_truth, extra_info):
+    return {"score": 1.0 / (1 + len(solution_str)), "chars": len(solution_str)}
+"""
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -66,6 +72,8 @@ def workdir(tmp_path_factory) -> tuple[Path, dict]:
         (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
     params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (root / "rewards").mkdir()
+    (root / "rewards" / "brevity.py").write_text(BREVITY)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(root), "RLCORE_CACHE": str(root / ".cache"), "RAY_ADDRESS": ""}
     run(["git", "init", "-q"], root, env)
@@ -81,7 +89,7 @@ def first_run(workdir) -> str:
 
 def test_repro_writes_every_declared_output(workdir, first_run):
     root, _ = workdir
-    assert ran_stages(first_run) == {"prepare", "sft", "score", "ppo@r1", "ppo@r2", "evaluate"}
+    assert ran_stages(first_run) == {"reward_file@0", "prepare", "sft", "score", "ppo@r1", "ppo@r2", "evaluate"}
     for model in ("models/sft", "models/ppo/r1", "models/ppo/r2"):
         assert (root / model / "config.json").is_file() and (root / model / "tokenizer.json").is_file()
         assert list((root / model).glob("*.safetensors"))
@@ -100,6 +108,10 @@ def test_repro_writes_every_declared_output(workdir, first_run):
     steps = (root / "plots/ppo_r1.csv").read_text().splitlines()
     assert len(steps) == 1 + 2 and "rollout/acc" in steps[0]  # header + one row per step
     assert "val/greedy_pass@1" in steps[0]
+    plot = pd.read_csv(root / "plots/ppo_r1.csv")
+    assert (plot["reward/brevity/mean"] > 0).all() and (plot["reward/brevity/chars"] >= 1).all()
+    assert plot["rollout/reward_mean"].tolist() == plot["reward/rule/mean"].tolist()  # brevity's weight is 0
+    assert {"final/reward/brevity/mean", "sft/reward/rule/mean"} <= set(ev)
 
 
 def test_round_validation_agrees_with_evaluate(workdir, first_run):
@@ -229,6 +241,27 @@ def test_estimator_switch_makes_only_ppo_and_evaluate_stale(workdir, first_run):
     assert runs["metrics.final/greedy_pass_at_1"].notna().all()
     ppo_runs = mlflow.search_runs(experiment_names=["rlcore"], filter_string="tags.`rlcore.stage` = 'ppo'")
     assert set(ppo_runs["tags.rlcore.round"]) == {"r1", "r2"}
+
+
+def test_editing_a_reward_file_reruns_exactly_the_stages_that_score(workdir, first_run):
+    """The reward file's own stage is stale; once it has run (a real `dvc repro` of it), score, the rounds and
+    evaluate are, while prepare and sft stay cached. The file's sha256 is a param of the runs that used it."""
+    root, env = workdir
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["rlcore"], filter_string="tags.`rlcore.stage` = 'evaluate'")
+    from rlcore.inputs import sha256_of
+
+    assert list(runs["params.reward_inputs.brevity.sha256"]) == [sha256_of(root / "rewards" / "brevity.py")]
+    original = (root / "rewards" / "brevity.py").read_text()
+    (root / "rewards" / "brevity.py").write_text(original + "# tuned\n")
+    try:
+        assert stale_stages(root, env) == {"reward_file@0"}
+        assert ran_stages(run(["dvc", "repro", "reward_file@0"], root, env)) == {"reward_file@0"}
+        assert stale_stages(root, env) == {"score", "ppo@r1", "ppo@r2", "evaluate"}
+    finally:
+        (root / "rewards" / "brevity.py").write_text(original)
+        run(["dvc", "repro", "reward_file@0"], root, env)
+    assert stale_stages(root, env) == set()
 
 
 def test_editing_algorithm_code_leaves_data_sft_and_scoring_up_to_date(workdir, first_run):

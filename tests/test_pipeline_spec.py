@@ -24,13 +24,14 @@ from rlcore.config import Config
 from .conftest import REPO_ROOT
 
 # dvc.yaml stage -> the stage script it runs (python -m stages.<script>)
-SCRIPTS = {"task_file": "track", "reward_file": "track", "prepare": "prepare", "sft": "sft", "score": "score",
-           "ppo": "ppo", "evaluate": "evaluate"}
+SCRIPTS = {"task_file": "track", "reward_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm",
+           "score": "score", "ppo": "ppo", "evaluate": "evaluate"}
 STAGES = list(SCRIPTS)
 CONFIG_STAGES = [name for name in STAGES if SCRIPTS[name] != "track"]  # the stages that read params.yaml
-INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards"}
-OUTPUT_FLAGS = {"--out", "--out-dir", "--samples", "--rollouts"}  # declared under outs
-NON_PATH_FLAGS = {"--round"}
+INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards",
+               "--train", "--test"}
+OUTPUT_FLAGS = {"--out", "--out-dir", "--samples", "--rollouts", "--manifest"}  # declared under outs
+NON_PATH_FLAGS = {"--round", "--name"}
 
 
 def dvc_stages() -> dict[str, dict]:

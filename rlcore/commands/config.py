@@ -23,8 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     show.add_argument("--changed", action="store_true", help="only keys whose value differs from the default")
     show.add_argument("--json", action="store_true", help="print JSON records instead of a table")
     add_config_options(show)
-    check = sub.add_parser("check", help="validate the params; exit 0, or 2 with a one-line error",
-                           description="Validate the params file (and --set overrides) as every stage does.",
+    check = sub.add_parser("check", help="validate the params, task files and reward functions; exit 0, or 2 with a "
+                                         "one-line error",
+                           description="Validate the params file (and --set overrides) as every stage does; read the "
+                                       "first row of each task file; import each reward file and call each function "
+                                       "once on a row of the task (its ground truth as the answer).",
                            epilog="example:\n  rlcore config check --params params.yaml",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_options(check)
@@ -61,8 +64,8 @@ def _plain(value: Any) -> Any:
         return value.model_dump(mode="json")
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return list(value)
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
     return value
 
 
@@ -100,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from(args)
     source = params_source(args) or "built-in defaults"
     if args.action == "check":
-        print(f"{source}: ok ({len(list(entries(cfg, Config())))} keys valid)")
+        from rlcore.preflight import check_inputs
+
+        lines = check_inputs(cfg)  # the task's files and the reward functions, called once on a row
+        print("\n".join([f"{source}: ok ({len(list(entries(cfg, Config())))} keys valid)", *lines]))
         return 0
     rows = select(list(entries(cfg, Config())), args.key)
     if args.changed:

@@ -1,4 +1,4 @@
-"""``rlcore eval``: score a generations file with the reward function of each row's data_source."""
+"""``rlcore eval``: score a generations file with the params' reward (the rule of each row's data_source, reward.functions, reward.model)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 from rlcore.commands.common import add_config_options, config_from, positive_int
 
-HELP = "score a generations file: mean reward, pass@1 and pass@k per data_source"
+HELP = "score a generations file with the params' reward: mean reward, pass@1 and pass@k per data_source"
 EXAMPLE = "rlcore eval --generations gen.parquet --k 8 --out eval.json"
 
 
@@ -39,7 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from rlcore.rewards.scoring import RewardScorer
 
     scorer = RewardScorer.from_config(cfg.reward)
-    result = evaluate_generations(args.generations, k, scorer)
+    model = None
+    if cfg.reward.model is not None:  # torch and the model only when the params name one
+        from rlcore.engine.reward_model import LocalRewardModel
+
+        rm = cfg.reward.model
+        model = LocalRewardModel(rm.path, weight=rm.weight, normalize=rm.normalize)
+    result = evaluate_generations(args.generations, k, scorer, model)
     print(format_table(result))
     if args.out:
         write_json(args.out, result)

@@ -56,15 +56,19 @@ def ground_truth_of(row: Mapping[str, Any]) -> Any:
     return row.get("ground_truth")
 
 
-def score_records(rows: list[dict], source: str, scorer: RewardScorer) -> list[tuple[str, Rewards]]:
+def score_records(rows: list[dict], source: str, scorer: RewardScorer,
+                  reward_model=None) -> list[tuple[str, Rewards]]:
     """``(data_source, Rewards of the row's responses)`` per row, every response scored in one guarded batch
-    (``scorer``); a row that cannot be scored is one line naming it and the field."""
+    (``scorer``) and by ``reward_model`` (:class:`~rlcore.engine.reward_model.LocalRewardModel`, which needs each
+    row's ``prompt``); a row that cannot be scored is one line naming it and the field."""
     sources: list[str] = []
     texts: list[str] = []
     truths: list[str] = []
     extras: list[dict] = []
     sizes: list[int] = []
-    only_rules = [f.label for f in scorer.functions] == ["rule"]
+    prompts: list[list[dict]] = []
+    ended: list[bool] = []
+    only_rules = [f.label for f in scorer.functions] == ["rule"] and reward_model is None
     for i, row in enumerate(rows):
         where = f"{source}: row {i}"
         ds, gt, responses = row.get("data_source"), ground_truth_of(row), row.get("responses")
@@ -78,12 +82,21 @@ def score_records(rows: list[dict], source: str, scorer: RewardScorer) -> list[t
         if not isinstance(responses, (list, tuple, np.ndarray)) or not len(responses):
             raise DataError(f"{where}: field 'responses' should be a non-empty list of strings (from rlcore generate)")
         extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
+        if reward_model is not None:
+            if not isinstance(row.get("prompt"), (list, tuple, np.ndarray)):
+                raise DataError(f"{where}: missing field 'prompt' (chat messages): reward.model scores the response "
+                                "to its prompt")
+            reasons = row.get("finish_reasons")
+            prompts += [list(row["prompt"])] * len(responses)
+            ended += [r != "length" for r in reasons] if isinstance(reasons, (list, tuple, np.ndarray)) and \
+                len(reasons) == len(responses) else [True] * len(responses)
         sources += [ds] * len(responses)
         texts += [str(r) for r in responses]
         truths += [gt] * len(responses)
         extras += [extra] * len(responses)
         sizes.append(len(responses))
-    rewards = scorer.score(samples_of(sources, texts, truths, extras), what=source)
+    model = (lambda: reward_model(prompts, texts, ended)) if reward_model is not None else None
+    rewards = scorer.score(samples_of(sources, texts, truths, extras), what=source, model=model)
     starts = np.cumsum([0] + sizes[:-1])
     return [(sources[a], rewards.select(np.arange(a, a + size))) for a, size in zip(starts, sizes)]
 
@@ -104,13 +117,14 @@ def summarize(rewards: list[Rewards], k: int) -> dict[str, float]:
     }
 
 
-def evaluate_generations(path: str | Path, k: int, scorer: RewardScorer | None = None) -> dict[str, Any]:
+def evaluate_generations(path: str | Path, k: int, scorer: RewardScorer | None = None,
+                         reward_model=None) -> dict[str, Any]:
     """``{"k", "pass@1", "pass@k", "mean_reward", "n_prompts", "n_responses", "<function>/mean", ...,
     "reward_errors", "reward_timeouts", "by_data_source": {...}}`` for a generations file, scored by ``scorer``
-    (default: the built-in rules with the default ``reward`` params)."""
+    (default: the built-in rules with the default ``reward`` params) and ``reward_model``."""
     rows = read_records(path)
     scorer = scorer or RewardScorer()
-    scored = score_records(rows, str(path), scorer)
+    scored = score_records(rows, str(path), scorer, reward_model)
     for i, (_, r) in enumerate(scored):
         if len(r) < k:
             raise DataError(f"{path}: row {i}: {len(r)} responses; pass@{k} needs at least k={k} "

@@ -134,9 +134,10 @@ class AsyncRoundRunner(RoundRunner):
     def _scored(self, got: Rollout, step: int) -> tuple[Batch, Metrics]:
         """The generated batch with its prompts' fields and rewards, and the reward metrics (``reward/*``)."""
         rows, _ = self.outstanding[got.item_id]
+        start = time.perf_counter()
         batch, rewards = self._score(self.prompts.select(rows).repeat(self.cfg.rollout.n).union(got.batch),
                                      f"ppo step {step}")
-        return batch, rewards.metrics()
+        return batch, {**rewards.metrics(), "timing_s/reward": time.perf_counter() - start}
 
     def _prefetch(self, step: int, update: Pending) -> None:
         """While the update of ``step`` runs on the ranks: take the next step's batch out of the queue as soon as

@@ -11,20 +11,21 @@ from rlcore.rewards.generations import pass_at_k
 from rlcore.rewards.scoring import RewardScorer
 from rlcore.trainer.common import start_pool
 from rlcore.trainer.generation import reward_scorer
+from rlcore.trainer.reward_model import RewardModelGroup, start_reward_model
 from rlcore.trainer.score import rollout_group, sample_rewards
 
 
-def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: str,
-                   scorer: RewardScorer) -> tuple[dict, list[dict]]:
+def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: str, scorer: RewardScorer,
+                   reward_model: RewardModelGroup | None = None) -> tuple[dict, list[dict]]:
     """Metrics ``{name}/greedy_pass@1``, ``{name}/pass@k``, ... and a sample table for one model."""
     e = cfg.evaluate
     group = rollout_group(cfg, pool, model_dir)
     try:
         greedy, gen = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=1, temperature=1.0,
-                                     greedy=True, seed=cfg.seed, desc=f"eval {name} greedy")
+                                     greedy=True, seed=cfg.seed, desc=f"eval {name} greedy", reward_model=reward_model)
         sampled, _ = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=e.n_samples,
                                     temperature=e.temperature, greedy=False, seed=cfg.seed + 1,
-                                    desc=f"eval {name} sampled")
+                                    desc=f"eval {name} sampled", reward_model=reward_model)
     finally:
         group.shutdown()
     passed = (sampled.acc >= 1.0).reshape(len(prompts), e.n_samples)
@@ -52,10 +53,15 @@ def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: s
     prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path)
     metrics, table = {"test/n_prompts": len(prompts)}, []
     with start_pool(cfg) as pool:
-        for name, path in models.items():
-            m, t = evaluate_model(cfg, pool, path, tokenizer, prompts, name, scorer)
-            metrics.update(m)
-            table += t
+        rm = start_reward_model(cfg, pool, share=2)
+        try:
+            for name, path in models.items():
+                m, t = evaluate_model(cfg, pool, path, tokenizer, prompts, name, scorer, rm)
+                metrics.update(m)
+                table += t
+        finally:
+            if rm is not None:
+                rm.shutdown()
     first, last = list(models)[0], list(models)[-1]
     metrics["gain/greedy_pass@1"] = metrics[f"{last}/greedy_pass@1"] - metrics[f"{first}/greedy_pass@1"]
     return metrics, table

@@ -10,7 +10,7 @@ from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import decode_responses
 from rlcore.protocol import Batch
-from rlcore.rewards.scoring import ModelScores, Rewards, RewardScorer, probe, samples_of
+from rlcore.rewards.scoring import Rewards, RewardScorer, probe, samples_of
 from rlcore.rollout import EngineSpec, SamplingParams
 from rlcore.workers.rollout import GenerateSpec
 
@@ -61,12 +61,13 @@ def reward_scorer(cfg: Config, rows=None, source: str = "") -> RewardScorer:
     return scorer
 
 
-def score_responses(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str,
-                    model: ModelScores | None = None) -> Rewards:
-    """Score each response with every reward function (and combine them with a reward model's ``model`` scores):
-    :class:`~rlcore.rewards.scoring.Rewards`, whose ``total`` is the training reward and ``acc`` the accuracy
-    score. A batch where every function fails on every sample raises
-    :class:`~rlcore.rewards.guard.RewardError` naming ``what``."""
+def score_responses(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str, reward_model=None) -> Rewards:
+    """Score each response with every reward function and, with ``reward_model`` (a
+    :class:`~rlcore.trainer.reward_model.RewardModelGroup`), the reward model, whose forward runs on its ranks
+    while the functions run in the scoring processes: :class:`~rlcore.rewards.scoring.Rewards`, whose ``total``
+    is the training reward and ``acc`` the accuracy score. A batch where every function fails on every sample
+    raises :class:`~rlcore.rewards.guard.RewardError` naming ``what``."""
+    model = reward_model.submit(batch) if reward_model is not None else None
     texts = decode_responses(tokenizer, batch["responses"], batch["response_mask"])
     extra = batch["extra_info"] if "extra_info" in batch else None
     return scorer.score(samples_of(batch["data_source"], texts, batch["ground_truth"], extra), what=what, model=model)

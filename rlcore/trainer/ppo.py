@@ -55,6 +55,7 @@ from rlcore.trainer.generation import (
     reward_scorer,
     score_responses,
 )
+from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
 from rlcore.trainer.rollout_data import (
     PromptSampler,
     keep_informative_groups,
@@ -124,13 +125,14 @@ class RoundGroups:
 
     actor: WorkerGroup[ActorRolloutRefWorker]
     critic: WorkerGroup[CriticWorker] | None = None
+    reward_model: RewardModelGroup | None = None
 
     @classmethod
     def start(cls, cfg: Config, pool: ResourcePool, init_dir: str) -> RoundGroups:
         """Start and initialise the groups ``cfg`` needs, from the model at ``init_dir`` (a critic from
-        ``init_dir/critic`` if a previous round saved one there)."""
+        ``init_dir/critic`` if a previous round saved one there; the reward model of ``reward.model``)."""
         use_critic = ESTIMATORS.get(cfg.algorithm.adv_estimator).needs_critic
-        share = 2 if use_critic else 1  # colocated groups split each bundle's CPUs
+        share = 1 + int(use_critic) + colocated(cfg)  # colocated groups split each bundle's CPUs
         a, c, timeout = cfg.actor, cfg.critic, cfg.ray.timeout_s
         actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor", share=share, timeout_s=timeout,
                             model=model_spec(cfg, init_dir), engine=engine_spec(cfg),
@@ -145,13 +147,14 @@ class RoundGroups:
                                             model=model_spec(cfg, critic_dir if critic_dir.is_dir() else init_dir),
                                             optim=OptimSpec(lr=c.lr, weight_decay=c.weight_decay), seed=cfg.seed)
                 groups.critic.call(CriticWorker.init_model)
+            groups.reward_model = start_reward_model(cfg, pool, share=share)
         except BaseException:
             groups.shutdown()
             raise
         return groups
 
     def shutdown(self) -> None:
-        for group in (self.actor, self.critic):
+        for group in (self.actor, self.critic, self.reward_model):
             if group is not None:
                 group.shutdown()
 
@@ -165,6 +168,7 @@ class RoundRunner:
         self.estimator = ESTIMATORS.get(alg.adv_estimator)
         self.actor = groups.actor
         self.critic = groups.critic if self.estimator.needs_critic else None
+        self.reward_model = groups.reward_model
         if self.estimator.needs_critic and self.critic is None:
             raise ValueError(f"estimator {alg.adv_estimator!r} needs a critic worker group")
         k = alg.kl_ctrl
@@ -192,7 +196,7 @@ class RoundRunner:
         """The rewards of every function (and the reward model): the accuracy score (``acc``), the shaped training
         reward (``scores``: the weighted sum plus the overlong penalty) and each component unweighted
         (``reward_components``, for estimators that treat them apart); and the batch's :class:`Rewards`."""
-        rewards = score_responses(self.tok, batch, self.rewards, what=what)
+        rewards = score_responses(self.tok, batch, self.rewards, what=what, reward_model=self.reward_model)
         d = self.cfg.ppo.dapo
         lengths = batch["response_mask"].sum(-1)
         pen = overlong_penalty(lengths, self.cfg.task.max_response_length, d.overlong_buffer, d.overlong_penalty)
@@ -203,16 +207,19 @@ class RoundRunner:
 
     def collect(self, step: int) -> tuple[Batch, Metrics]:
         """Rollouts for ``ppo.train_batch_size`` prompts, with DAPO dynamic sampling if asked; the metrics of
-        every response scored on the way (``reward/*``) and of the tries."""
+        every response scored on the way (``reward/*``; ``timing_s/reward``: decoding and scoring them, the reward
+        model included) and of the tries."""
         cfg, n, want = self.cfg, self.cfg.rollout.n, self.cfg.ppo.train_batch_size
         d = cfg.ppo.dapo
         kept: list[Batch] = []
         scored: list[Rewards] = []
-        tries, have, last = 0, 0, Batch()
+        tries, have, last, reward_s = 0, 0, Batch(), 0.0
         while tries < (d.max_sample_tries if d.dynamic_sampling else 1) and have < want:
             prompts = self.prompts.select(self.sampler.take(want))
-            last, rewards = self._score(self._generate(prompts.repeat(n), self.seed * 100003 + step * 101 + tries),
-                                        f"ppo step {step}")
+            generated = self._generate(prompts.repeat(n), self.seed * 100003 + step * 101 + tries)
+            start = time.perf_counter()
+            last, rewards = self._score(generated, f"ppo step {step}")
+            reward_s += time.perf_counter() - start
             scored.append(rewards)
             part = keep_informative_groups(last, n) if d.dynamic_sampling else last
             kept.append(part)
@@ -223,7 +230,7 @@ class RoundRunner:
         while groups > 1 and (groups * n) % cfg.resources.n_workers:
             groups -= 1  # equal shards per rank
         return batch.slice(0, groups * n), {**Rewards.concat(scored).metrics(), "rollout/sample_tries": tries,
-                                            "rollout/groups_kept": groups}
+                                            "rollout/groups_kept": groups, "timing_s/reward": reward_s}
 
     def step(self, step: int) -> Metrics:
         t: Metrics = {}
@@ -306,7 +313,7 @@ class RoundRunner:
     def validate(self, prompts: Batch) -> Metrics:
         """Greedy pass@1 of the current policy (the rollout copy holds the latest weights) on ``prompts``."""
         gen = self._generate(prompts, self.seed, greedy=True)
-        rewards = score_responses(self.tok, gen, self.rewards, what="ppo validation")
+        rewards = score_responses(self.tok, gen, self.rewards, what="ppo validation", reward_model=self.reward_model)
         m = rewards.metrics()
         return {"val/greedy_pass@1": float((rewards.acc >= 1.0).mean()),
                 "val/reward_mean": float(rewards.total.mean()),

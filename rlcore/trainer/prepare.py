@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from rlcore.config import Config
+from rlcore.data.arithmetic import arithmetic_rows
 from rlcore.data.files import overlap
+from rlcore.data.pairs import arithmetic_pairs
 from rlcore.data.schema import write_rows
 from rlcore.data.splits import build_splits, task_options
 from rlcore.inputs import recorded_sha256
@@ -40,4 +45,24 @@ def write_splits(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     metrics["prepare/sft_wrong_demonstrations"] = sum(
         r["extra_info"]["answer"] != r["reward_model"]["ground_truth"] for r in splits["sft_train"])
     metrics["prepare/test_prompts_seen_in_training"] = overlap(splits["test"], splits["sft_train"], splits["rl_train"])
+    pairs = cfg.task.pairs
+    if pairs.n_train or pairs.n_test:
+        metrics.update(write_pairs(cfg, splits["test"], Path(out_dir)))
     return metrics
+
+
+def write_pairs(cfg: Config, test_rows: list, out_dir: Path) -> dict[str, float]:
+    """The arithmetic task's built-in preference pairs (``task.pairs``): ``pairs_train.parquet`` from questions
+    outside the test split, ``pairs_test.parquet`` from the test split's first ``n_test`` questions."""
+    t = cfg.task
+    config = {"min_digits": t.min_digits, "max_digits": t.max_digits, "ops": tuple(t.ops)}
+    held_out = frozenset(r["extra_info"]["question"] for r in test_rows)
+    train_rows = arithmetic_rows(t.pairs.n_train, seed=cfg.seed + 7919, split="pairs", exclude=held_out, **config)
+    out = {}
+    for name, rows, flip in (("train", train_rows, t.pairs.flip_rate), ("test", test_rows[:t.pairs.n_test], 0.0)):
+        records = arithmetic_pairs(rows, seed=cfg.seed + (7927 if name == "train" else 7933), flip_rate=flip,
+                                   config=config)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(records), out_dir / f"pairs_{name}.parquet")
+        out[f"prepare/pairs_{name}_rows"] = len(records)
+    return out

@@ -16,14 +16,16 @@ from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.scoring import Rewards, RewardScorer
 from rlcore.trainer.common import model_spec, start_pool
 from rlcore.trainer.generation import engine_spec, generate, generate_spec, reward_scorer, score_responses
+from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
 from rlcore.workers.rollout import RolloutWorker
 
 CHUNK_PROMPTS = 128  # prompts per generate call, so the progress bar moves
 
 
 def rollout_group(cfg: Config, pool, model_dir: str) -> WorkerGroup[RolloutWorker]:
-    """A generation-only worker group over the model at ``model_dir``, initialised."""
-    group = WorkerGroup(RolloutWorker, pool, name="rollout", timeout_s=cfg.ray.timeout_s,
+    """A generation-only worker group over the model at ``model_dir``, initialised (sharing the pool with the
+    reward model when one is colocated)."""
+    group = WorkerGroup(RolloutWorker, pool, name="rollout", share=1 + colocated(cfg), timeout_s=cfg.ray.timeout_s,
                         model=model_spec(cfg, model_dir), engine=engine_spec(cfg), seed=cfg.seed)
     group.call(RolloutWorker.init_model)
     return group
@@ -44,11 +46,12 @@ def sample_chunks(cfg: Config, group: WorkerGroup[RolloutWorker], prompts: Batch
 
 
 def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, scorer: RewardScorer,
-                   n: int, temperature: float, greedy: bool, seed: int, desc: str) -> tuple[Rewards, Batch]:
-    """The :class:`Rewards` of ``n`` responses per prompt (scored by ``scorer``; sample ``i * n + j`` is prompt
-    ``i``'s ``j``-th) and the generated Batch (:func:`sample_chunks`)."""
+                   n: int, temperature: float, greedy: bool, seed: int, desc: str,
+                   reward_model: RewardModelGroup | None = None) -> tuple[Rewards, Batch]:
+    """The :class:`Rewards` of ``n`` responses per prompt (scored by ``scorer`` and ``reward_model``; sample
+    ``i * n + j`` is prompt ``i``'s ``j``-th) and the generated Batch (:func:`sample_chunks`)."""
     gen = sample_chunks(cfg, group, prompts, n=n, temperature=temperature, greedy=greedy, seed=seed, desc=desc)
-    return score_responses(tokenizer, gen, scorer, what=desc), gen
+    return score_responses(tokenizer, gen, scorer, what=desc, reward_model=reward_model), gen
 
 
 def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_path: str) -> dict[str, float]:
@@ -63,11 +66,16 @@ def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_pat
     scorer = reward_scorer(cfg, df, data_path)
     with start_pool(cfg) as pool:
         group = rollout_group(cfg, pool, model_dir)
+        rm = None
         try:
+            rm = start_reward_model(cfg, pool, share=2)
             scored, _ = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=sc.n,
-                                       temperature=sc.temperature, greedy=False, seed=cfg.seed, desc="score")
+                                       temperature=sc.temperature, greedy=False, seed=cfg.seed, desc="score",
+                                       reward_model=rm)
         finally:
             group.shutdown()
+            if rm is not None:
+                rm.shutdown()
     rewards = scored.total.reshape(len(df), sc.n)
     correct = (scored.acc >= 1.0).reshape(len(df), sc.n)
     mean = rewards.mean(axis=1)

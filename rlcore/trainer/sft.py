@@ -32,8 +32,9 @@ def sft_batch(df, tokenizer, cfg: Config, source: str) -> Batch:
     return Batch({**batch.tensors, "responses": responses, "response_mask": mask}, batch.non_tensors)
 
 
-def epoch_batches(data: Batch, batch_size: int, steps: int, seed: int, start: int = 0) -> Iterator[Batch]:
-    """Batches ``start`` to ``steps - 1`` of the tensors of ``data``, in seeded epoch-shuffled order (the rows
+def epoch_batches(data: Batch, batch_size: int, steps: int, seed: int, start: int = 0,
+                  fields: tuple[str, ...] = ("prompts", "prompt_mask", "responses", "response_mask")) -> Iterator[Batch]:
+    """Batches ``start`` to ``steps - 1`` of the tensors ``fields`` of ``data``, in seeded epoch-shuffled order (the rows
     of an epoch that do not fill a batch are left for the reshuffle). The order only depends on the seed, so
     a resumed run replays the shuffles of the steps before ``start`` and continues with the same batches."""
     rng = np.random.default_rng(seed)
@@ -42,8 +43,7 @@ def epoch_batches(data: Batch, batch_size: int, steps: int, seed: int, start: in
         if pos + batch_size > len(order):  # next epoch: reshuffle
             order, pos = rng.permutation(len(data)), 0
         if step >= start:
-            yield data.select(order[pos : pos + batch_size]).only("prompts", "prompt_mask", "responses",
-                                                                  "response_mask")
+            yield data.select(order[pos : pos + batch_size]).only(*fields)
         pos += batch_size
 
 

@@ -89,6 +89,33 @@ def test_config_check_exits_0_on_valid_params_and_2_with_one_line_on_bad_ones(tm
     assert code == 2 and "rollout.engine" in err and "vllm" in err
 
 
+USER_REWARDS = REPO_ROOT / "tests" / "rewards" / "user_rewards.py"
+
+
+@pytest.mark.parametrize("function, needle", [
+    ("faulty", None),
+    ("no_such", "user_rewards.py has no function 'no_such' (it defines: "),
+    ("two_arguments", "cannot be called as fn(data_source, solution_str, ground_truth, extra_info)"),
+])
+def test_config_check_calls_each_reward_function_once_on_a_task_row(tmp_path, capsys, function, needle):
+    """The task's rows and the reward files, before any stage: a file task's first row, then each function
+    called on it with its ground truth as the answer (here "7" and "x": faulty returns the number, or raises)."""
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"prompt": "3+4", "ground_truth": "7", "demonstration": "7"}\n')
+    params = tmp_path / "p.yaml"
+    params.write_text(json.dumps({"task": {"name": "file", "file": {"train": str(train), "test": str(train)}},
+                                  "reward": {"functions": [{"path": str(USER_REWARDS), "name": function}]}}))
+    code, out, err = run_cli(["config", "check", "--params", str(params)], capsys)
+    if needle is None:
+        assert code == 0 and f"reward function faulty ({USER_REWARDS}:faulty): imports, called once on {train}: " \
+            "row 0: ok" in out and f"task.file.train: {train}: readable, first row ok" in out, out
+        return
+    assert code == 2 and needle in err and f"fails on {train}: row 0" in err and err.strip().count("\n") == 0, err
+    train.write_text('{"prompt": "3+4", "ground_truth": "x"}\n')
+    code, _, err = run_cli(["config", "check", "--params", str(params)], capsys)
+    assert code == 2 and "train.jsonl: row 0 (line 1): missing field 'demonstration'" in err, err
+
+
 def write_generations(path: Path, rows: list[dict]) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 

@@ -1,0 +1,80 @@
+"""What ``rlcore config check`` verifies beyond the params' schema, before any stage runs: the task's files and
+the reward.
+
+* each ``task.file`` exists and its first row turns into a pipeline row with ``task.columns``;
+* each reward function's file imports, has the function, takes verl's arguments and, called once on a sample
+  row of the task (its ground truth as the answer), returns a number, None or a dict with ``score``;
+* ``reward.model`` is a Hugging Face folder, or the output of an ``rm`` stage of this params file.
+
+Each problem is a one-line :class:`~rlcore.errors.UserError` naming the file, row, function or key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlcore.config import Config
+from rlcore.errors import ConfigError
+
+
+def sample_row(cfg: Config) -> tuple[dict[str, Any], str]:
+    """A row of the task in the pipeline's schema, and where it comes from (for messages)."""
+    t = cfg.task
+    if t.name == "file":
+        from rlcore.data.files import file_rows
+
+        split, path = ("sft", t.file["sft"]) if "sft" in t.file else ("train", t.file["train"])
+        for key, other in t.file.items():  # every file's first row converts
+            file_rows(other, columns=t.columns, data_source=t.data_source, split=key, limit=1,
+                      need_demonstration=key == "sft" or (key == "train" and "sft" not in t.file))
+        return file_rows(path, columns=t.columns, data_source=t.data_source, split=split, limit=1)[0], \
+            f"{path}: row 0"
+    if t.name == "gsm8k":
+        from rlcore.data.gsm8k import gsm8k_rows
+
+        gsm8k_rows(t.file["test"], split="test")[:1]
+        return gsm8k_rows(t.file["train"], split="train")[0], f"{t.file['train']}: row 0"
+    from rlcore.data.splits import build_splits, task_options
+    from rlcore.registry import options_from
+
+    options = options_from(t, task_options(t.name) - {"seed"})
+    options.update(n_sft=1, n_rl=1, n_test=1)
+    return build_splits(t.name, seed=cfg.seed, **options)["test"][0], f"task {t.name}: a test row"
+
+
+def check_reward(cfg: Config, row: dict[str, Any], where: str) -> int:
+    """Probe every reward function on ``row`` (:func:`rlcore.rewards.scoring.probe`); the number probed."""
+    from rlcore.rewards.scoring import RewardScorer, probe, samples_of
+
+    model = cfg.reward.model
+    if model is not None and not (Path(model.path) / "config.json").is_file():
+        produced = {f"models/rm/{name}" for name in cfg.rm.models}
+        if str(Path(model.path)) not in produced:
+            raise ConfigError(f"reward.model.path {model.path!r}: not a Hugging Face folder (no config.json) and no "
+                              f"rm stage of this params file writes it ({', '.join(sorted(produced)) or 'rm.models is empty'})")
+    if not cfg.reward.functions:
+        return 0
+    truth = row["reward_model"]["ground_truth"]
+    scorer = RewardScorer.from_config(cfg.reward)
+    try:
+        probe(scorer, samples_of([row["data_source"]], [truth], [truth], [row["extra_info"]])[0],
+              where=f"{where} (its ground truth as the answer)")
+    finally:
+        scorer.pool.close()
+    return len(cfg.reward.functions)
+
+
+def check_inputs(cfg: Config) -> list[str]:
+    """Run every check above; one line per thing checked, for ``rlcore config check`` to print."""
+    row, where = sample_row(cfg)
+    lines = []
+    for key, path in cfg.task.file.items() if cfg.task.name in ("file", "gsm8k") else ():
+        lines.append(f"task.file.{key}: {path}: readable, first row ok")
+    probed = check_reward(cfg, row, where)
+    for f in cfg.reward.functions:
+        lines.append(f"reward function {f.name} ({f.path}:{f.name}): imports, called once on {where}: ok")
+    if cfg.reward.model is not None:
+        lines.append(f"reward.model: {cfg.reward.model.path}: ok")
+    assert probed == len(cfg.reward.functions)
+    return lines

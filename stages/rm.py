@@ -1,0 +1,51 @@
+"""rm@<name>: train a Bradley-Terry reward model on preference pairs (rm.models.<name>), for reward.model.
+
+    python -m stages.rm --name rm --train data/processed/pairs_train.parquet \
+        --test data/processed/pairs_test.parquet --init models/sft --out models/rm/rm \
+        --manifest inputs/reward/rm_rm.json --metrics metrics/rm_rm.json --plots plots/rm_rm.csv
+
+``--manifest`` records the trained model by sha256 (rlcore.inputs), so the stages that score with it re-run when
+it changes.
+"""
+
+from __future__ import annotations
+
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.errors import ConfigError
+
+PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rm")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__)
+    p.add_argument("--name", required=True)
+    p.add_argument("--train", required=True)
+    p.add_argument("--test", required=True)
+    p.add_argument("--init", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--manifest", required=True)
+    p.add_argument("--plots", default=None)
+    args = p.parse_args(argv)
+    with stage_errors(f"rm@{args.name}"):
+        cfg, params = stage_config(args.params, PARAMS, "rm")
+        if args.name not in cfg.rm.models:
+            raise ConfigError(f"--name {args.name!r} is not a key of rm.models ({', '.join(cfg.rm.models) or 'none'})")
+        for path, what in ((args.train, "training pairs"), (args.test, "held-out pairs"), (args.init, "initial model")):
+            require_file(path, what)
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid
+        from rlcore.engine.model import load_tokenizer
+        from rlcore.inputs import write_manifest
+        from rlcore.tracking import open_run
+        from rlcore.trainer.rm import run_rm
+        tokenizer = load_tokenizer(args.init)
+        own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}
+        with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT, round_name=args.name) as tracker:
+            metrics = run_rm(cfg, init=args.init, tokenizer=tokenizer, train_path=args.train, test_path=args.test,
+                             out_dir=args.out, tracker=tracker, plot_csv=args.plots)
+            write_json(args.metrics, metrics)
+            tracker.log_metrics(metrics)
+        write_manifest(args.out, args.manifest)
+
+
+if __name__ == "__main__":
+    main()
