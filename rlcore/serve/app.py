@@ -353,18 +353,15 @@ def _usage(prompts: list[list[int]], outs: list[_Output]) -> dict[str, int]:
 
 def load_server(model_dir: str | Path, cfg: Config, options: ServeOptions, device: torch.device) -> ModelServer:
     """The model at ``model_dir`` on ``device`` in the rollout engine params ``rollout`` names (the
-    ``model`` section's dtype and attention), and its tokenizer.
-
-    The engine spec is built here as ``rlcore.trainer.generation.engine_spec`` builds it, without
-    importing the trainer (which imports Ray: a server process has no use for it)."""
+    ``model`` section's dtype and attention), and its tokenizer."""
     from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
-    from rlcore.rollout import EngineSpec, make_engine
+    from rlcore.rollout import engine_spec, make_engine
 
     tokenizer = load_tokenizer(model_dir)
-    m, r = cfg.model, cfg.rollout
+    m = cfg.model
     model = load_rollout_model(ModelSpec(path=str(model_dir), dtype=m.dtype, attn_implementation=m.attn_implementation,
                                          packed_forward=m.packed_forward), device)
-    engine = make_engine(model, EngineSpec(name=r.engine, compile=r.compile, cuda_graphs=r.cuda_graphs),
+    engine = make_engine(model, engine_spec(cfg.rollout),
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return ModelServer(tokenizer, engine, device=device, context_length=model.config.max_position_embeddings,
                        vocab_size=model.config.vocab_size, default_max_tokens=cfg.task.max_response_length,

@@ -36,16 +36,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 
 from rlcore.config import Config
 from rlcore.controller.async_rollout import GeneratorPool, Rollout, WorkItem
 from rlcore.controller.worker_group import Pending
 from rlcore.protocol import Batch, Metrics
+from rlcore.rollout import engine_spec
 from rlcore.trainer.common import model_spec, timer
-from rlcore.trainer.generation import engine_spec, generate_spec
-from rlcore.trainer.ppo import RoundGroups, RoundRunner
+from rlcore.trainer.generation import generate_spec
 from rlcore.trainer.rollout_data import sample_rows
+from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.generator import GeneratorWorker
 from rlcore.workers.rollout import GenerateSpec
@@ -54,12 +54,12 @@ from rlcore.workers.rollout import GenerateSpec
 POLL_S = 0.02
 
 
-def start_generators(cfg: Config, init_dir: str) -> GeneratorPool:
+def start_generators(cfg: Config, init_dir: str) -> GeneratorPool[GeneratorWorker]:
     """The round's generators (params.yaml ``rollout.n_workers``/``cpus_per_worker``, ``ppo.async``)."""
     r, a = cfg.rollout, cfg.ppo.async_
     return GeneratorPool(GeneratorWorker, r.n_workers, r.cpus_per_worker, cfg.resources.use_gpu,
                          queue_size=a.queue_size, max_restarts=a.max_generator_restarts, timeout_s=cfg.ray.timeout_s,
-                         placement=cfg.resources.placement, model=model_spec(cfg, init_dir), engine=engine_spec(cfg),
+                         placement=cfg.resources.placement, model=model_spec(cfg, init_dir), engine=engine_spec(cfg.rollout),
                          shards=cfg.resources.n_workers, seed=cfg.seed)
 
 
@@ -67,7 +67,8 @@ class AsyncRoundRunner(RoundRunner):
     """:class:`RoundRunner` whose step trains on the next batch out of the rollout queue (see the module
     docstring); ``steps`` is the round's length (no batch is handed out for a step past it)."""
 
-    def __init__(self, cfg: Config, *, groups: RoundGroups, generators: GeneratorPool, tokenizer, prompts: Batch,
+    def __init__(self, cfg: Config, *, groups: RoundGroups, generators: GeneratorPool[GeneratorWorker], tokenizer,
+                 prompts: Batch,
                  seed: int, steps: int):
         super().__init__(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
         self.gens, self.steps = generators, steps
@@ -88,7 +89,8 @@ class AsyncRoundRunner(RoundRunner):
     def publish(self) -> None:
         """Put the trainer's current weights into the object store as version ``policy_version``."""
         ref = self.actor.call(ActorRolloutRefWorker.rollout_weights)
-        ray.get(self.gens.weights.publish.remote(self.policy_version, ref))
+        assert ref is not None, "rank 0 returns the weights' reference"
+        self.gens.publish(self.policy_version, ref)
         self.published = self.policy_version
 
     # ------------------------------------------------------------------ work
@@ -101,7 +103,7 @@ class AsyncRoundRunner(RoundRunner):
                             self.seed * 100003 + self.next_item * 101)  # the synchronous round's seed of that step
             self.outstanding[item.id] = (rows, item)
             self.next_item += 1
-            self.gens.submit(item, self._spec(item))
+            self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
 
     def _spec(self, item: WorkItem) -> GenerateSpec:
         return dataclasses.replace(self.spec, seed=item.seed)
@@ -127,7 +129,7 @@ class AsyncRoundRunner(RoundRunner):
             if version - got.version > self.max_staleness:
                 m["async/dropped_samples"] += len(got.batch)
                 _, item = self.outstanding[got.item_id]
-                self.gens.submit(item, self._spec(item))
+                self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
                 continue
             return got
 
@@ -206,14 +208,16 @@ class AsyncRoundRunner(RoundRunner):
         for item_id, rows, seed in a["outstanding"]:
             item = WorkItem(item_id, self.prompts.select(rows).repeat(n).only("prompts", "prompt_mask"), seed)
             self.outstanding[item_id] = (rows, item)
-            self.gens.submit(item, self._spec(item))
+            self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
 
 
 @contextmanager
 def running_async_round(cfg: Config, groups: RoundGroups, *, init_dir: str, tokenizer,
-                        prompts: Batch, seed: int, steps: int) -> Iterator[AsyncRoundRunner]:
-    """An :class:`AsyncRoundRunner` over ``groups`` and freshly started generators, which are stopped (with the
-    queue, the version actor and their placement group) on the way out whatever happens."""
+                        prompts: Batch, seed: int, steps: int | None = None) -> Iterator[AsyncRoundRunner]:
+    """``ppo.mode: async``: an :class:`AsyncRoundRunner` over ``groups`` and freshly started generators, which are
+    stopped (with the queue, the version actor and their placement group) on the way out whatever happens."""
+    if steps is None:
+        raise ValueError("ppo.mode async: the round runner needs the round's steps")
     generators = start_generators(cfg, init_dir)
     print(f"ppo async: {generators.alive} generator(s), queue of {cfg.ppo.async_.queue_size} batch(es), "
           f"max_staleness {cfg.ppo.async_.max_staleness}", flush=True)

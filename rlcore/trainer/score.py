@@ -15,7 +15,8 @@ from rlcore.protocol import Batch
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.guard import RewardScorer
 from rlcore.trainer.common import model_spec, start_pool
-from rlcore.trainer.generation import engine_spec, generate, generate_spec, reward_scorer, rule_rewards
+from rlcore.rollout import engine_spec
+from rlcore.trainer.generation import generate, generate_spec, reward_scorer, rule_rewards
 from rlcore.workers.rollout import RolloutWorker
 
 CHUNK_PROMPTS = 128  # prompts per generate call, so the progress bar moves
@@ -24,7 +25,7 @@ CHUNK_PROMPTS = 128  # prompts per generate call, so the progress bar moves
 def rollout_group(cfg: Config, pool, model_dir: str) -> WorkerGroup[RolloutWorker]:
     """A generation-only worker group over the model at ``model_dir``, initialised."""
     group = WorkerGroup(RolloutWorker, pool, name="rollout", timeout_s=cfg.ray.timeout_s,
-                        model=model_spec(cfg, model_dir), engine=engine_spec(cfg), seed=cfg.seed)
+                        model=model_spec(cfg, model_dir), engine=engine_spec(cfg.rollout), seed=cfg.seed)
     group.call(RolloutWorker.init_model)
     return group
 

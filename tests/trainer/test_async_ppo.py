@@ -24,7 +24,7 @@ from rlcore.errors import WorkerDied
 from rlcore.rewards.rule import REWARD_FNS
 from rlcore.trainer.async_ppo import AsyncRoundRunner, running_async_round
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.ppo import RoundGroups
+from rlcore.trainer.sync_ppo import RoundGroups
 from tests.trainer.reward_fns import hash_reward
 
 SOURCE = "test_async_hash"
@@ -143,7 +143,7 @@ def test_without_restarts_the_round_goes_on_with_fewer_generators_and_stops_when
 def test_the_proximal_policy_taken_from_the_update_trains_as_a_separate_forward_does(tiny, groups, tmp_path):
     """With one epoch of one mini-batch the update's first forward is the proximal policy, so the separate
     forward is skipped: the same step from the same state ends with the same weights and off-policy metrics."""
-    from rlcore.trainer.ppo import RoundRunner
+    from rlcore.trainer.sync_ppo import RoundRunner
 
     _, tok, prompts = tiny
     cfg = config(actor={"ppo_mini_batch_size": 4, "lr": 0.05, "recompute_log_prob": True,

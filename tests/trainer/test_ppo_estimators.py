@@ -31,9 +31,9 @@ from rlcore.errors import TrainingDiverged
 from rlcore.protocol import Batch
 from rlcore.rewards.rule import REWARD_FNS
 from rlcore.tracking import NullTracker
-from rlcore.trainer import ppo
+from rlcore.trainer import ppo, sync_ppo
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.ppo import (
+from rlcore.trainer.sync_ppo import (
     ACTOR_UPDATE_KEYS,
     CRITIC_UPDATE_KEYS,
     SEQUENCE_KEYS,
@@ -324,7 +324,7 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
     folder, tok, _ = tiny
     data = tmp_path / "rl.parquet"
     write_rows(rows(HASH_SOURCE).to_dict("records"), data)
-    real = ppo.compute_advantage
+    real = sync_ppo.compute_advantage
     calls = []
 
     def turning_infinite(*args, **kwargs):
@@ -336,7 +336,7 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
     def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
         yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
 
-    monkeypatch.setattr(ppo, "compute_advantage", turning_infinite)
+    monkeypatch.setattr(sync_ppo, "compute_advantage", turning_infinite)
     monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
     cfg = config("gae", actor={"max_nonfinite_steps": 3},
                  ppo={"rounds": {"r1": {"init": str(folder), "steps": 6}}, "val_every": 0, "log_samples": 0})
