@@ -101,8 +101,10 @@ class RolloutQueue:
         return ray.get(ref)
 
     def depth(self) -> int:
-        """Batches waiting in the queue (one the controller's get already took is not counted)."""
-        return self.queue.qsize()
+        """Batches generated and not yet taken by the controller: those in the queue, and the one its outstanding
+        ``get`` already took out of it, if that get has finished."""
+        taken = self._taking is not None and bool(ray.wait([self._taking], timeout=0)[0])
+        return self.queue.qsize() + taken
 
     def shutdown(self) -> None:
         self.queue.shutdown(force=True)

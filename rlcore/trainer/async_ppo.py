@@ -153,7 +153,7 @@ class AsyncRoundRunner(RoundRunner):
         t: Metrics = {}
         m: Metrics = self.carried  # what the last step's prefetch saw belongs to this step
         self.carried = {"async/dropped_samples": 0, "async/generator_deaths": 0}
-        if self.published != self.policy_version:  # the first step, or after a resume
+        if self.published != self.policy_version:  # the first step (load_state publishes what it restores)
             self.publish()
         busy_before = self.gens.busy_s
         with timer(t, "step"):
@@ -168,7 +168,8 @@ class AsyncRoundRunner(RoundRunner):
                 got, batch, reward_m = self.ready
                 self.ready = None
                 self.outstanding.pop(got.item_id)
-            m.update({**reward_m, "rollout/sample_tries": 1, "rollout/groups_kept": len(batch) // self.cfg.rollout.n})
+            # (no rollout/sample_tries: DAPO's dynamic sampling is refused in async mode, so it would always be 1)
+            m.update({**reward_m, "rollout/groups_kept": len(batch) // self.cfg.rollout.n})
             staleness = self.policy_version - got.version
             batch, train_m = self.train(batch, step, t, while_updating=(lambda update: self._prefetch(step, update))
                                         if self.prefetch else None)
@@ -176,7 +177,8 @@ class AsyncRoundRunner(RoundRunner):
                 self.publish()
             self._hand_out(step + 1)
         gen_busy = self.gens.busy_s - busy_before
-        m.update({"async/staleness_mean": float(staleness), "async/staleness_max": float(staleness),
+        # a step trains on one batch, generated with one policy version: its staleness is the step's
+        m.update({"async/staleness": float(staleness),
                   "async/trainer_idle_frac": t["timing_s/wait"] / max(t["timing_s/step"], 1e-9),
                   "async/generator_idle_frac": 1.0 - min(1.0, gen_busy / max(self.gens.alive * t["timing_s/step"],
                                                                              1e-9)),
@@ -198,8 +200,11 @@ class AsyncRoundRunner(RoundRunner):
         return state
 
     def load_state(self, folder: Path, state: dict[str, Any]) -> None:
+        """Continue from :meth:`save_state`: the restored weights are published first, then the outstanding batches
+        handed out again, so they are generated with the weights they were meant for (handed out before the publish,
+        a generator would take the round's starting weights and the batch would be dropped as stale)."""
         super().load_state(folder, state)
-        self.published = -1  # the restored weights are published before the next step
+        self.publish()
         a = state.get("async")
         if a is None:
             return
