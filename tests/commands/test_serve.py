@@ -493,3 +493,15 @@ def test_a_temperature_near_zero_is_greedy_or_raised_as_vllm_does(served, refere
     hot = served.client.completions.create(model=MODEL, prompt="7+8=", temperature=1e300, max_tokens=12, seed=5,
                                            logprobs=1)
     assert all(lp == lp and lp > -1e4 for lp in hot.choices[0].logprobs.token_logprobs)  # uniform, finite
+
+
+def test_a_body_that_stops_arriving_is_a_408_at_the_timeout(tiny_model_dir):
+    """A client that sends its headers and part of the body, then nothing (one connection held open on purpose),
+    gets 408 once --request-timeout has passed, and the server goes on answering."""
+    with serving(tiny_model_dir, request_timeout_s=1.0) as s:
+        start = time.monotonic()
+        status, _, body = raw_http(s.port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: "
+                                           b"application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+        assert status == 408 and json.loads(body)["error"]["code"] == "timeout"
+        assert 0.9 <= time.monotonic() - start < 10
+        assert len(s.client.completions.create(model=MODEL, prompt="1", max_tokens=2).choices) == 1
