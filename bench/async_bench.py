@@ -86,8 +86,9 @@ def run_mode(workload: str, mode: str, steps: int) -> dict:
             "response_length": statistics.mean(r["rollout/response_length"] for r in rows),
             "gen_s_median": statistics.median(r.get("timing_s/gen", 0.0) for r in rows),
             **{f"{k}_median": statistics.median(r.get(k, 0.0) for r in rows[WARMUP_STEPS:])
-               for k in ("timing_s/publish", "async/generator_idle_frac", "async/trainer_idle_frac",
-                         "async/staleness_mean")},
+               for k in ("timing_s/publish", "async/generator_idle_frac", "async/trainer_idle_frac")},
+            # each step trains on one batch of one policy version: the mean over steps is the mean over samples
+            "async/staleness_mean": statistics.mean(r.get("async/staleness", 0.0) for r in rows[WARMUP_STEPS:]),
             "update_s_median": statistics.median(r.get("timing_s/update_actor", 0.0) for r in rows)}
 
 
@@ -148,7 +149,7 @@ def calibration(results: dict[str, dict[str, dict]]) -> dict:
                   "weight_sync_s": by_mode["async"]["timing_s/publish_median"],
                   "async_generator_idle_frac": by_mode["async"]["async/generator_idle_frac_median"],
                   "async_trainer_idle_frac": by_mode["async"]["async/trainer_idle_frac_median"],
-                  "async_staleness_mean": by_mode["async"]["async/staleness_mean_median"]}
+                  "async_staleness_mean": by_mode["async"]["async/staleness_mean"]}
     return out
 
 

@@ -41,7 +41,7 @@ WORKER_RULES = {
 }
 CONTROLLER_RULES = [("waiting on workers (ray.get)", ("WorkerGroup._get",)),
                     ("dispatch (.remote: serialise Batch)", ("ActorMethod._remote", "Batch.chunk")),
-                    ("rewards (decode + rule score)", ("rule_rewards",)),
+                    ("rewards (decode + reward functions)", ("score_responses",)),
                     ("advantages", ("RoundRunner._advantages",)),
                     ("metrics", ("RoundRunner._rollout_metrics",)),
                     ("other step work (Batch select/union/concat)", ("RoundRunner.step",)),

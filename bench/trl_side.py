@@ -35,7 +35,7 @@ TRL_THREADS = 2
 def prompt_rows(total_steps: int) -> list[dict]:
     """The RL prompts in exactly the order rlcore's PromptSampler takes them (same seed)."""
     from rlcore.data.schema import read_rows
-    from rlcore.trainer.ppo import PromptSampler
+    from rlcore.trainer.rollout_data import PromptSampler
 
     cfg = rl_config()
     df = read_rows(paths()["rl_data"])

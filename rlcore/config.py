@@ -614,7 +614,7 @@ class PPOConfig(_Section):
     """Rounds in order; dvc.yaml makes one stage per key (ppo@r1, ...)."""
     dapo: DAPOConfig = DAPOConfig()
     """DAPO recipe tricks."""
-    mode: Literal["sync", "async"] = "sync"
+    mode: str = "sync"
     """sync: the trainer's ranks generate each step's batch, then train on it (on-policy, colocated). async:
     rollout.n_workers generator workers fill a bounded queue while the trainer trains (ppo.async), with
     versioned weights and actor.off_policy corrections (rlcore.trainer.async_ppo)."""
@@ -634,6 +634,11 @@ class PPOConfig(_Section):
     val_every: int = Field(0, ge=0)
     """Greedy pass@1 on the held-out test split every N steps and after the last (``val/*`` metrics); 0 = off.
     Reported only: nothing is selected on it."""
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, v: str) -> str:
+        return names.check_name("ppo mode", v, names.PPO_MODES)
 
 
 class EvaluateConfig(_Section):

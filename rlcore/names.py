@@ -28,6 +28,8 @@ SHARDED_STRATEGIES = ("fsdp",)
 ROLLOUT_ENGINES = ("hf", "static")
 # rlcore.data.splits.TASKS
 TASKS = ("arithmetic", "file", "gsm8k")
+# rlcore.trainer.ppo.ROUND_MODES
+PPO_MODES = ("async", "sync")
 
 
 def check_name(kind: str, value: str, allowed: tuple[str, ...]) -> str:

@@ -84,6 +84,15 @@ class Batch:
         size = len(self) // n
         return [self.slice(i * size, (i + 1) * size) for i in range(n)]
 
+    def pad_to_multiple(self, n: int) -> tuple["Batch", int]:
+        """The batch grown to a multiple of ``n`` rows with copies of its first rows (cycling through them if it
+        has fewer than the padding), and the number of rows added: ``padded.slice(0, len(padded) - pad)`` is the
+        batch again. A worker group pads a batch this way to split it evenly over its ranks."""
+        pad = -len(self) % n
+        if not pad:
+            return self, 0
+        return Batch.concat([self, self.select(np.arange(pad) % len(self))]), pad
+
     def split(self, size: int) -> list["Batch"]:
         """Consecutive pieces of ``size`` rows (the last may be shorter)."""
         return [self.slice(i, i + size) for i in range(0, len(self), size)]

@@ -154,17 +154,20 @@ def test_generate_then_eval_reproduces_the_evaluate_stage(workdir, first_run, ra
 
 
 def sync_rows(path: Path) -> list[dict]:
-    """A plot CSV's rows without timings and throughput (and the async round's own columns)."""
-    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/", "async/"))}
+    """A plot CSV's rows without timings and throughput, the async round's own columns, and the number of DAPO
+    sampling tries (always 1 without dynamic sampling, which async rounds refuse: they do not log it)."""
+    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/", "async/", "rollout/sample_tries"))}
             for r in csv.DictReader(path.open())]
 
 
 def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_round(workdir, first_run):
     """ppo@r1 again, as an asynchronous round (a generator worker beside the trainer's two ranks, a queue,
     versioned weights) with max_staleness 0, checkpointing after each step, SIGKILLed (its whole process group)
-    as soon as the step-1 checkpoint exists; the same command again says it resumes and ends with exactly the
-    synchronous first run's plot rows, rollouts, metrics and weights (timings aside). Outputs go to other paths,
-    so DVC's state is untouched."""
+    as soon as the step-1 checkpoint exists; a module the stage does not run (the HTTP server's) is edited, and
+    the same command again says it resumes and ends with exactly the synchronous first run's plot rows, rollouts,
+    metrics and weights (timings aside). The batch handed out before the kill is generated again with the
+    restored weights: no step of the resumed round is stale or drops a batch. Outputs go to other paths, so DVC's
+    state is untouched."""
     root, env = workdir
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["ppo"].update(save_every=1, mode="async", **{"async": {"max_staleness": 0, "queue_size": 1}})
@@ -186,13 +189,22 @@ def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_r
     proc.wait()
     assert not (root / "models/resumed_r1/model.safetensors").exists()
 
-    out = run(cmd, root, env)
-    assert f"resuming ppo@r1 from step 1 ({checkpoint})" in out
+    unrelated = root / "rlcore/serve/app.py"  # the stage's checkpoints depend on its own code only
+    original = unrelated.read_text()
+    unrelated.write_text(original + "\n# edited after the crash\n")
+    try:
+        out = run(cmd, root, env)
+    finally:
+        unrelated.write_text(original)
+    assert f"resuming ppo@r1 from step 1 ({checkpoint})" in out and "not resuming" not in out
     assert "ppo async: 1 generator(s)" in out
     assert not (root / "checkpoints" / "ppo@r1").exists()  # removed once the round succeeded (keep_last 0)
 
     header = (root / "plots/resumed.csv").read_text().splitlines()[0]
-    assert "async/staleness_max" in header and "async/queue_depth" in header
+    assert "async/staleness" in header and "async/queue_depth" in header
+    resumed = list(csv.DictReader((root / "plots/resumed.csv").open()))
+    assert [float(r["async/staleness"]) for r in resumed] == [0.0] * len(resumed)
+    assert [float(r["async/dropped_samples"]) for r in resumed] == [0.0] * len(resumed)
     assert sync_rows(root / "plots/resumed.csv") == sync_rows(root / "plots/ppo_r1.csv")
     pd.testing.assert_frame_equal(pd.read_parquet(root / "metrics/resumed_rollouts.parquet"),
                                   pd.read_parquet(root / "metrics/ppo_r1_rollouts.parquet"))

@@ -11,11 +11,12 @@ from rlcore.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from rlcore.data.splits import TASKS
 from rlcore.engine.strategy import STRATEGIES
 from rlcore.rollout import ENGINES
+from rlcore.trainer.ppo import ROUND_MODES
 
 PAIRS = {
     "ADV_ESTIMATORS": ESTIMATORS, "POLICY_LOSSES": POLICY_LOSSES, "KL_ESTIMATORS": KL_ESTIMATORS,
     "LOSS_AGG_MODES": LOSS_AGG_MODES, "KL_CONTROLLERS": KL_CONTROLLERS, "STRATEGIES": STRATEGIES,
-    "ROLLOUT_ENGINES": ENGINES, "TASKS": TASKS,
+    "ROLLOUT_ENGINES": ENGINES, "TASKS": TASKS, "PPO_MODES": ROUND_MODES,
 }
 
 

@@ -49,6 +49,20 @@ def test_split_keeps_a_short_last_piece():
     assert [p["name"].tolist() for p in pieces] == [["row0", "row1"], ["row2", "row3"], ["row4"]]
 
 
+def test_pad_to_multiple_appends_copies_of_the_first_rows_and_says_how_many():
+    padded, pad = make_batch(5).pad_to_multiple(4)  # 5 -> 8: rows 0, 1, 2 again
+    assert pad == 3 and len(padded) == 8
+    assert padded["name"].tolist() == ["row0", "row1", "row2", "row3", "row4", "row0", "row1", "row2"]
+    assert padded["x"][5:].tolist() == [[0, 0], [1, 10], [2, 20]]
+    assert rows(padded.slice(0, len(padded) - pad)) == rows(make_batch(5))
+    short, pad = make_batch(2).pad_to_multiple(7)  # fewer rows than the padding: it cycles through them
+    assert pad == 5 and short["name"].tolist() == ["row0", "row1", "row0", "row1", "row0", "row1", "row0"]
+    same = make_batch(6)
+    unchanged, pad = same.pad_to_multiple(3)
+    assert unchanged is same and pad == 0
+    assert len(Batch().pad_to_multiple(4)[0]) == 0
+
+
 def test_repeat_keeps_groups_together():
     batch = make_batch(2).repeat(3)
     assert batch["name"].tolist() == ["row0"] * 3 + ["row1"] * 3

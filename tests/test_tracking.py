@@ -28,15 +28,20 @@ def no_active_run():
 
 
 def head_commit(repo: Path) -> str:
-    """HEAD's commit read from the .git folder directly (no git process)."""
-    head = (repo / ".git" / "HEAD").read_text().strip()
+    """HEAD's commit read from the .git folder directly (no git process). In a worktree ``.git`` is a file naming
+    the worktree's own git folder (its HEAD), whose ``commondir`` holds the branches."""
+    git = repo / ".git"
+    if git.is_file():
+        git = (repo / git.read_text().strip().removeprefix("gitdir: ")).resolve()
+    common = (git / (git / "commondir").read_text().strip()).resolve() if (git / "commondir").is_file() else git
+    head = (git / "HEAD").read_text().strip()
     if not head.startswith("ref: "):
         return head
     ref = head[len("ref: "):]
-    loose = repo / ".git" / ref
+    loose = common / ref
     if loose.is_file():
         return loose.read_text().strip()
-    for line in (repo / ".git" / "packed-refs").read_text().splitlines():
+    for line in (common / "packed-refs").read_text().splitlines():
         if line.endswith(" " + ref):
             return line.split()[0]
     raise AssertionError(f"cannot resolve {ref}")

@@ -33,6 +33,16 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="local Hugging Face model folder (e.g. models/ppo/r1), or 'tiny' for the built-in model "
@@ -49,6 +59,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-batching", dest="batching", action="store_false",
                    help="run every request as its own engine call (for comparison)")
     p.add_argument("--max-n", type=positive_int, default=16, help="most completions per prompt (n) (default: 16)")
+    p.add_argument("--max-tokens", type=positive_int, default=1024, metavar="TOKENS",
+                   help="most tokens one completion generates; a request asking for more gets this many, as vLLM's "
+                        "server-wide max_tokens (default: 1024)")
+    p.add_argument("--max-queue", type=positive_int, default=128, metavar="REQUESTS",
+                   help="most requests waiting for the engine; one more gets 503 with Retry-After (default: 128)")
+    p.add_argument("--request-timeout", type=_positive_seconds, default=600.0, metavar="SECONDS",
+                   help="a request not answered within this long gets 504 (default: 600)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, metavar="BYTES",
+                   help="largest request body; a larger one gets 413 before it is read (default: 1048576)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default: auto = cuda when available, else cpu)")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
@@ -98,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
         if model == "tiny":
             print(f"rlcore serve: the built-in tiny model, untrained (params model.tiny, seed): {folder}")
         options = ServeOptions(served_model_name=args.served_model_name or model, max_batch_size=args.max_batch_size,
-                               batch_wait_ms=args.batch_wait_ms, batching=args.batching, max_n=args.max_n)
+                               batch_wait_ms=args.batch_wait_ms, batching=args.batching, max_n=args.max_n,
+                               max_tokens=args.max_tokens, max_queue=args.max_queue,
+                               request_timeout_s=args.request_timeout, max_body_bytes=args.max_body_bytes)
         server = load_server(folder, cfg, options, device)
         batching = f"batching up to {args.max_batch_size} rows" if args.batching else "no batching"
         print(f"rlcore serve: {options.served_model_name} on {device} (engine {cfg.rollout.engine}, {batching}) "

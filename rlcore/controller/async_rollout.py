@@ -13,12 +13,16 @@ versioned policy weights, and the generator actors themselves (started, watched,
   bundle each), hands them work, notices a dead one as soon as Ray reports it, and restarts it in its bundle
   up to a limit; :meth:`GeneratorPool.shutdown` kills the actors, the queue and the version actor and removes
   the placement group.
+
+Work goes to a generator as a worker group's calls go to its ranks: ``pool.submit(GeneratorWorker.generate_item,
+item, spec)`` names the method on the worker class and is typed from it (``ParamSpec``), so a type checker
+follows the call to the method and refuses the wrong settings object.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -30,6 +34,8 @@ from rlcore.controller.resource_pool import PLACEMENT_STRATEGIES
 from rlcore.controller.worker_group import is_lost
 from rlcore.errors import WorkerDied
 from rlcore.protocol import Batch
+
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -95,34 +101,56 @@ class RolloutQueue:
         return ray.get(ref)
 
     def depth(self) -> int:
-        """Batches waiting in the queue (one the controller's get already took is not counted)."""
-        return self.queue.qsize()
+        """Batches generated and not yet taken by the controller: those in the queue, and the one its outstanding
+        ``get`` already took out of it, if that get has finished."""
+        taken = self._taking is not None and bool(ray.wait([self._taking], timeout=0)[0])
+        return self.queue.qsize() + taken
 
     def shutdown(self) -> None:
         self.queue.shutdown(force=True)
 
 
+class Generator(Protocol):
+    """What the pool itself calls on a generator actor."""
+
+    def init_model(self) -> None: ...
+
+    def pid(self) -> int: ...
+
+
+G = TypeVar("G", bound=Generator)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A call handed to a generator: the method's name and its arguments, kept to send it again."""
+
+    method: str
+    args: tuple
+    kwargs: dict[str, Any]
+
+
 @dataclass
 class _Slot:
-    """One generator bundle: its actor, the items it is working on (in order) and their result refs."""
+    """One generator bundle: its actor, the calls it is working on (in order) and their result refs."""
 
     actor: Any = None
-    items: list[tuple[WorkItem, Any]] = field(default_factory=list)  # (item, its GenerateSpec), in order
+    calls: list[_Call] = field(default_factory=list)
     refs: list = field(default_factory=list)
     alive: bool = True
 
 
-class GeneratorPool:
+class GeneratorPool(Generic[G]):
     """``n`` generator actors of ``worker_cls`` (``worker_cls(RankPlacement, index=..., queue=..., weights=...,
     **kwargs)``) on a placement group of ``n`` bundles of ``{CPU: cpus_per_worker (, GPU: 1)}``.
 
-    :meth:`submit` gives an item to the least busy live generator; :meth:`poll` collects finished calls,
-    detects dead generators and restarts them (their unfinished items go to the restarted actor, so none is
+    :meth:`submit` gives a call to the least busy live generator; :meth:`poll` collects finished calls,
+    detects dead generators and restarts them (their unfinished calls go to the restarted actor, so none is
     lost), or retires them once ``max_restarts`` restarts were spent."""
 
-    def __init__(self, worker_cls: type, n: int, cpus_per_worker: float, use_gpu: bool, *, queue_size: int,
+    def __init__(self, worker_cls: type[G], n: int, cpus_per_worker: float, use_gpu: bool, *, queue_size: int,
                  max_restarts: int, timeout_s: float, placement: str = "pack", **kwargs: Any):
-        self.worker_cls, self.kwargs = ray.remote(worker_cls), kwargs
+        self.worker_cls, self.remote_cls, self.kwargs = worker_cls, ray.remote(worker_cls), kwargs
         self.cpus, self.use_gpu, self.timeout_s = cpus_per_worker, use_gpu, timeout_s
         self.max_restarts, self.restarts, self.deaths = max_restarts, 0, 0
         self.busy_s = 0.0  # generation seconds reported by finished items
@@ -142,7 +170,7 @@ class GeneratorPool:
 
     def _start(self, index: int) -> None:
         threads = max(1, int(self.cpus))
-        self.slots[index].actor = self.worker_cls.options(
+        self.slots[index].actor = self.remote_cls.options(
             num_cpus=self.cpus, num_gpus=1 if self.use_gpu else 0, max_concurrency=1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                  placement_group_bundle_index=index),
@@ -155,18 +183,29 @@ class GeneratorPool:
     def alive(self) -> int:
         return sum(s.alive for s in self.slots)
 
-    def submit(self, item: WorkItem, spec: Any) -> None:
-        """Give ``item`` to the live generator with the fewest unfinished items."""
+    def submit(self, method: Callable[Concatenate[G, P], float], *args: P.args, **kwargs: P.kwargs) -> None:
+        """Run ``method`` (a method of the generator class that returns its busy seconds) on the live generator
+        with the fewest unfinished calls."""
+        name = getattr(method, "__name__", repr(method))
+        if getattr(self.worker_cls, name, None) is not method:
+            raise TypeError(f"{name} is not a method of {self.worker_cls.__name__}")
+        self._assign(_Call(name, args, kwargs))
+
+    def _assign(self, call: _Call) -> None:
         live = [i for i, s in enumerate(self.slots) if s.alive]
         if not live:
             raise RuntimeError("no generator left")
-        index = min(live, key=lambda i: (len(self.slots[i].items), i))
-        self._send(index, item, spec)
+        self._send(min(live, key=lambda i: (len(self.slots[i].calls), i)), call)
 
-    def _send(self, index: int, item: WorkItem, spec: Any) -> None:
+    def _send(self, index: int, call: _Call) -> None:
         slot = self.slots[index]
-        slot.items.append((item, spec))
-        slot.refs.append(slot.actor.generate_item.remote(item, spec))
+        slot.calls.append(call)
+        slot.refs.append(getattr(slot.actor, call.method).remote(*call.args, **call.kwargs))
+
+    def publish(self, version: int, ref: list) -> None:
+        """Make ``ref`` (``[object ref]`` of a policy's packed weights, as the trainer's rank 0 returns it) the
+        newest policy, as ``version``."""
+        ray.get(self.weights.publish.remote(version, ref))
 
     def poll(self) -> list[str]:
         """Collect the calls that finished; a generator whose call failed because it is gone is restarted (and
@@ -186,21 +225,21 @@ class GeneratorPool:
                     events.append(self._died(index))
                     break
                 slot.refs.pop(0)
-                slot.items.pop(0)
+                slot.calls.pop(0)
         return events
 
     def _died(self, index: int) -> str:
         slot = self.slots[index]
         self.deaths += 1
-        lost = list(slot.items)
-        slot.items, slot.refs = [], []
+        lost = list(slot.calls)
+        slot.calls, slot.refs = [], []
         ray.kill(slot.actor)
         if self.restarts < self.max_restarts:
             self.restarts += 1
             self._start(index)
             ray.get(slot.actor.init_model.remote(), timeout=self.timeout_s)
-            for item, spec in lost:
-                self._send(index, item, spec)
+            for call in lost:
+                self._send(index, call)
             return (f"generator {index} died; restarted it ({self.restarts} of ppo.async.max_generator_restarts "
                     f"{self.max_restarts}), {len(lost)} batch(es) generated again")
         slot.alive = False
@@ -208,8 +247,8 @@ class GeneratorPool:
         if not others:
             raise WorkerDied("generators", index, "generate_item",
                              f"no generator left: ppo.async.max_generator_restarts {self.max_restarts} spent")
-        for item, spec in lost:
-            self.submit(item, spec)
+        for call in lost:
+            self._assign(call)
         return f"generator {index} died; going on with {len(others)} generator(s) (no restarts left)"
 
     def pids(self) -> list[int]:

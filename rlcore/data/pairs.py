@@ -9,9 +9,8 @@ A pairs file (``.jsonl`` or ``.parquet``) has, per row:
 * ``margin`` (optional): how much better chosen is, subtracted inside the Bradley-Terry loss (Llama 2).
 
 :func:`arithmetic_pairs` writes the default task's: a question, its true sum (chosen) and a typical wrong answer
-(rejected): on a problem that carries, half the time the carry-free sum the imperfect demonstrator teaches,
-otherwise mostly near misses (one or ten off, one digit changed), sometimes the digits reversed or a random
-number of the same length (:func:`typical_wrong`). A share of the
+(rejected): on a problem that carries, usually the carry-free sum the imperfect demonstrator teaches, otherwise
+an answer one or ten off, with its digits reversed, or a random number of the same length (:func:`typical_wrong`). A share of the
 training pairs (``task.pairs.flip_rate``) have chosen and rejected swapped (label noise).
 """
 
@@ -74,33 +73,20 @@ def read_pairs(path: str) -> list[Pair]:
 
 
 def typical_wrong(a: int, op: str, b: int, rng: np.random.Generator) -> int:
-    """A wrong answer to ``a op b`` of the kind a learner gives (see the module docstring); never the truth.
-
-    Half the problems that carry get the carry-free sum. The others get one of: the answer one off (the last digit
-    wrong: 40%), ten off (20%), another digit changed (20%), the digits reversed (10%) or a random number of the
-    same length (10%); the near misses dominate because a reward model that cannot check the last digit is one a
-    policy learns to exploit."""
+    """A wrong answer to ``a op b`` of the kind a learner gives (see the module docstring); never the truth: on half
+    the problems that carry, the carry-free sum; otherwise, with equal chances, one off, ten off, the digits
+    reversed, or a random number of the same length (those that differ from the truth)."""
     truth = {"+": a + b, "-": a - b, "*": a * b}[op]
     if op == "+" and carry_free_sum(a, b) != truth and rng.random() < 0.5:
         return carry_free_sum(a, b)
     digits = str(truth)
-    while True:
-        kind = rng.choice(5, p=[0.4, 0.2, 0.2, 0.1, 0.1])
-        if kind == 0:
-            wrong = truth + int(rng.choice([-1, 1]))
-        elif kind == 1:
-            wrong = truth + int(rng.choice([-10, 10]))
-        elif kind == 2:
-            place = int(rng.integers(len(digits)))
-            new = int(rng.integers(1 if place == 0 and len(digits) > 1 else 0, 10))
-            wrong = int(digits[:place] + str(new) + digits[place + 1:])
-        elif kind == 3:
-            wrong = int(digits[::-1])
-        else:
-            low = 0 if len(digits) == 1 else 10 ** (len(digits) - 1)
-            wrong = int(rng.integers(low, 10 ** len(digits)))
-        if wrong != truth and wrong >= 0:
-            return wrong
+    candidates = {truth + 1, truth - 1, truth + 10, truth - 10}
+    if len(digits) > 1:
+        candidates.add(int(digits[::-1].lstrip("0") or "0"))
+    low, high = (0, 9) if len(digits) == 1 else (10 ** (len(digits) - 1), 10 ** len(digits) - 1)
+    candidates.add(int(rng.integers(low, high + 1)))
+    options = sorted(c for c in candidates if c != truth and c >= 0)
+    return options[int(rng.integers(len(options)))]
 
 
 def arithmetic_pairs(rows: list[dict[str, Any]], *, seed: int, flip_rate: float, config: dict[str, Any]) -> list[dict]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from rlcore.registry import Registry
-from rlcore.rollout.base import EngineSpec, RolloutEngine, SamplingParams
+from rlcore.rollout.base import EngineSpec, RolloutEngine, SamplingParams, engine_spec
 
 # name -> factory(model, spec, eos_token_id=..., pad_token_id=...) -> RolloutEngine
 ENGINES: Registry = Registry("rollout engine")
@@ -42,4 +42,4 @@ def make_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int
     return ENGINES.get(spec.name)(model, spec, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
 
-__all__ = ["ENGINES", "EngineSpec", "RolloutEngine", "SamplingParams", "make_engine"]
+__all__ = ["ENGINES", "EngineSpec", "RolloutEngine", "SamplingParams", "engine_spec", "make_engine"]

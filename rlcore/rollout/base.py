@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from rlcore.config import RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,11 @@ class EngineSpec:
     """static: ``torch.compile`` the decode step (costs a compilation per process and batch bucket)."""
     cuda_graphs: bool = True
     """static, on a GPU: capture each decode step in a CUDA graph and replay it."""
+
+
+def engine_spec(rollout: RolloutConfig) -> EngineSpec:
+    """The engine params.yaml ``rollout`` names, as the workers, the generators and ``rlcore serve`` build it."""
+    return EngineSpec(name=rollout.engine, compile=rollout.compile, cuda_graphs=rollout.cuda_graphs)
 
 
 class RolloutEngine(Protocol):

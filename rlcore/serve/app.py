@@ -15,8 +15,8 @@ Endpoints:
 Both take ``model`` (optional: the served name, default the ``--model`` argument as given), ``n``,
 ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (not OpenAI; as in vLLM, 0 or -1 = off), ``max_tokens``
 (chat: also ``max_completion_tokens``; default params ``task.max_response_length``, capped by what the
-model's context leaves after the prompt), ``stop`` (a string or a list: the text is cut before the
-first stop string that the generation completes, finish_reason ``"stop"``) and ``seed`` (reproducible:
+model's context leaves after the prompt), ``stop`` (a string or a list of at most 16: the text is cut before
+the first stop string that the generation completes, finish_reason ``"stop"``) and ``seed`` (reproducible:
 see :mod:`rlcore.serve.batcher`). ``finish_reason`` is ``"stop"`` at EOS or a stop string, ``"length"``
 at ``max_tokens``; ``usage.completion_tokens`` counts the tokens generated up to that point, EOS
 included. The text never includes EOS or other special tokens.
@@ -25,17 +25,38 @@ Fields that would change the output and are not implemented (``stream``, ``echo`
 ``suffix``, ``logit_bias``, presence and frequency penalties, ``tools``, a ``response_format`` other
 than text) are refused with a 400 rather than ignored; other unknown fields (``user``, ...) are ignored.
 
+**Limits** (the ``rlcore serve`` options, :class:`ServeOptions`), as vLLM's OpenAI server sets them where it has
+one:
+
+* a request body over ``--max-body-bytes`` is refused with 413 before it is read (by its Content-Length, or
+  as it arrives when it has none); more completions than ``--max-batch-size`` rows (prompts x ``n``) or
+  ``n`` over ``--max-n`` are refused with 400 before any prompt is tokenized; prompts are tokenized and
+  chat templates rendered off the event loop, in one thread of their own;
+* ``max_tokens`` is capped at ``--max-tokens`` (vLLM's server-wide ``max_tokens``: a request asking for more
+  gets that many, finish_reason ``"length"``) after the prompt plus the request's own ``max_tokens`` is checked
+  against the context, so no request preallocates more than prompt + ``--max-tokens`` positions per row;
+* at most ``--max-queue`` requests wait for the engine; one more gets 503 with a ``Retry-After`` header
+  (seconds, from the engine's pace so far), so the queue and the memory it holds stay bounded;
+* a request not answered within ``--request-timeout`` seconds gets 504; it leaves the queue (or, when its
+  engine call already runs, its rows are dropped when the call ends);
+* sampling settings cannot make NaN: NaN and infinities are refused (400); as in vLLM, a temperature under
+  1e-5 is greedy and one in [1e-5, 1e-2) is raised to 1e-2 (``logits / temperature`` overflows near 0).
+
 Every error has OpenAI's body, ``{"error": {"message", "type", "param", "code"}}``: malformed JSON and
 invalid fields (FastAPI's 422) are 400 ``invalid_request_error``, an unknown model 404
-``model_not_found``, a prompt plus ``max_tokens`` over the context 400 ``context_length_exceeded``, an
-engine failure 500 ``server_error`` (the request fails; the server goes on).
+``model_not_found``, a prompt plus ``max_tokens`` over the context 400 ``context_length_exceeded``, a full
+queue 503 ``server_busy``, a timeout 504 ``timeout``, a body too large 413 ``request_too_large``. An engine
+failure or any other exception is a 500 ``server_error`` that names an error id and nothing of the server's
+internals; the traceback goes to the server's log under that id (the request fails; the server goes on).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,16 +70,24 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlcore.config import Config
-from rlcore.serve.batcher import Batcher, Rows, Sampling
+from rlcore.serve.batcher import Batcher, Busy, Rows, Sampling
 
 log = logging.getLogger("rlcore.serve")
 
 
 # ---------------------------------------------------------------------------------------------- requests
 
+# As vLLM: temperatures under GREEDY_BELOW are greedy, those under MIN_TEMPERATURE are raised to it (dividing the
+# logits by a temperature near 0 overflows to inf, and the softmax of inf is NaN).
+GREEDY_BELOW = 1e-5
+MIN_TEMPERATURE = 1e-2
+MAX_STOP_STRINGS = 16
+
+
 class _Body(BaseModel):
-    # strict: "2" is not an int, true is not a number; unknown fields are kept for _refuse_unsupported
-    model_config = ConfigDict(extra="allow", strict=True)
+    # strict: "2" is not an int, true is not a number; NaN and infinities (Python's json accepts them) are refused;
+    # unknown fields are kept for _refuse_unsupported
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
 
 class _SamplingRequest(_Body):
@@ -104,17 +133,84 @@ FIELD_NAMES = {name for m in (CompletionRequest, ChatRequest, ChatMessage, TextP
 # ------------------------------------------------------------------------------------------------ errors
 
 class APIError(Exception):
-    """An error answered with OpenAI's error body."""
+    """An error answered with OpenAI's error body (and ``headers``, e.g. ``Retry-After``)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+                 type: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers
 
 
 def error_response(status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                   code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type, "param": param, "code": code}}, status_code=status)
+                   code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type, "param": param, "code": code}}, status_code=status,
+                        headers=headers)
+
+
+def error_bytes(status: int, message: str, code: str) -> bytes:
+    """The body of :func:`error_response` as bytes, for an answer sent below FastAPI (:class:`BodyLimit`)."""
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                   "code": code}}).body
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413 before the app reads it, by its
+    Content-Length, or (chunked, no length) as soon as the bytes received pass the limit; so no request holds
+    more than ``max_bytes`` of body in memory. A body still arriving after ``timeout_s`` is answered 408. The body
+    read is handed on to the app unchanged."""
+
+    def __init__(self, app, max_bytes: int, timeout_s: float):
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            what = f"{int(length)} bytes" if length.isdigit() else f"Content-Length {length[:20]!r}"
+            return await self._refuse(send, 413, f"The request body is too large: {what}; this server takes at most "
+                                                 f"{self.max_bytes} (--max-body-bytes)", "request_too_large")
+        try:
+            body = await asyncio.wait_for(self._read(receive), self.timeout_s)
+        except TimeoutError:
+            return await self._refuse(send, 408, f"The request body did not arrive within --request-timeout "
+                                                 f"{self.timeout_s:g} s", "timeout")
+        if body is None:  # the client went away
+            return
+        if len(body) > self.max_bytes:
+            return await self._refuse(send, 413, f"The request body is too large: more than {self.max_bytes} bytes, "
+                                                 "the most this server takes (--max-body-bytes)", "request_too_large")
+        handed = False
+
+        async def replay():
+            nonlocal handed
+            if not handed:
+                handed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, receive) -> bytes | None:
+        """The body, stopping as soon as it passes ``max_bytes`` (then longer than that); None if the client left."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes or not message.get("more_body", False):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _refuse(send, status: int, message: str, code: str) -> None:
+        body = error_bytes(status, message, code)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def validation_error(err: RequestValidationError) -> tuple[str, str | None]:
@@ -166,6 +262,14 @@ class ServeOptions:
     """False: every request is its own engine call."""
     max_n: int = 16
     """The most completions per prompt (``n``) a request may ask for."""
+    max_tokens: int = 1024
+    """The most tokens one completion generates (``--max-tokens``); a request asking for more gets this many."""
+    max_queue: int = 128
+    """The most requests waiting for the engine (``--max-queue``); one more gets 503 with ``Retry-After``."""
+    request_timeout_s: float = 600.0
+    """Seconds from a request's arrival to its answer (``--request-timeout``); past it, 504."""
+    max_body_bytes: int = 1 << 20
+    """The largest request body (``--max-body-bytes``); a larger one gets 413 before it is read."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +295,15 @@ class ModelServer:
         self.created = int(time.time())
         self.batcher = Batcher(engine, device=device, pad_token_id=tokenizer.pad_token_id,
                                max_batch_rows=options.max_batch_size, wait_s=options.batch_wait_ms / 1000,
-                               batching=options.batching, seed=seed)
+                               batching=options.batching, seed=seed, max_waiting=options.max_queue)
+        # tokenizing and chat templates run here, one at a time (a fast tokenizer is not safe to share between
+        # threads), so a long prompt never holds up the event loop
+        self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlcore-tokenize")
+        self.counters = {"timeouts": 0, "internal_errors": 0, "temperatures_raised": 0}
+
+    async def off_loop(self, fn, *args):
+        """``fn(*args)`` in the tokenizing thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
 
     # -- validation ---------------------------------------------------------------------------------
 
@@ -209,15 +321,22 @@ class ModelServer:
         stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
         if any(s == "" for s in stops):
             raise APIError(400, "stop: stop strings must not be empty", param="stop")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
+
+    def check_rows(self, req: _SamplingRequest, prompts: int) -> None:
+        """``prompts`` x ``n`` completions fit one engine call: checked before any prompt is tokenized."""
+        n = req.n or 1
+        if n * prompts > self.options.max_batch_size:
+            raise APIError(400, f"n: {prompts} prompt(s) x n={n} = {n * prompts} completions; this server "
+                                f"generates at most {self.options.max_batch_size} per request (--max-batch-size)",
+                           param="n")
 
     def sampling(self, req: _SamplingRequest, prompts: list[list[int]], max_tokens: int | None, *,
                  max_tokens_param: str, prompt_param: str) -> Sampling:
-        """The request's engine settings, once its prompts and their rows fit the model and the server."""
-        n = req.n or 1
-        if n * len(prompts) > self.options.max_batch_size:
-            raise APIError(400, f"n: {len(prompts)} prompt(s) x n={n} = {n * len(prompts)} completions; this server "
-                                f"generates at most {self.options.max_batch_size} per request (--max-batch-size)",
-                           param="n")
+        """The request's engine settings, once its prompts fit the model: ``max_tokens`` checked against the
+        context, then capped at ``--max-tokens``; the temperature made safe (module constants)."""
+        self.check_rows(req, len(prompts))
         longest = max(len(p) for p in prompts)
         ctx = self.context_length
         if max_tokens is None:
@@ -231,19 +350,48 @@ class ModelServer:
                                 f"and {max_tokens_param} is {max_tokens} ({longest + max_tokens} in all). Shorten the "
                                 f"prompt or lower {max_tokens_param}", param=max_tokens_param,
                            code="context_length_exceeded")
-        return Sampling(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+        return Sampling(max_tokens=min(max_tokens, self.options.max_tokens), temperature=self.temperature(req),
                         top_p=1.0 if req.top_p is None else req.top_p, top_k=max(req.top_k or 0, 0))
+
+    def temperature(self, req: _SamplingRequest) -> float:
+        """The temperature the engine uses: 0 (greedy) under :data:`GREEDY_BELOW`, at least :data:`MIN_TEMPERATURE`
+        otherwise (said once in the log, as vLLM warns)."""
+        t = 1.0 if req.temperature is None else req.temperature
+        if t < GREEDY_BELOW:
+            return 0.0
+        if t < MIN_TEMPERATURE:
+            if not self.counters["temperatures_raised"]:
+                log.warning("temperature %g is under %g, which overflows logits / temperature; raised to %g "
+                            "(logged once)", t, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            self.counters["temperatures_raised"] += 1
+            return MIN_TEMPERATURE
+        return t
+
+    @staticmethod
+    def prompt_count(req: CompletionRequest) -> int:
+        """How many prompts ``req.prompt`` holds, without tokenizing any."""
+        p = req.prompt
+        return 1 if isinstance(p, str) or (p and isinstance(p[0], int)) else len(p)
+
+    def encode(self, text: str, where: str, **kwargs: Any) -> list[int]:
+        """``text``'s token ids; text that is not valid Unicode (a lone surrogate, which JSON can spell) is a 400."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise APIError(400, f"{where}: not valid Unicode text ({err.reason} at character {err.start})",
+                           param=where.split(".")[0]) from None
+        return self.tokenizer(text, **kwargs)["input_ids"]
 
     def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
         p = req.prompt
         if isinstance(p, str):
-            prompts = [self.tokenizer(p)["input_ids"]]
+            prompts = [self.encode(p, "prompt")]
         elif not p:
             raise APIError(400, "prompt: expected at least one prompt, got an empty list", param="prompt")
         elif isinstance(p[0], int):
             prompts = [list(p)]
         elif isinstance(p[0], str):
-            prompts = [self.tokenizer(t)["input_ids"] for t in p]
+            prompts = [self.encode(t, f"prompt.{i}") for i, t in enumerate(p)]
         else:
             prompts = [list(r) for r in p]
         for i, ids in enumerate(prompts):
@@ -264,16 +412,29 @@ class ModelServer:
         except Exception as err:  # noqa: BLE001 - jinja errors, templates that raise on a role
             raise APIError(400, f"messages: the model's chat template failed on them: {err}",
                            param="messages") from None
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.encode(text, "messages", add_special_tokens=False)
 
     # -- generation -----------------------------------------------------------------------------------
 
     async def generate(self, rows: list[list[int]], sampling: Sampling, seed: int | None) -> Rows:
         try:
             return await self.batcher.generate(rows, sampling, seed)
-        except Exception as err:  # noqa: BLE001 - answered as a 500; the scheduler goes on
-            log.exception("generation failed")
-            raise APIError(500, f"generation failed: {type(err).__name__}: {err}", type="server_error") from None
+        except Busy as busy:
+            raise APIError(503, f"The server is busy: {busy.waiting} requests are waiting for the engine "
+                                f"(--max-queue {self.options.max_queue}); retry after {busy.retry_after_s} s",
+                           type="server_error", code="server_busy",
+                           headers={"Retry-After": str(busy.retry_after_s)}) from None
+        except Exception:  # noqa: BLE001 - answered as a 500 without internals; the scheduler goes on
+            raise self.internal_error("generation failed") from None
+
+    def internal_error(self, what: str, err: BaseException | None = None) -> APIError:
+        """A 500 that names an error id and nothing else; the traceback (of ``err``, else of the exception being
+        handled) goes to the log under that id."""
+        error_id = uuid.uuid4().hex[:12]
+        self.counters["internal_errors"] += 1
+        log.error("%s (error id %s)", what, error_id, exc_info=err or True)
+        return APIError(500, f"The server had an error while processing the request (error id {error_id}; the "
+                             "server log has the details)", type="server_error")
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -311,7 +472,10 @@ class ModelServer:
 
     async def complete(self, req: CompletionRequest) -> dict[str, Any]:
         self.check_request(req)
-        prompts = self.completion_prompts(req)
+        if isinstance(req.prompt, list) and not req.prompt:
+            raise APIError(400, "prompt: expected at least one prompt, got an empty list", param="prompt")
+        self.check_rows(req, self.prompt_count(req))
+        prompts = await self.off_loop(self.completion_prompts, req)
         sampling = self.sampling(req, prompts, req.max_tokens, max_tokens_param="max_tokens", prompt_param="prompt")
         n = req.n or 1
         rows = await self.generate([p for p in prompts for _ in range(n)], sampling, req.seed)
@@ -324,7 +488,8 @@ class ModelServer:
 
     async def chat(self, req: ChatRequest) -> dict[str, Any]:
         self.check_request(req)
-        prompt = self.chat_prompt(req)
+        self.check_rows(req, 1)
+        prompt = await self.off_loop(self.chat_prompt, req)
         max_tokens, param = ((req.max_completion_tokens, "max_completion_tokens")
                              if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
         sampling = self.sampling(req, [prompt], max_tokens, max_tokens_param=param, prompt_param="messages")
@@ -353,18 +518,15 @@ def _usage(prompts: list[list[int]], outs: list[_Output]) -> dict[str, int]:
 
 def load_server(model_dir: str | Path, cfg: Config, options: ServeOptions, device: torch.device) -> ModelServer:
     """The model at ``model_dir`` on ``device`` in the rollout engine params ``rollout`` names (the
-    ``model`` section's dtype and attention), and its tokenizer.
-
-    The engine spec is built here as ``rlcore.trainer.generation.engine_spec`` builds it, without
-    importing the trainer (which imports Ray: a server process has no use for it)."""
+    ``model`` section's dtype and attention), and its tokenizer."""
     from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
-    from rlcore.rollout import EngineSpec, make_engine
+    from rlcore.rollout import engine_spec, make_engine
 
     tokenizer = load_tokenizer(model_dir)
-    m, r = cfg.model, cfg.rollout
+    m = cfg.model
     model = load_rollout_model(ModelSpec(path=str(model_dir), dtype=m.dtype, attn_implementation=m.attn_implementation,
                                          packed_forward=m.packed_forward), device)
-    engine = make_engine(model, EngineSpec(name=r.engine, compile=r.compile, cuda_graphs=r.cuda_graphs),
+    engine = make_engine(model, engine_spec(cfg.rollout),
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return ModelServer(tokenizer, engine, device=device, context_length=model.config.max_position_embeddings,
                        vocab_size=model.config.vocab_size, default_max_tokens=cfg.task.max_response_length,
@@ -383,14 +545,32 @@ def create_app(server: ModelServer) -> FastAPI:
             yield
         finally:
             await server.batcher.stop()
+            server.tokenizing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="rlcore serve", description="OpenAI-compatible completions over an rlcore rollout engine",
                   lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=server.options.max_body_bytes, timeout_s=server.options.request_timeout_s)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError) -> JSONResponse:
-        return error_response(err.status, err.message, type=err.type, param=err.param, code=err.code)
+        return error_response(err.status, err.message, type=err.type, param=err.param, code=err.code,
+                              headers=err.headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, err: Exception) -> JSONResponse:  # anything else: no internals to the client
+        api = server.internal_error(f"{request.method} {request.url.path} failed", err)
+        return error_response(api.status, api.message, type=api.type)
+
+    async def answered(work) -> dict[str, Any]:
+        """``await work`` within ``--request-timeout``; past it, 504 (the batcher drops the job)."""
+        timeout = server.options.request_timeout_s
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except TimeoutError:
+            server.counters["timeouts"] += 1
+            raise APIError(504, f"The request was not answered within --request-timeout {timeout:g} s; retry later "
+                                "or ask for fewer tokens", type="server_error", code="timeout") from None
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -403,7 +583,8 @@ def create_app(server: ModelServer) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": server.name, "batching": server.options.batching, **server.batcher.stats}
+        return {"status": "ok", "model": server.name, "batching": server.options.batching,
+                "waiting": server.batcher.waiting, **server.batcher.stats, **server.counters}
 
     @app.get("/v1/models")
     async def models():
@@ -418,10 +599,10 @@ def create_app(server: ModelServer) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):
-        return await server.complete(req)
+        return await answered(server.complete(req))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest):
-        return await server.chat(req)
+        return await answered(server.chat(req))
 
     return app

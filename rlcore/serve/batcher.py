@@ -14,7 +14,11 @@ them:
 * a plan puts jobs with the same :class:`Sampling` (temperature, top-p, top-k, max tokens) into one
   call of at most ``max_batch_rows`` rows, in arrival order; a job is never split over calls;
 * each job's future gets its own rows back (:class:`Rows`); an engine exception fails the futures of
-  that call only, and the scheduler goes on with the next.
+  that call only, and the scheduler goes on with the next;
+* at most ``max_waiting`` jobs wait for the engine (the call in progress aside): a job past that is refused at
+  once with :class:`Busy`, which says when to try again, instead of growing the queue without bound; a job
+  whose caller stopped waiting (a request timeout) leaves the queue, or, when its call already runs, its rows
+  are dropped when the call ends.
 
 **Seeds.** An unseeded job samples from the server's generator (seeded once, from params ``seed``),
 shared with whatever else is in the same call, so its text depends on the traffic around it. A job
@@ -28,6 +32,7 @@ model and device), at the price of not sharing a call with other requests.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +70,14 @@ class Rows:
 
     tokens: list[list[int]]
     log_probs: list[list[float]]
+
+
+class Busy(Exception):
+    """The queue of waiting jobs is full; ``retry_after_s`` estimates when there will be room."""
+
+    def __init__(self, waiting: int, retry_after_s: int):
+        super().__init__(f"{waiting} requests are waiting for the engine")
+        self.waiting, self.retry_after_s = waiting, retry_after_s
 
 
 @dataclass(eq=False)
@@ -112,17 +125,19 @@ class Batcher:
     loop that will submit (:meth:`start`), and :meth:`stop` it there."""
 
     def __init__(self, engine: RolloutEngine, *, device: torch.device, pad_token_id: int, max_batch_rows: int = 64,
-                 wait_s: float = 0.005, batching: bool = True, seed: int = 0):
+                 wait_s: float = 0.005, batching: bool = True, seed: int = 0, max_waiting: int = 128):
         self.engine = engine
         self.device = device
         self.pad_token_id = pad_token_id
         self.max_batch_rows = max_batch_rows
         self.wait_s = wait_s
         self.batching = batching
+        self.max_waiting = max_waiting
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.stats = {"requests": 0, "engine_calls": 0, "rows": 0, "engine_errors": 0, "engine_seconds": 0.0}
+        self.stats = {"requests": 0, "engine_calls": 0, "rows": 0, "engine_errors": 0, "engine_seconds": 0.0,
+                      "refused_busy": 0, "abandoned": 0}
         """Counters since start: jobs submitted, engine calls made, rows generated, calls that raised,
-        seconds spent in the engine."""
+        seconds spent in the engine, jobs refused because the queue was full, jobs whose caller stopped waiting."""
         self._pending: deque[Job] = deque()
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -149,17 +164,39 @@ class Batcher:
             self._executor.shutdown(wait=True)
             self._executor = None
 
+    @property
+    def waiting(self) -> int:
+        """Jobs waiting for an engine call (the call in progress aside)."""
+        return len(self._pending)
+
+    def retry_after_s(self) -> int:
+        """Whole seconds until the waiting jobs have probably gone through the engine (at least 1): the calls they
+        need, plus the one in progress, at the mean engine seconds per call so far."""
+        calls = math.ceil(sum(len(j.rows) for j in self._pending) / self.max_batch_rows) + 1
+        per_call = self.stats["engine_seconds"] / max(self.stats["engine_calls"], 1)
+        return max(1, math.ceil(calls * per_call))
+
     async def generate(self, rows: list[list[int]], sampling: Sampling, seed: int | None = None) -> Rows:
-        """The engine's rows for these prompts (awaits the scheduler)."""
+        """The engine's rows for these prompts (awaits the scheduler). Raises :class:`Busy` at once when
+        ``max_waiting`` jobs are already waiting. Cancelled (the caller's timeout), the job leaves the queue."""
         if self._task is None or self._arrived is None:
             raise RuntimeError("Batcher.start() was not called")
         if self._task.done():  # a bug in the scheduler: surface it rather than hang
             self._task.result()
+        if len(self._pending) >= self.max_waiting:
+            self.stats["refused_busy"] += 1
+            raise Busy(len(self._pending), self.retry_after_s())
         job = Job(rows, sampling, seed, asyncio.get_running_loop().create_future())
         self._pending.append(job)
         self.stats["requests"] += 1
         self._arrived.set()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            self.stats["abandoned"] += 1
+            if job in self._pending:  # not started: it leaves the queue (a running call's rows are dropped at its end)
+                self._pending.remove(job)
+            raise
 
     async def _schedule(self) -> None:
         assert self._arrived is not None
@@ -180,10 +217,14 @@ class Batcher:
                         await asyncio.wait_for(self._arrived.wait(), left)
                     except TimeoutError:
                         break
-            jobs = list(self._pending)
-            self._pending.clear()
-            for call in plan(jobs, self.max_batch_rows, self.batching):
-                await self._run(call)
+            # a job stays in the queue (and counts as waiting) until its call starts
+            for call in plan(list(self._pending), self.max_batch_rows, self.batching):
+                for job in call:
+                    if job in self._pending:
+                        self._pending.remove(job)
+                call = [job for job in call if not job.future.done()]  # a caller that stopped waiting is skipped
+                if call:
+                    await self._run(call)
 
     async def _run(self, call: list[Job]) -> None:
         rows = [r for job in call for r in job.rows]

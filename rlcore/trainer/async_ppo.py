@@ -36,16 +36,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 
 from rlcore.config import Config
 from rlcore.controller.async_rollout import GeneratorPool, Rollout, WorkItem
 from rlcore.controller.worker_group import Pending
 from rlcore.protocol import Batch, Metrics
+from rlcore.rollout import engine_spec
 from rlcore.trainer.common import model_spec, timer
-from rlcore.trainer.generation import engine_spec, generate_spec
-from rlcore.trainer.ppo import RoundGroups, RoundRunner
+from rlcore.trainer.generation import generate_spec
 from rlcore.trainer.rollout_data import sample_rows
+from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.generator import GeneratorWorker
 from rlcore.workers.rollout import GenerateSpec
@@ -54,12 +54,12 @@ from rlcore.workers.rollout import GenerateSpec
 POLL_S = 0.02
 
 
-def start_generators(cfg: Config, init_dir: str) -> GeneratorPool:
+def start_generators(cfg: Config, init_dir: str) -> GeneratorPool[GeneratorWorker]:
     """The round's generators (params.yaml ``rollout.n_workers``/``cpus_per_worker``, ``ppo.async``)."""
     r, a = cfg.rollout, cfg.ppo.async_
     return GeneratorPool(GeneratorWorker, r.n_workers, r.cpus_per_worker, cfg.resources.use_gpu,
                          queue_size=a.queue_size, max_restarts=a.max_generator_restarts, timeout_s=cfg.ray.timeout_s,
-                         placement=cfg.resources.placement, model=model_spec(cfg, init_dir), engine=engine_spec(cfg),
+                         placement=cfg.resources.placement, model=model_spec(cfg, init_dir), engine=engine_spec(cfg.rollout),
                          shards=cfg.resources.n_workers, seed=cfg.seed)
 
 
@@ -67,7 +67,8 @@ class AsyncRoundRunner(RoundRunner):
     """:class:`RoundRunner` whose step trains on the next batch out of the rollout queue (see the module
     docstring); ``steps`` is the round's length (no batch is handed out for a step past it)."""
 
-    def __init__(self, cfg: Config, *, groups: RoundGroups, generators: GeneratorPool, tokenizer, prompts: Batch,
+    def __init__(self, cfg: Config, *, groups: RoundGroups, generators: GeneratorPool[GeneratorWorker], tokenizer,
+                 prompts: Batch,
                  seed: int, steps: int):
         super().__init__(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
         self.gens, self.steps = generators, steps
@@ -88,7 +89,8 @@ class AsyncRoundRunner(RoundRunner):
     def publish(self) -> None:
         """Put the trainer's current weights into the object store as version ``policy_version``."""
         ref = self.actor.call(ActorRolloutRefWorker.rollout_weights)
-        ray.get(self.gens.weights.publish.remote(self.policy_version, ref))
+        assert ref is not None, "rank 0 returns the weights' reference"
+        self.gens.publish(self.policy_version, ref)
         self.published = self.policy_version
 
     # ------------------------------------------------------------------ work
@@ -101,7 +103,7 @@ class AsyncRoundRunner(RoundRunner):
                             self.seed * 100003 + self.next_item * 101)  # the synchronous round's seed of that step
             self.outstanding[item.id] = (rows, item)
             self.next_item += 1
-            self.gens.submit(item, self._spec(item))
+            self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
 
     def _spec(self, item: WorkItem) -> GenerateSpec:
         return dataclasses.replace(self.spec, seed=item.seed)
@@ -127,7 +129,7 @@ class AsyncRoundRunner(RoundRunner):
             if version - got.version > self.max_staleness:
                 m["async/dropped_samples"] += len(got.batch)
                 _, item = self.outstanding[got.item_id]
-                self.gens.submit(item, self._spec(item))
+                self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
                 continue
             return got
 
@@ -152,7 +154,7 @@ class AsyncRoundRunner(RoundRunner):
         t: Metrics = {}
         m: Metrics = self.carried  # what the last step's prefetch saw belongs to this step
         self.carried = {"async/dropped_samples": 0, "async/generator_deaths": 0}
-        if self.published != self.policy_version:  # the first step, or after a resume
+        if self.published != self.policy_version:  # the first step (load_state publishes what it restores)
             self.publish()
         busy_before = self.gens.busy_s
         with timer(t, "step"):
@@ -167,7 +169,8 @@ class AsyncRoundRunner(RoundRunner):
                 got, batch, reward_m = self.ready
                 self.ready = None
                 self.outstanding.pop(got.item_id)
-            m.update({**reward_m, "rollout/sample_tries": 1, "rollout/groups_kept": len(batch) // self.cfg.rollout.n})
+            # (no rollout/sample_tries: DAPO's dynamic sampling is refused in async mode, so it would always be 1)
+            m.update({**reward_m, "rollout/groups_kept": len(batch) // self.cfg.rollout.n})
             staleness = self.policy_version - got.version
             batch, train_m = self.train(batch, step, t, while_updating=(lambda update: self._prefetch(step, update))
                                         if self.prefetch else None)
@@ -175,7 +178,8 @@ class AsyncRoundRunner(RoundRunner):
                 self.publish()
             self._hand_out(step + 1)
         gen_busy = self.gens.busy_s - busy_before
-        m.update({"async/staleness_mean": float(staleness), "async/staleness_max": float(staleness),
+        # a step trains on one batch, generated with one policy version: its staleness is the step's
+        m.update({"async/staleness": float(staleness),
                   "async/trainer_idle_frac": t["timing_s/wait"] / max(t["timing_s/step"], 1e-9),
                   "async/generator_idle_frac": 1.0 - min(1.0, gen_busy / max(self.gens.alive * t["timing_s/step"],
                                                                              1e-9)),
@@ -197,8 +201,11 @@ class AsyncRoundRunner(RoundRunner):
         return state
 
     def load_state(self, folder: Path, state: dict[str, Any]) -> None:
+        """Continue from :meth:`save_state`: the restored weights are published first, then the outstanding batches
+        handed out again, so they are generated with the weights they were meant for (handed out before the publish,
+        a generator would take the round's starting weights and the batch would be dropped as stale)."""
         super().load_state(folder, state)
-        self.published = -1  # the restored weights are published before the next step
+        self.publish()
         a = state.get("async")
         if a is None:
             return
@@ -207,14 +214,16 @@ class AsyncRoundRunner(RoundRunner):
         for item_id, rows, seed in a["outstanding"]:
             item = WorkItem(item_id, self.prompts.select(rows).repeat(n).only("prompts", "prompt_mask"), seed)
             self.outstanding[item_id] = (rows, item)
-            self.gens.submit(item, self._spec(item))
+            self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
 
 
 @contextmanager
 def running_async_round(cfg: Config, groups: RoundGroups, *, init_dir: str, tokenizer,
-                        prompts: Batch, seed: int, steps: int) -> Iterator[AsyncRoundRunner]:
-    """An :class:`AsyncRoundRunner` over ``groups`` and freshly started generators, which are stopped (with the
-    queue, the version actor and their placement group) on the way out whatever happens."""
+                        prompts: Batch, seed: int, steps: int | None = None) -> Iterator[AsyncRoundRunner]:
+    """``ppo.mode: async``: an :class:`AsyncRoundRunner` over ``groups`` and freshly started generators, which are
+    stopped (with the queue, the version actor and their placement group) on the way out whatever happens."""
+    if steps is None:
+        raise ValueError("ppo.mode async: the round runner needs the round's steps")
     generators = start_generators(cfg, init_dir)
     print(f"ppo async: {generators.alive} generator(s), queue of {cfg.ppo.async_.queue_size} batch(es), "
           f"max_staleness {cfg.ppo.async_.max_staleness}", flush=True)

@@ -14,13 +14,18 @@ filesystem) and the parent folder is fsynced. A kill at any point leaves the pre
 intact and at worst a ``.tmp`` folder, which the next run removes. While the stage runs, the newest
 ``max(keep_last, 1)`` checkpoints are kept; when it succeeds, the newest ``keep_last`` (default 0: none).
 
-**Resume.** When the stage starts, :meth:`StepCheckpoints.resume` picks the newest complete checkpoint and
-compares its fingerprint with this run's: the stage's params (minus the keys that cannot change the steps
-done: ``save_every``, ``max_nonfinite_steps``, the ``checkpoint`` and ``tracking`` sections, ``ray``), the
-code (a hash of every ``.py`` file of ``rlcore/`` and ``stages/``) and the input files (a content hash; files
-over 256 MiB are hashed by size and their first and last 16 MiB). Any difference: the stage says which
-(the first changed key, file or input) and starts over, removing the stale checkpoints. The checkpoint folder is outside DVC's outputs
-(DVC deletes a stage's outputs before re-running it, never this folder) and ignored by git and DVC.
+**Resume.** When the stage starts, :meth:`StepCheckpoints.resume` looks at the complete checkpoints, newest
+first, and resumes from the first it can use: one whose fingerprint equals this run's and whose files are all
+there as they were written. The fingerprint is the stage's own: its params (minus the keys that cannot change
+the steps done: ``save_every``, ``max_nonfinite_steps``, the ``checkpoint`` and ``tracking`` sections, ``ray``),
+its code (a hash of every file under the ``rlcore/`` and ``stages/`` dependencies ``dvc.yaml`` lists for the
+stage, the same files whose change makes DVC re-run it; every ``.py`` of both folders where there is no
+``dvc.yaml``) and its input files (a content hash; files over 256 MiB are hashed by size and their first and
+last 16 MiB). So an edit to a module the stage does not run (``rlcore/serve/app.py`` for ``sft``) keeps its
+checkpoints. Each checkpoint it cannot use is removed, with one line naming it and why (the first changed key,
+file or input; an unreadable or incomplete folder); older ones that match are kept. The checkpoint folder is
+outside DVC's outputs (DVC deletes a stage's outputs before re-running it, never this folder) and ignored by
+git and DVC.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+import yaml
 
 from rlcore.config import flatten
 from rlcore.errors import UserError
@@ -106,16 +112,44 @@ def tree_digests(paths: Iterable[str | Path], pattern: str = "*") -> dict[str, s
     return out
 
 
-def code_digests(root: Path) -> dict[str, str]:
-    """The code a stage runs: every ``.py`` of ``rlcore/`` and ``stages/`` under ``root``."""
-    digests = tree_digests([root / "rlcore", root / "stages"], "*.py")
+CODE_FOLDERS = ("rlcore/", "stages/")
+
+
+def stage_code(root: Path, stage: str) -> list[str] | None:
+    """The code dependencies ``root/dvc.yaml`` lists for ``stage`` (``ppo@r1`` is the ``ppo`` stage): the entries
+    under ``rlcore/`` and ``stages/``, as written there. None when there is no ``dvc.yaml`` or no such stage."""
+    try:
+        stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    body = stages.get(stage.split("@")[0]) if isinstance(stages, dict) else None
+    if not isinstance(body, dict):
+        return None
+    deps = (body.get("do") or body).get("deps") or []
+    names = [name for d in deps for name in (d if isinstance(d, dict) else [d])]
+    return [d for d in names if isinstance(d, str) and d.startswith(CODE_FOLDERS)]
+
+
+def code_digests(root: Path, deps: Iterable[str] | None = None) -> dict[str, str]:
+    """The code a stage runs: every file under each of ``deps`` (paths relative to ``root``, as ``dvc.yaml`` lists
+    them; a dependency that does not exist is recorded as missing), or with ``deps`` None every ``.py`` of
+    ``rlcore/`` and ``stages/``."""
+    if deps is None:
+        digests = tree_digests([root / "rlcore", root / "stages"], "*.py")
+    else:
+        present = [root / d for d in deps if (root / d).exists()]
+        digests = tree_digests(present)
+        digests.update({str(root / d): "missing" for d in deps if not (root / d).exists()})
     return {str(Path(k).relative_to(root)): v for k, v in digests.items()}
 
 
-def fingerprint(params: dict[str, Any], *, root: Path, inputs: Iterable[str | Path]) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed from: params (minus :data:`IGNORED_PARAMS`), code, inputs."""
+def fingerprint(params: dict[str, Any], *, root: Path, inputs: Iterable[str | Path],
+                code: Iterable[str] | None = None) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed from: params (minus :data:`IGNORED_PARAMS`), the code under
+    ``code`` (the stage's code dependencies, :func:`stage_code`; None: all of ``rlcore/`` and ``stages/``), the
+    input files."""
     flat = {k: v for k, v in flatten(params).items() if not any(k == p or k.startswith(p) for p in IGNORED_PARAMS)}
-    return {"params": flat, "code": code_digests(root), "data": tree_digests(inputs)}
+    return {"params": flat, "code": code_digests(root, code), "data": tree_digests(inputs)}
 
 
 def first_difference(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
@@ -167,27 +201,38 @@ class StepCheckpoints:
         return sorted(found)
 
     def resume(self) -> Resume | None:
-        """The newest complete checkpoint if it matches this run (one line says so), else None (one line
-        says why, when there was one; stale checkpoints are removed)."""
+        """The newest complete checkpoint this run can use (one line says so), else None. Each newer one it cannot
+        use (other params, code or inputs; unreadable; a file missing or cut short) is removed, with one line
+        naming it and why; older ones are left as they are."""
         self._remove_partial()
         found = self.complete()
-        if not found:
-            return None
-        step, folder = found[-1]
+        for step, folder in reversed(found):
+            state, why = self._usable(folder)
+            if state is not None:
+                print(f"resuming {self.stage} from step {step} ({folder})", flush=True)
+                return Resume(step, folder, state)
+            print(f"{self.stage}: not resuming from {folder}: {why}; removed it", file=sys.stderr, flush=True)
+            shutil.rmtree(folder, ignore_errors=True)
+        if found:
+            print(f"{self.stage}: no usable step checkpoint; starting over", file=sys.stderr, flush=True)
+        return None
+
+    def _usable(self, folder: Path) -> tuple[dict[str, Any] | None, str]:
+        """``(state, "")`` for a checkpoint this run can resume from, else ``(None, why not)``."""
         try:
             state = torch.load(folder / CONTROLLER_FILE, map_location="cpu", weights_only=False)
         except Exception as err:  # a checkpoint we cannot read is not one to resume from
-            print(f"{self.stage}: not resuming from {folder}: unreadable ({type(err).__name__}: {err}); "
-                  "starting over", file=sys.stderr, flush=True)
-            self.clear()
-            return None
+            return None, f"unreadable ({type(err).__name__}: {err})"
         why = first_difference(state.get("fingerprint", {}), self.fingerprint)
         if why:
-            print(f"{self.stage}: not resuming from {folder}: {why}; starting over", file=sys.stderr, flush=True)
-            self.clear()
-            return None
-        print(f"resuming {self.stage} from step {step} ({folder})", flush=True)
-        return Resume(step, folder, state)
+            return None, why
+        for name, size in state.get("files", {}).items():  # what the workers wrote, as commit() found it
+            path = folder / name
+            if not path.is_file():
+                return None, f"incomplete: {name} is missing"
+            if path.stat().st_size != size:
+                return None, f"incomplete: {name} has {path.stat().st_size} bytes, {size} were written"
+        return state, ""
 
     # ------------------------------------------------------------------ writing
     def due(self, done: int, total: int) -> bool:
@@ -213,7 +258,9 @@ class StepCheckpoints:
 
         final = self.folder / f"step_{step:08d}"
         try:
-            atomic_save({**state, "step": step, "fingerprint": self.fingerprint}, tmp / CONTROLLER_FILE)
+            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+            atomic_save({**state, "step": step, "fingerprint": self.fingerprint, "files": files},
+                        tmp / CONTROLLER_FILE)
             _fsync_dir(tmp)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
@@ -248,9 +295,6 @@ class StepCheckpoints:
         if self.folder.is_dir() and not any(self.folder.iterdir()):
             self.folder.rmdir()
 
-    def clear(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
     def _prune(self, keep: int) -> None:
         found = self.complete()
         for _, folder in found[: max(0, len(found) - keep)]:
@@ -264,9 +308,10 @@ class StepCheckpoints:
 
 def stage_checkpoints(cfg, *, stage: str, save_every: int, params: dict[str, Any], root: Path,
                       inputs: Iterable[str | Path]) -> StepCheckpoints:
-    """The stage's :class:`StepCheckpoints` under ``checkpoint.dir`` (relative to ``root``)."""
+    """The stage's :class:`StepCheckpoints` under ``checkpoint.dir`` (relative to ``root``), fingerprinted with the
+    stage's own code dependencies from ``root/dvc.yaml``."""
     folder = Path(cfg.checkpoint.dir)
     if not folder.is_absolute():
         folder = root / folder
     return StepCheckpoints(folder / stage, stage=stage, save_every=save_every, keep_last=cfg.checkpoint.keep_last,
-                           fingerprint=fingerprint(params, root=root, inputs=inputs))
+                           fingerprint=fingerprint(params, root=root, inputs=inputs, code=stage_code(root, stage)))

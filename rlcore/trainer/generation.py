@@ -11,16 +11,10 @@ from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import decode_responses
 from rlcore.protocol import Batch
 from rlcore.rewards.scoring import Rewards, RewardScorer, probe, samples_of
-from rlcore.rollout import EngineSpec, SamplingParams
+from rlcore.rollout import SamplingParams
 from rlcore.workers.rollout import GenerateSpec
 
 W = TypeVar("W")
-
-
-def engine_spec(cfg: Config) -> EngineSpec:
-    """The rollout engine workers build (params.yaml ``rollout``)."""
-    r = cfg.rollout
-    return EngineSpec(name=r.engine, compile=r.compile, cuda_graphs=r.cuda_graphs)
 
 
 def generate_spec(cfg: Config, *, temperature: float, seed: int, greedy: bool = False,
@@ -40,10 +34,7 @@ def generate(group: WorkerGroup[W], method: Callable[[W, Batch, GenerateSpec], B
 
     A batch that does not split evenly over the ranks is padded with copies of its first
     rows for the call and trimmed after, so any number of prompts works."""
-    tensors = prompts.only("prompts", "prompt_mask")
-    pad = -len(tensors) % group.world_size
-    if pad:
-        tensors = Batch.concat([tensors, tensors.select(np.arange(pad) % len(tensors))])
+    tensors, _ = prompts.only("prompts", "prompt_mask").pad_to_multiple(group.world_size)
     return prompts.union(group.call(method, tensors, spec).slice(0, len(prompts)))
 
 

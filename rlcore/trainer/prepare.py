@@ -55,10 +55,10 @@ def write_pairs(cfg: Config, test_rows: list, out_dir: Path) -> dict[str, float]
     """The arithmetic task's built-in preference pairs (``task.pairs``): ``pairs_train.parquet`` from questions
     outside the test split, ``pairs_test.parquet`` from the test split's first ``n_test`` questions."""
     t = cfg.task
-    config = {"min_digits": t.min_digits, "max_digits": t.max_digits, "ops": tuple(t.ops)}
+    config: dict = {"min_digits": t.min_digits, "max_digits": t.max_digits, "ops": tuple(t.ops)}
     held_out = frozenset(r["extra_info"]["question"] for r in test_rows)
     train_rows = arithmetic_rows(t.pairs.n_train, seed=cfg.seed + 7919, split="pairs", exclude=held_out, **config)
-    out = {}
+    out: dict[str, float] = {}
     for name, rows, flip in (("train", train_rows, t.pairs.flip_rate), ("test", test_rows[:t.pairs.n_test], 0.0)):
         records = arithmetic_pairs(rows, seed=cfg.seed + (7927 if name == "train" else 7933), flip_rate=flip,
                                    config=config)

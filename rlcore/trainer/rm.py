@@ -102,8 +102,8 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
             final = pair_metrics(*pair_scores(group, test), "rm/test_")
             log.log(r.steps, {k.replace("rm/test_", "rm/val_"): v for k, v in final.items()})
             train_scores = np.concatenate(pair_scores(group, train))
-            stats = {"mean": float(train_scores.mean()), "std": float(max(train_scores.std(), 1e-6)),
-                     "from": f"{len(train)} training pairs, both answers ({train_path})"}
+            mean, std = float(train_scores.mean()), float(max(train_scores.std(), 1e-6))
+            stats = {"mean": mean, "std": std, "from": f"{len(train)} training pairs, both answers ({train_path})"}
             try:
                 group.call(RewardTrainWorker.save, out_dir, stats)
             except Exception as err:
@@ -112,5 +112,5 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
         finally:
             group.shutdown()
     tail = [row["rm/accuracy"] for row in log.rows if "rm/accuracy" in row][-10:]
-    return {**final, "rm/train_accuracy_last10": float(np.mean(tail)), "rm/norm_mean": stats["mean"],
-            "rm/norm_std": stats["std"], "rm/steps": r.steps, "rm/train_pairs": len(train), "rm/test_pairs": len(test)}
+    return {**final, "rm/train_accuracy_last10": float(np.mean(tail)), "rm/norm_mean": mean,
+            "rm/norm_std": std, "rm/steps": r.steps, "rm/train_pairs": len(train), "rm/test_pairs": len(test)}

@@ -15,7 +15,8 @@ from rlcore.protocol import Batch
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.scoring import Rewards, RewardScorer
 from rlcore.trainer.common import model_spec, start_pool
-from rlcore.trainer.generation import engine_spec, generate, generate_spec, reward_scorer, score_responses
+from rlcore.rollout import engine_spec
+from rlcore.trainer.generation import generate, generate_spec, reward_scorer, score_responses
 from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
 from rlcore.workers.rollout import RolloutWorker
 
@@ -26,7 +27,7 @@ def rollout_group(cfg: Config, pool, model_dir: str) -> WorkerGroup[RolloutWorke
     """A generation-only worker group over the model at ``model_dir``, initialised (sharing the pool with the
     reward model when one is colocated)."""
     group = WorkerGroup(RolloutWorker, pool, name="rollout", share=1 + colocated(cfg), timeout_s=cfg.ray.timeout_s,
-                        model=model_spec(cfg, model_dir), engine=engine_spec(cfg), seed=cfg.seed)
+                        model=model_spec(cfg, model_dir), engine=engine_spec(cfg.rollout), seed=cfg.seed)
     group.call(RolloutWorker.init_model)
     return group
 

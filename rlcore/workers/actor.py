@@ -44,7 +44,7 @@ from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
 from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import GenerateSpec, generate_on, make_engine
-from rlcore.workers.state import load_training_state, save_training_state
+from rlcore.workers.state import TrainedModelState
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,10 @@ class ActorUpdateSpec:
     ones and the correction's weights are taken against the rollout's there (no separate forward)."""
 
 
-class ActorRolloutRefWorker(RankWorker):
+class ActorRolloutRefWorker(TrainedModelState, RankWorker):
+    # step checkpoints hold the actor only: the reference is the round's initial model, the rollout copy follows
+    state_name, state_model = "actor", "actor"
+
     def __init__(self, placement: RankPlacement, *, model: ModelSpec, engine: EngineSpec, optim: OptimSpec,
                  with_ref: bool, seed: int = 0):
         super().__init__(placement, seed)
@@ -302,14 +305,6 @@ class ActorRolloutRefWorker(RankWorker):
         save_pretrained(self.actor, path, rank=self.rank, tokenizer=self.tokenizer)
         return path
 
-    @register(Dispatch.ONE_TO_ALL)
-    def save_state(self, folder: str) -> None:
-        """Write the actor's training state (weights, optimizer, schedule, RNG) into a step checkpoint
-        folder (the reference is the round's initial model and the rollout copy follows the actor)."""
-        save_training_state(folder, "actor", self.actor, self.opt, self.sched, rank=self.rank)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_state(self, folder: str) -> None:
-        """Continue from a step checkpoint folder; the rollout copy takes the restored weights."""
-        load_training_state(folder, "actor", self.actor, self.opt, self.sched, rank=self.rank)
+    def state_loaded(self) -> None:
+        """After a step checkpoint's weights are loaded: the rollout copy takes them before it generates."""
         self.rollout_stale = True

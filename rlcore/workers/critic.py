@@ -15,7 +15,7 @@ from rlcore.protocol import Batch, Metrics
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
 from rlcore.workers.rank import RankWorker
-from rlcore.workers.state import load_training_state, save_training_state
+from rlcore.workers.state import TrainedModelState
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,9 @@ class CriticUpdateSpec:
     loss_agg_mode: str = "token-mean"
 
 
-class CriticWorker(RankWorker):
+class CriticWorker(TrainedModelState, RankWorker):
+    state_name, state_model = "critic", "critic"
+
     def __init__(self, placement: RankPlacement, *, model: ModelSpec, optim: OptimSpec, seed: int = 0):
         super().__init__(placement, seed)
         self.model_spec = model
@@ -92,13 +94,3 @@ class CriticWorker(RankWorker):
     def save(self, path: str) -> str:
         save_pretrained(self.critic, path, rank=self.rank)
         return path
-
-    @register(Dispatch.ONE_TO_ALL)
-    def save_state(self, folder: str) -> None:
-        """Write the critic's training state into a step checkpoint folder."""
-        save_training_state(folder, "critic", self.critic, self.opt, self.sched, rank=self.rank)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_state(self, folder: str) -> None:
-        """Continue from a step checkpoint folder that :meth:`save_state` wrote."""
-        load_training_state(folder, "critic", self.critic, self.opt, self.sched, rank=self.rank)

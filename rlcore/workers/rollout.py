@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
@@ -56,11 +55,9 @@ def generate_sharded(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *,
     of its first rows to a multiple of ``shards``, split into equal chunks, chunk ``r`` sampled with rank ``r``'s
     generator, trimmed back. One engine then draws exactly the tokens the group would (an asynchronous round's
     generator reproduces a synchronous round's rollouts this way)."""
-    pad = -len(batch) % shards
-    if pad:
-        batch = Batch.concat([batch, batch.select(np.arange(pad) % len(batch))])
-    parts = [generate_on(engine, chunk, spec, rank=r, device=device) for r, chunk in enumerate(batch.chunk(shards))]
-    return Batch.concat(parts).slice(0, len(batch) - pad)
+    padded, pad = batch.pad_to_multiple(shards)
+    parts = [generate_on(engine, chunk, spec, rank=r, device=device) for r, chunk in enumerate(padded.chunk(shards))]
+    return Batch.concat(parts).slice(0, len(padded) - pad)
 
 
 class RolloutWorker(RankWorker):

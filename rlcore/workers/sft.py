@@ -11,7 +11,7 @@ from rlcore.engine.sequence import sequences
 from rlcore.protocol import Batch, Metrics
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer
 from rlcore.workers.rank import RankWorker
-from rlcore.workers.state import load_training_state, save_training_state
+from rlcore.workers.state import TrainedModelState
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,9 @@ class SFTStepSpec:
     """Max global gradient norm."""
 
 
-class SFTWorker(RankWorker):
+class SFTWorker(TrainedModelState, RankWorker):
+    state_name, state_model = "sft", "model"
+
     def __init__(self, placement: RankPlacement, *, model: ModelSpec, optim: OptimSpec, seed: int = 0):
         super().__init__(placement, seed)
         self.model_spec = model
@@ -62,13 +64,3 @@ class SFTWorker(RankWorker):
         """Write a Hugging Face folder (weights + tokenizer) from rank 0."""
         save_pretrained(self.model, path, rank=self.rank, tokenizer=self.tokenizer)
         return path
-
-    @register(Dispatch.ONE_TO_ALL)
-    def save_state(self, folder: str) -> None:
-        """Write the training state (weights, optimizer, schedule, RNG) into a step checkpoint folder."""
-        save_training_state(folder, "sft", self.model, self.opt, self.sched, rank=self.rank)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_state(self, folder: str) -> None:
-        """Continue from a step checkpoint folder that :meth:`save_state` wrote."""
-        load_training_state(folder, "sft", self.model, self.opt, self.sched, rank=self.rank)

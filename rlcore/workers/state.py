@@ -11,16 +11,20 @@ Every rank reads the same ``{name}.pt`` back and keeps its own share (all of it 
 fsdp), so the folder must be on a path every rank reaches (one machine, or a shared filesystem on a
 cluster). Files are written under a temporary name, flushed to disk and renamed: a kill leaves either the
 old file or the new one.
+
+A worker that trains a model takes its ``save_state``/``load_state`` methods from :class:`TrainedModelState`.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine.sequence import SequenceModel
 
 
@@ -55,3 +59,33 @@ def load_training_state(folder: str | Path, name: str, model: SequenceModel, opt
     sched.load_state_dict(state["sched"])
     rng = torch.load(folder / f"{name}.rng{rank}.pt", map_location="cpu", weights_only=False)
     torch.set_rng_state(rng["torch"])
+
+
+class TrainedModelState:
+    """The step-checkpoint methods of a worker rank that trains one model with ``self.opt`` and ``self.sched``:
+    the class names the model's attribute (``state_model``) and its files in the folder (``state_name``)."""
+
+    state_name: ClassVar[str]
+    """The files' name: ``{state_name}.pt``, ``{state_name}.rng{rank}.pt``."""
+    state_model: ClassVar[str]
+    """The attribute holding the trained :class:`~rlcore.engine.sequence.SequenceModel`."""
+    rank: int
+    opt: Any
+    sched: Any
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_state(self, folder: str) -> None:
+        """Write the model's training state (weights, optimizer, schedule, this rank's RNG) into a step
+        checkpoint folder."""
+        save_training_state(folder, self.state_name, getattr(self, self.state_model), self.opt, self.sched,
+                            rank=self.rank)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_state(self, folder: str) -> None:
+        """Continue from a step checkpoint folder that :meth:`save_state` wrote."""
+        load_training_state(folder, self.state_name, getattr(self, self.state_model), self.opt, self.sched,
+                            rank=self.rank)
+        self.state_loaded()
+
+    def state_loaded(self) -> None:
+        """Called after :meth:`load_state` restored the model (nothing by default)."""

@@ -22,7 +22,20 @@ from packaging.requirements import Requirement
 from rlcore import diagnose
 from rlcore.commands import main
 from rlcore.config import Config, parse_config
-from rlcore.diagnose import Check, Context, requirement_check
+from rlcore.diagnose import (
+    base,
+    disk,
+    dvc_check,
+    mlflow_check,
+    model,
+    packages,
+    python,
+    ray_check,
+    requirements,
+    torch_check,
+)
+from rlcore.diagnose.base import Check, Context
+from rlcore.diagnose.packages import requirement_check
 
 # the checks that start Ray, import torch or run dvc status: left out unless a test aims at them
 SLOW = "ray,torch,dvc"
@@ -78,7 +91,7 @@ def test_requirement_check_missing_package_names_the_range_and_keeps_extras():
 
 def test_another_torch_on_a_gpu_build_is_a_warning_not_a_failure():
     assert requirement_check("torch==2.13.0", "2.9.1+cu128").status == "fail"
-    gpu = diagnose.torch_is_gpu_build("2.9.1+cu128", [])
+    gpu = packages.torch_is_gpu_build("2.9.1+cu128", [])
     assert gpu
     check = requirement_check("torch==2.13.0", "2.9.1+cu128", other_version_ok=gpu)
     assert check.status == "warn" and "GPU" in check.detail
@@ -92,33 +105,33 @@ def test_another_torch_on_a_gpu_build_is_a_warning_not_a_failure():
     ("2.9.1", ["filelock"], False),
 ])
 def test_torch_gpu_build_detection(version, requires, gpu):
-    assert diagnose.torch_is_gpu_build(version, requires) is gpu
+    assert packages.torch_is_gpu_build(version, requires) is gpu
 
 
 def test_stale_install_metadata_is_reported_against_pyproject(tmp_path):
     # a checkout whose pyproject.toml declares only torch: every other installed requirement differs
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "rlcore"\nrequires-python = ">=3.99"\ndependencies = ["torch==2.13.0"]\n')
-    declared = diagnose.declared_requirements(tmp_path)
+    declared = requirements.declared_requirements(tmp_path)
     assert declared.source == "pyproject.toml" and declared.dependencies == ("torch==2.13.0",)
     assert declared.requires_python == ">=3.99"
     assert "torch==2.13.0" not in declared.stale and "pyyaml>=6" in declared.stale
-    python = diagnose.check_python(Context(cfg=Config(), root=tmp_path))
-    assert python.status == "fail" and ">=3.99" in python.detail
+    check = python.check_python(Context(cfg=Config(), root=tmp_path))
+    assert check.status == "fail" and ">=3.99" in check.detail
 
 
 # --- thresholds ----------------------------------------------------------------------------------
 
 
 def test_disk_thresholds():
-    assert diagnose.disk_status(diagnose.DISK_WARN_GIB * GIB) == "ok"
-    assert diagnose.disk_status(diagnose.DISK_WARN_GIB * GIB - 1) == "warn"
-    assert diagnose.disk_status(diagnose.DISK_FAIL_GIB * GIB) == "warn"
-    assert diagnose.disk_status(diagnose.DISK_FAIL_GIB * GIB - 1) == "fail"
+    assert disk.disk_status(disk.DISK_WARN_GIB * GIB) == "ok"
+    assert disk.disk_status(disk.DISK_WARN_GIB * GIB - 1) == "warn"
+    assert disk.disk_status(disk.DISK_FAIL_GIB * GIB) == "warn"
+    assert disk.disk_status(disk.DISK_FAIL_GIB * GIB - 1) == "fail"
 
 
 def test_little_free_disk_fails_the_report(elsewhere, capsys, monkeypatch):
-    monkeypatch.setattr(diagnose.shutil, "disk_usage", lambda path: SimpleNamespace(free=0.5 * GIB))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: SimpleNamespace(free=0.5 * GIB))
     code, out = diagnose_cli(["--skip", f"{SLOW},mlflow"], capsys)
     assert code == 1
     assert [line.split()[1] for line in lines_of(out, "fail")] == ["disk"]
@@ -127,10 +140,10 @@ def test_little_free_disk_fails_the_report(elsewhere, capsys, monkeypatch):
 
 def test_resource_shortfall_counts_cpus_and_gpus():
     cfg = parse_config({"resources": {"n_workers": 4, "cpus_per_worker": 1.5, "use_gpu": True}}, "test")
-    assert diagnose.resource_shortfall(6, 4, cfg) is None
-    short = diagnose.resource_shortfall(5, 3, cfg)
+    assert ray_check.resource_shortfall(6, 4, cfg) is None
+    short = ray_check.resource_shortfall(5, 3, cfg)
     assert "6 CPUs" in short and "has 5" in short and "4 GPUs" in short and "has 3" in short
-    assert diagnose.resource_shortfall(6, 0, parse_config({"resources": {"n_workers": 4, "cpus_per_worker": 1.5}},
+    assert ray_check.resource_shortfall(6, 0, parse_config({"resources": {"n_workers": 4, "cpus_per_worker": 1.5}},
                                                           "test")) is None
 
 
@@ -149,21 +162,21 @@ def fake_torch(monkeypatch, devices: list[str], nccl: tuple[int, ...] | None) ->
 
 def test_torch_check_on_cpu_fails_only_when_params_ask_for_gpus(monkeypatch, tmp_path):
     fake_torch(monkeypatch, devices=[], nccl=None)
-    cpu = diagnose.check_torch(Context(cfg=Config(), root=tmp_path))
+    cpu = torch_check.check_torch(Context(cfg=Config(), root=tmp_path))
     assert (cpu.status, cpu.detail) == ("ok", "2.13.0+cpu, CUDA: no (CPU only); gloo: yes")
     gpu_cfg = parse_config({"resources": {"use_gpu": True}}, "test")
-    asked = diagnose.check_torch(Context(cfg=gpu_cfg, root=tmp_path))
+    asked = torch_check.check_torch(Context(cfg=gpu_cfg, root=tmp_path))
     assert asked.status == "fail" and "resources.use_gpu" in asked.detail and "use_gpu: false" in asked.fix
 
 
 def test_torch_check_lists_gpus_and_nccl(monkeypatch, tmp_path):
     fake_torch(monkeypatch, devices=["NVIDIA H100", "NVIDIA H100", "NVIDIA A10"], nccl=(2, 27, 3))
     gpu_cfg = parse_config({"resources": {"use_gpu": True}}, "test")
-    check = diagnose.check_torch(Context(cfg=gpu_cfg, root=tmp_path))
+    check = torch_check.check_torch(Context(cfg=gpu_cfg, root=tmp_path))
     assert check.status == "ok"
     assert check.detail == "2.9.1+cu128, CUDA 12.8: 2 x NVIDIA H100, 1 x NVIDIA A10; NCCL: 2.27.3"
     fake_torch(monkeypatch, devices=["NVIDIA H100"], nccl=None)
-    no_nccl = diagnose.check_torch(Context(cfg=gpu_cfg, root=tmp_path))
+    no_nccl = torch_check.check_torch(Context(cfg=gpu_cfg, root=tmp_path))
     assert no_nccl.status == "fail" and "NCCL: no" in no_nccl.detail
 
 
@@ -183,11 +196,11 @@ def test_sqlite_store_under_a_file_fails_with_exit_code_1(elsewhere, capsys):
 
 def test_relative_sqlite_uri_resolves_against_the_repo(elsewhere):
     ctx = Context(cfg=parse_config({"tracking": {"uri": "sqlite:///store/mlflow.db"}}, "test"), root=elsewhere)
-    check = diagnose.check_mlflow(ctx)
+    check = mlflow_check.check_mlflow(ctx)
     assert check.status == "warn" and f"{elsewhere}/store does not exist" in check.detail
     assert check.fix == f"mkdir -p {elsewhere}/store"
     (elsewhere / "store").mkdir()
-    assert diagnose.check_mlflow(ctx).status == "ok"
+    assert mlflow_check.check_mlflow(ctx).status == "ok"
 
 
 def fake_store(path: Path, revision: str, experiments: list[tuple[int, str, str]], runs: int) -> None:
@@ -204,18 +217,18 @@ def fake_store(path: Path, revision: str, experiments: list[tuple[int, str, str]
 
 
 def test_existing_sqlite_store_schema_and_experiment(tmp_path, monkeypatch):
-    monkeypatch.setattr(diagnose, "mlflow_schema_head", lambda: "head1")
+    monkeypatch.setattr(mlflow_check, "mlflow_schema_head", lambda: "head1")
     ctx = Context(cfg=parse_config({"tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"}}, "test"), root=tmp_path)
     fake_store(tmp_path / "mlflow.db", "head1", [(1, "rlcore", "active")], runs=3)
-    ok = diagnose.check_mlflow(ctx)
+    ok = mlflow_check.check_mlflow(ctx)
     assert ok.status == "ok" and "'rlcore' has 3 run(s)" in ok.detail
     (tmp_path / "mlflow.db").unlink()
     fake_store(tmp_path / "mlflow.db", "old0", [(1, "rlcore", "active")], runs=0)
-    stale = diagnose.check_mlflow(ctx)
+    stale = mlflow_check.check_mlflow(ctx)
     assert stale.status == "fail" and "schema old0" in stale.detail and "mlflow db upgrade" in stale.fix
     (tmp_path / "mlflow.db").unlink()
     fake_store(tmp_path / "mlflow.db", "head1", [(7, "rlcore", "deleted")], runs=0)
-    deleted = diagnose.check_mlflow(ctx)
+    deleted = mlflow_check.check_mlflow(ctx)
     assert deleted.status == "fail" and "is deleted" in deleted.detail and "--experiment-id 7" in deleted.fix
 
 
@@ -227,13 +240,13 @@ def test_sqlite_file_that_is_not_an_mlflow_store_fails(tmp_path):
     (tmp_path / "garbage.db").write_bytes(b"\x00not sqlite at all" * 64)
     for name, words in [("other.db", "not an MLflow store"), ("garbage.db", "does not open as sqlite")]:
         ctx = Context(cfg=parse_config({"tracking": {"uri": f"sqlite:///{tmp_path}/{name}"}}, "test"), root=tmp_path)
-        check = diagnose.check_mlflow(ctx)
+        check = mlflow_check.check_mlflow(ctx)
         assert check.status == "fail" and words in check.detail, check
 
 
 def test_unreachable_mlflow_server_fails(tmp_path):
     ctx = Context(cfg=parse_config({"tracking": {"uri": "http://127.0.0.1:1"}}, "test"), root=tmp_path, timeout_s=2)
-    check = diagnose.check_mlflow(ctx)
+    check = mlflow_check.check_mlflow(ctx)
     assert check.status == "fail" and "no answer" in check.detail and "mlflow server" in check.fix
 
 
@@ -254,10 +267,10 @@ def test_complete_model_folder_passes(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "tokenizer.json").write_text("{}")
     ctx = Context(cfg=parse_config({"model": {"path": str(tmp_path)}}, "test"), root=tmp_path)
-    no_template = diagnose.check_model(ctx)
+    no_template = model.check_model(ctx)
     assert no_template.status == "fail" and "chat template" in no_template.detail
     (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
-    check = diagnose.check_model(ctx)
+    check = model.check_model(ctx)
     assert check.status == "ok" and "LlamaForCausalLM" in check.detail
 
 
@@ -265,7 +278,7 @@ def test_ray_address_nobody_listens_on_fails_before_starting_ray(elsewhere, caps
     def no_probe(*args, **kwargs):
         raise AssertionError("the refused connection should end the check before Ray is started")
 
-    monkeypatch.setattr(diagnose, "run_bounded", no_probe)
+    monkeypatch.setattr(ray_check, "run_bounded", no_probe)
     code, out = diagnose_cli(["--skip", "torch,dvc,mlflow", "--timeout", "5", "--set", "ray.address=127.0.0.1:1"],
                              capsys)
     assert code == 1
@@ -280,27 +293,27 @@ def probe_answering(monkeypatch, answer: dict) -> list[list[str]]:
 
     def fake_run_bounded(cmd, timeout_s, cwd=None):
         calls.append(cmd)
-        return 0, "Ray says hello\n" + diagnose.PROBE_MARK + json.dumps(answer) + "\n", ""
+        return 0, "Ray says hello\n" + ray_check.PROBE_MARK + json.dumps(answer) + "\n", ""
 
-    monkeypatch.setattr(diagnose, "run_bounded", fake_run_bounded)
+    monkeypatch.setattr(ray_check, "run_bounded", fake_run_bounded)
     return calls
 
 
 def test_ray_resources_are_compared_with_what_the_params_ask(monkeypatch, tmp_path):
     calls = probe_answering(monkeypatch, {"cpus": 1.0, "gpus": 0.0, "nodes": 1, "version": "2.60.0"})
     ctx = Context(cfg=parse_config({"ray": {"num_cpus": 1}}, "test"), root=tmp_path)
-    short = diagnose.check_ray(ctx)
+    short = ray_check.check_ray(ctx)
     assert "ray_probe('local', 1)" in calls[0][-1]
     assert short.status == "fail" and "needs 2 CPUs" in short.detail and "has 1" in short.detail
     assert "raise ray.num_cpus" in short.fix
     probe_answering(monkeypatch, {"cpus": 2.0, "gpus": 0.0, "nodes": 1, "version": "2.60.0"})
-    ok = diagnose.check_ray(Context(cfg=parse_config({"ray": {"num_cpus": 2}}, "test"), root=tmp_path))
+    ok = ray_check.check_ray(Context(cfg=parse_config({"ray": {"num_cpus": 2}}, "test"), root=tmp_path))
     assert ok.status == "ok" and ok.detail.startswith("local (private), Ray 2.60.0: 1 node(s), 2 CPUs, 0 GPUs")
 
 
 def test_ray_error_from_the_probe_is_a_failure(monkeypatch, tmp_path):
     probe_answering(monkeypatch, {"error": "ConnectionError: Could not find any running Ray instance."})
-    check = diagnose.check_ray(Context(cfg=parse_config({"ray": {"address": "auto"}}, "test"), root=tmp_path))
+    check = ray_check.check_ray(Context(cfg=parse_config({"ray": {"address": "auto"}}, "test"), root=tmp_path))
     assert check.status == "fail" and "Could not find any running Ray instance" in check.detail
     assert "ray start --head" in check.fix
 
@@ -315,9 +328,9 @@ def test_not_a_dvc_repo_fails(elsewhere, capsys):
 def test_dvc_repo_without_a_git_commit_fails(tmp_path):
     (tmp_path / ".dvc").mkdir()
     ctx = Context(cfg=Config(), root=tmp_path)
-    assert "not a git repository" in diagnose.check_dvc(ctx).detail
+    assert "not a git repository" in dvc_check.check_dvc(ctx).detail
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    check = diagnose.check_dvc(ctx)
+    check = dvc_check.check_dvc(ctx)
     assert check.status == "fail" and "without a commit" in check.detail and "git commit" in check.fix
 
 
@@ -330,7 +343,7 @@ def test_invalid_params_fail_their_line_and_the_report_goes_on(elsewhere, capsys
 
 
 def test_a_check_that_hangs_is_abandoned_and_fails(monkeypatch):
-    monkeypatch.setattr(diagnose, "GRACE_S", 0.0)
+    monkeypatch.setattr(base, "GRACE_S", 0.0)
     def hangs(ctx):  # answers long after it was abandoned
         time.sleep(30)
         return diagnose.Check("slow", "ok", "too late")
@@ -350,9 +363,9 @@ def test_a_check_that_raises_is_a_failure_not_a_crash(capsys):
 
 def test_run_bounded_kills_a_child_past_its_deadline():
     # the child prints, then would sleep 30 s: None (not 0) says it was killed at the deadline
-    rc, out, _ = diagnose.run_bounded(["sh", "-c", "echo started; sleep 30"], 1.0)
+    rc, out, _ = base.run_bounded(["sh", "-c", "echo started; sleep 30"], 1.0)
     assert (rc, out) == (None, "started\n")
-    assert diagnose.run_bounded([sys.executable, "-c", "print('hi')"], 30)[:2] == (0, "hi\n")
+    assert base.run_bounded([sys.executable, "-c", "print('hi')"], 30)[:2] == (0, "hi\n")
 
 
 def test_warn_and_fail_need_a_fix():
@@ -403,3 +416,56 @@ def test_unknown_check_name_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["diagnose", "--skip", "rya"])
     assert exc.value.code == 2 and "unknown check 'rya'" in capsys.readouterr().err
+
+
+# --- the torch and Ray checks for real -------------------------------------------------------------
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Processes of this user whose environment holds ``RLCORE_TEST_MARK=mark`` (the Ray probe's child process
+    and every Ray process it started inherit it)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("RLCORE_TEST_MARK") == mark:
+                found.append(proc.pid)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def test_the_torch_and_ray_checks_run_for_real_and_leave_no_ray_behind(elsewhere, capsys, monkeypatch):
+    """No stand-ins: the torch check imports the installed torch; the Ray check starts a private Ray with
+    ray.num_cpus 2 in its child process, reads its resources and shuts it down. The expected lines are built
+    from the installed versions and this machine's devices."""
+    import importlib.metadata
+    import os
+    import uuid
+
+    import torch
+
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("RLCORE_TEST_MARK", mark)
+    code, out = diagnose_cli(["--json", "--skip", "python,packages,dvc,mlflow,disk,model", "--timeout", "120",
+                              "--set", "ray.num_cpus=2"], capsys)
+    checks = {c["name"]: c for c in json.loads("\n".join(out))["checks"]}
+    assert list(checks) == ["params", "torch", "ray"]
+    gpus = torch.cuda.device_count()
+    if gpus:
+        assert checks["torch"]["status"] == "ok" and f"CUDA {torch.version.cuda}" in checks["torch"]["detail"]
+    else:
+        assert (checks["torch"]["status"], checks["torch"]["detail"]) == (
+            "ok", f"{importlib.metadata.version('torch')}, CUDA: no (CPU only); gloo: yes")
+    ray_version = importlib.metadata.version("ray")
+    expected = f"local (private), Ray {ray_version}: 1 node(s), 2 CPUs, {gpus} GPUs (the pipeline needs 2 CPUs)"
+    if (os.cpu_count() or 1) >= 2:
+        assert (checks["ray"]["status"], checks["ray"]["detail"]) == ("ok", expected), checks["ray"]
+    else:  # more logical CPUs than cores: a warning, not a failure
+        assert checks["ray"]["status"] == "warn" and checks["ray"]["detail"].startswith(expected), checks["ray"]
+    assert code == 0
+    deadline = time.monotonic() + 20  # the probe shut its Ray down: its raylet and GCS end with it
+    while (left := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"Ray processes of the probe still running: {left}"

@@ -8,9 +8,12 @@ prompt. The scheduler's grouping is checked on its own (:func:`rlcore.serve.batc
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import httpx2
@@ -26,9 +29,9 @@ MAX_N = 4
 CONTEXT = 64  # tests/conftest.py TINY_SHAPE max_position_embeddings
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir):
-    """The server over the session's tiny model on a free port; stopped (and its thread joined) at the end."""
+@contextmanager
+def serving(model_dir, **options):
+    """A server over ``model_dir`` on a free loopback port, in a thread; stopped (and its thread joined) on exit."""
     import uvicorn
 
     from rlcore.commands.serve import listen
@@ -36,8 +39,7 @@ def served(tiny_model_dir):
     from rlcore.serve.app import ServeOptions, create_app, load_server
 
     cfg = parse_config({"rollout": {"engine": "static"}}, "test")
-    options = ServeOptions(served_model_name=MODEL, max_batch_size=16, batch_wait_ms=50, max_n=MAX_N)
-    server = load_server(tiny_model_dir, cfg, options, torch.device("cpu"))
+    server = load_server(model_dir, cfg, ServeOptions(served_model_name=MODEL, **options), torch.device("cpu"))
     sock = listen("127.0.0.1", 0)
     uv = uvicorn.Server(uvicorn.Config(create_app(server), log_level="warning"))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -49,12 +51,20 @@ def served(tiny_model_dir):
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
     try:
-        yield SimpleNamespace(url=url, server=server, client=client, http=httpx2.Client(base_url=url, timeout=30))
+        yield SimpleNamespace(url=url, port=sock.getsockname()[1], server=server, client=client,
+                              http=httpx2.Client(base_url=url, timeout=30))
     finally:
         uv.should_exit = True
         thread.join(timeout=10)
         sock.close()
     assert not thread.is_alive(), "the server thread did not stop"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir):
+    """The server over the session's tiny model, with room for every test of the API."""
+    with serving(tiny_model_dir, max_batch_size=16, batch_wait_ms=50, max_n=MAX_N) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -246,15 +256,22 @@ def test_malformed_json_is_a_400(served):
     assert health(served)["status"] == "ok"
 
 
-def test_engine_failure_is_a_500_and_the_scheduler_goes_on(served, monkeypatch):
+def test_engine_failure_is_a_500_without_internals_and_the_scheduler_goes_on(served, monkeypatch, caplog):
     def broken(*args, **kwargs):
-        raise RuntimeError("engine on fire")
+        raise RuntimeError("engine on fire at /secret/path/model.py")
 
     errors = health(served)["engine_errors"]
     monkeypatch.setattr(served.server.batcher.engine, "generate", broken)
-    r = served.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    with caplog.at_level(logging.ERROR, logger="rlcore.serve"):
+        r = served.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
     assert r.status_code == 500
-    assert r.json()["error"]["type"] == "server_error" and "engine on fire" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert err["type"] == "server_error"
+    assert not any(word in err["message"] for word in ("fire", "secret", "RuntimeError", "Traceback"))
+    error_id = err["message"].split("error id ")[1].split(";")[0]
+    # the traceback is in the server's log, under the id the client was given
+    [record] = [r for r in caplog.records if error_id in r.getMessage()]
+    assert "engine on fire" in str(record.exc_info[1])
     assert health(served)["engine_errors"] == errors + 1
     monkeypatch.undo()
     assert served.client.completions.create(model=MODEL, prompt="1", max_tokens=2).usage.completion_tokens >= 1
@@ -291,3 +308,200 @@ def test_command_refuses_a_missing_model_folder_and_a_port_in_use(tiny_model_dir
         with pytest.raises(SystemExit) as exit_:
             main(["serve", "--model", str(tiny_model_dir), "--port", str(port)])
     assert exit_.value.code == 2 and f"--port {port}" in capsys.readouterr().err
+
+
+# --- limits ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_model_dir):
+    """A server with tight limits: 5 tokens a completion, 8 rows a request, 2 requests waiting, 4 KiB bodies,
+    every request its own engine call."""
+    with serving(tiny_model_dir, max_batch_size=8, max_n=4, max_tokens=5, max_queue=2, request_timeout_s=30,
+                 max_body_bytes=4096, batching=False) as s:
+        yield s
+
+
+@contextmanager
+def engine_held(server):
+    """Engine calls wait (in the engine thread) until the block ends; yields an event set once a call is inside."""
+    gate, inside = threading.Event(), threading.Event()
+    engine = server.batcher.engine
+    real = engine.generate
+
+    def held(*args, **kwargs):
+        inside.set()
+        gate.wait(60)
+        return real(*args, **kwargs)
+
+    engine.generate = held
+    try:
+        yield inside
+    finally:
+        gate.set()
+        del engine.generate
+
+
+def send_in_thread(client, results: dict, key: str, **kw) -> threading.Thread:
+    def send() -> None:
+        try:
+            results[key] = client.completions.create(model=MODEL, **{"prompt": "1+1=", "max_tokens": 2, **kw})
+        except openai.APIStatusError as err:
+            results[key] = err
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread
+
+
+def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_full_queue_is_a_503_with_retry_after_and_the_waiting_requests_are_answered(limited):
+    results: dict = {}
+    with engine_held(limited.server) as inside:
+        threads = [send_in_thread(limited.client, results, "running")]
+        assert inside.wait(20)  # its engine call started: it no longer waits
+        threads += [send_in_thread(limited.client, results, k) for k in ("waiting1", "waiting2")]
+        wait_for(lambda: health(limited)["waiting"] == 2, "two requests waiting")
+        refused_before = health(limited)["refused_busy"]
+        with pytest.raises(openai.InternalServerError) as busy:
+            limited.client.completions.create(model=MODEL, prompt="2+2=", max_tokens=2)
+        assert busy.value.status_code == 503
+        assert int(busy.value.response.headers["retry-after"]) >= 1
+        assert busy.value.body["code"] == "server_busy" and "--max-queue 2" in busy.value.body["message"]
+        assert health(limited)["refused_busy"] == refused_before + 1
+    for t in threads:
+        t.join(30)
+    assert all(len(results[k].choices) == 1 for k in ("running", "waiting1", "waiting2")), results
+
+
+def test_a_request_past_the_timeout_is_a_504_and_leaves_the_queue(limited, monkeypatch):
+    import dataclasses
+
+    monkeypatch.setattr(limited.server, "options", dataclasses.replace(limited.server.options, request_timeout_s=1.0))
+    results: dict = {}
+    with engine_held(limited.server) as inside:
+        running = send_in_thread(limited.client, results, "running")
+        assert inside.wait(20)
+        start = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as late:  # it waits behind the held call
+            limited.client.completions.create(model=MODEL, prompt="3+3=", max_tokens=2)
+        elapsed = time.monotonic() - start
+        assert late.value.status_code == 504 and late.value.body["code"] == "timeout"
+        assert 0.9 <= elapsed < 10, elapsed
+        assert health(limited)["waiting"] == 0  # it left the queue while the engine is still held
+        running.join(30)  # the running request's own timeout: 504 as well, its rows dropped when the call ends
+        assert results["running"].status_code == 504
+    monkeypatch.undo()
+    wait_for(lambda: health(limited)["abandoned"] >= 2, "both requests abandoned")
+    assert len(limited.client.completions.create(model=MODEL, prompt="1", max_tokens=2).choices) == 1
+
+
+def test_max_tokens_is_capped_at_the_servers_limit_after_the_context_check(limited, reference, tiny_tokenizer):
+    [long] = complete_ref(reference, tiny_tokenizer, "3+4=", 20)
+    assert long["n_tokens"] > 5, "the tiny model's greedy answer should run past the cap"
+    res = limited.client.completions.create(model=MODEL, prompt="3+4=", temperature=0, max_tokens=20)
+    [capped] = complete_ref(reference, tiny_tokenizer, "3+4=", 5)
+    assert res.choices[0].text == capped["text"] and res.usage.completion_tokens == capped["n_tokens"] <= 5
+    assert res.choices[0].finish_reason == capped["finish"]
+    # the request's own max_tokens still has to fit the context with the prompt (40 + 30 > 64)
+    r = limited.http.post("/v1/completions", json={"prompt": "x" * 40, "max_tokens": 30})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def raw_http(port: int, request: bytes, timeout: float = 20.0) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as is on a new connection; (status, headers, body) of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed before an answer: {data!r}"
+            data += chunk
+        head, body = data.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        while len(body) < int(headers.get("content-length", 0)):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(limited):
+    # a Content-Length of a gigabyte, and no body sent at all: answered from the header alone
+    start = time.monotonic()
+    status, _, body = raw_http(limited.port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
+                               b"Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n")
+    assert status == 413 and time.monotonic() - start < 10
+    err = json.loads(body)["error"]
+    assert err["code"] == "request_too_large" and "1000000000 bytes" in err["message"]
+    # chunked, with no length: refused once the bytes received pass the limit
+    r = limited.http.post("/v1/completions", content=iter([b'{"prompt": "' + b"x" * 5000 + b'"}']),
+                          headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    with pytest.raises(openai.APIStatusError) as raised:  # the official client, a prompt of 5000 characters
+        limited.client.completions.create(model=MODEL, prompt="x" * 5000, max_tokens=2)
+    assert raised.value.status_code == 413
+    assert len(limited.client.completions.create(model=MODEL, prompt="1", max_tokens=2).choices) == 1
+
+
+def test_the_number_of_completions_is_checked_before_any_prompt_is_tokenized(limited, monkeypatch):
+    tokenized = []
+    monkeypatch.setattr(limited.server, "completion_prompts", lambda req: tokenized.append(req))
+    for body, count in [({"prompt": ["1+1="] * 9}, "9 prompt(s) x n=1 = 9"),
+                        ({"prompt": ["1+1="] * 3, "n": 3}, "3 prompt(s) x n=3 = 9"),
+                        ({"prompt": [[5, 6]] * 9}, "9 prompt(s)")]:
+        r = limited.http.post("/v1/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n" and count in r.json()["error"]["message"]
+    assert not tokenized
+
+
+@pytest.mark.parametrize("raw, param", [
+    (b'{"prompt": "7+8=", "temperature": NaN}', "temperature"),
+    (b'{"prompt": "7+8=", "temperature": Infinity}', "temperature"),
+    (b'{"prompt": "7+8=", "top_p": NaN}', "top_p"),
+    (b'{"prompt": "7+8=", "temperature": -1e-9}', "temperature"),
+    (b'{"prompt": "\\ud800"}', "prompt"),  # a lone surrogate: JSON can spell it, no tokenizer can encode it
+    (b'{"prompt": "7+8=", "stop": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", '
+     b'"q"]}', "stop"),
+])
+def test_settings_that_could_make_nan_or_break_the_tokenizer_are_400s(served, raw, param):
+    r = served.http.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_temperature_near_zero_is_greedy_or_raised_as_vllm_does(served, reference, tiny_tokenizer):
+    greedy = complete_ref(reference, tiny_tokenizer, "7+8=", 12)
+    for t in (5e-324, 1e-40, 5e-6):  # under 1e-5: greedy (logits / 1e-40 overflows to inf, the softmax to NaN)
+        res = served.client.completions.create(model=MODEL, prompt="7+8=", temperature=t, max_tokens=12, seed=3,
+                                               logprobs=1)
+        assert res.choices[0].text == greedy[0]["text"]
+        assert all(lp == lp and abs(lp) < 1e4 for lp in res.choices[0].logprobs.token_logprobs)  # finite
+    raised = health(served)["temperatures_raised"]
+    res = served.client.completions.create(model=MODEL, prompt="7+8=", temperature=1e-3, max_tokens=12, seed=4, n=2)
+    ref = complete_ref(reference, tiny_tokenizer, "7+8=", 12, n=2, temperature=1e-2, seed=4)
+    assert [c.text for c in res.choices] == [r["text"] for r in ref]
+    assert health(served)["temperatures_raised"] == raised + 1
+    hot = served.client.completions.create(model=MODEL, prompt="7+8=", temperature=1e300, max_tokens=12, seed=5,
+                                           logprobs=1)
+    assert all(lp == lp and lp > -1e4 for lp in hot.choices[0].logprobs.token_logprobs)  # uniform, finite
+
+
+def test_a_body_that_stops_arriving_is_a_408_at_the_timeout(tiny_model_dir):
+    """A client that sends its headers and part of the body, then nothing (one connection held open on purpose),
+    gets 408 once --request-timeout has passed, and the server goes on answering."""
+    with serving(tiny_model_dir, request_timeout_s=1.0) as s:
+        start = time.monotonic()
+        status, _, body = raw_http(s.port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: "
+                                           b"application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+        assert status == 408 and json.loads(body)["error"]["code"] == "timeout"
+        assert 0.9 <= time.monotonic() - start < 10
+        assert len(s.client.completions.create(model=MODEL, prompt="1", max_tokens=2).choices) == 1

@@ -1,8 +1,8 @@
 """A controller call can be followed to the worker method by a type checker, not only by a reader.
 
-``WorkerGroup.call(Worker.method, *args)`` is typed from the method (``ParamSpec``): mypy checks
-every call site of the trainers against the worker methods' signatures and return types, and
-refuses a call that passes the wrong settings object.
+``WorkerGroup.call(Worker.method, *args)`` and ``GeneratorPool.submit(GeneratorWorker.method, *args)`` are
+typed from the method (``ParamSpec``): mypy checks every call site of the trainers against the worker
+methods' signatures and return types, and refuses a call that passes the wrong settings object.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from rlcore.controller.worker_group import WorkerGroup
 from rlcore.protocol import Batch
 from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
 from rlcore.workers.critic import ValuesSpec
+from rlcore.controller.async_rollout import GeneratorPool, WorkItem
+from rlcore.workers.generator import GeneratorWorker
+from rlcore.workers.rollout import GenerateSpec
 
 
 def right(group: WorkerGroup[ActorRolloutRefWorker], batch: Batch) -> Batch:
@@ -35,6 +38,14 @@ def wrong_settings(group: WorkerGroup[ActorRolloutRefWorker], batch: Batch) -> B
 
 def wrong_result(group: WorkerGroup[ActorRolloutRefWorker], batch: Batch) -> float:
     return group.call(ActorRolloutRefWorker.compute_log_prob, batch, LogProbSpec(8))
+
+
+def generator_right(pool: GeneratorPool[GeneratorWorker], item: WorkItem, spec: GenerateSpec) -> None:
+    pool.submit(GeneratorWorker.generate_item, item, spec)
+
+
+def generator_wrong_settings(pool: GeneratorPool[GeneratorWorker], item: WorkItem) -> None:
+    pool.submit(GeneratorWorker.generate_item, item, ValuesSpec(8))
 '''
 
 
@@ -49,6 +60,7 @@ def test_a_call_with_the_wrong_settings_or_result_type_is_caught(tmp_path):
     snippet.write_text(WRONG_CALLS)
     out = mypy(str(snippet)).stdout
     errors = [line for line in out.splitlines() if ": error:" in line]
-    assert len(errors) == 2, out
-    assert "calls.py:13:" in errors[0] and '"ValuesSpec"; expected "LogProbSpec"' in errors[0]
-    assert "calls.py:17:" in errors[1] and 'got "Batch", expected "float"' in errors[1]
+    assert len(errors) == 3, out
+    assert "calls.py:16:" in errors[0] and '"ValuesSpec"; expected "LogProbSpec"' in errors[0]
+    assert "calls.py:20:" in errors[1] and 'got "Batch", expected "float"' in errors[1]
+    assert "calls.py:28:" in errors[2] and '"ValuesSpec"; expected "GenerateSpec"' in errors[2]

@@ -1,5 +1,7 @@
 import copy
+import re
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -36,11 +38,23 @@ def test_parquet_round_trip_keeps_nested_structure(tmp_path):
     assert df.to_dict("records") == rows
 
 
-def test_validate_accepts_dataframe_from_plain_pandas_parquet(tmp_path):
-    # pandas returns list<struct> columns as numpy arrays; validation must still accept them.
-    path = tmp_path / "t.parquet"
-    write_rows(_rows(), path)
-    validate_rows(pd.read_parquet(path), str(path))
+def test_validate_reads_a_dataframe_from_plain_pandas_parquet_and_finds_its_bad_row(tmp_path):
+    # pandas returns list<struct> columns as numpy arrays, not lists: validation must look inside them, accepting
+    # the good rows and naming the bad one (a message whose content is missing, an empty prompt)
+    good = tmp_path / "good.parquet"
+    write_rows(_rows(), good)
+    frame = pd.read_parquet(good)
+    assert isinstance(frame["prompt"].iloc[0], np.ndarray)  # the layout this test is about
+    validate_rows(frame, str(good))
+    for prompt, problem in [([{"role": "user", "content": "1+1"}, {"role": "assistant", "content": None}],
+                             "missing field 'prompt[1].content'"),
+                            ([], "field 'prompt' is an empty list; expected at least one message")]:
+        rows = _rows()
+        rows[1]["prompt"] = prompt
+        bad = tmp_path / "bad.parquet"
+        pd.DataFrame(rows).to_parquet(bad)  # pandas' own writer: no validation on the way
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}: row 1: {re.escape(problem)}$"):
+            validate_rows(pd.read_parquet(bad), str(bad))
 
 
 def test_missing_ground_truth_names_row_and_field():

@@ -139,3 +139,82 @@ def test_training_state_round_trips_weights_optimizer_schedule_and_rng(tmp_path)
     for (k, va), vb in zip(a[0].state_dict().items(), b[0].state_dict().values()):
         assert torch.equal(va, vb), k
     assert a[2].get_last_lr() == b[2].get_last_lr()
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (lambda folder: (folder / "worker.bin").write_text("cut"), "incomplete: worker.bin has 3 bytes, 4 were written"),
+    (lambda folder: (folder / "worker.bin").unlink(), "incomplete: worker.bin is missing"),
+    (lambda folder: (folder / "controller.pt").write_bytes(b"not a torch file"), "unreadable (UnpicklingError"),
+])
+def test_an_unusable_newest_checkpoint_is_removed_saying_why_and_the_older_one_resumed(code_root, capsys, spoil,
+                                                                                      reason):
+    ck = make(code_root, keep_last=3)
+    save(ck, 2, "two!")
+    newest = save(ck, 4, "four")
+    spoil(newest)
+    resume = make(code_root, keep_last=3).resume()
+    assert resume is not None and (resume.step, resume.state["payload"]) == (2, "two!")
+    captured = capsys.readouterr()
+    assert f"sft: not resuming from {newest}: {reason}" in captured.err and "removed it" in captured.err
+    assert captured.out.strip() == f"resuming sft from step 2 ({resume.folder})"
+    assert [s for s, _ in ck.complete()] == [2] and not newest.exists()
+
+
+def test_only_the_checkpoints_of_other_params_are_removed_and_a_matching_older_one_is_kept(code_root, capsys):
+    other = {"seed": 1, "sft": {"lr": 0.3, "save_every": 2}, "ray": {"num_cpus": 2}}
+    save(make(code_root, keep_last=3), 2, "mine")  # written under this run's params
+    newer = save(make(code_root, params=other, keep_last=3), 4, "other")  # then under other params
+    resume = make(code_root, keep_last=3).resume()
+    assert resume is not None and (resume.step, resume.state["payload"]) == (2, "mine")
+    assert "params changed: sft.lr 0.3 -> 0.1" in capsys.readouterr().err and not newer.exists()
+
+
+def stage_root(root: Path) -> Path:
+    """``code_root`` with a dvc.yaml whose sft stage depends on rlcore/a.py, the folder rlcore/pkg and its script;
+    rlcore/other.py belongs to no stage."""
+    (root / "rlcore/pkg").mkdir()
+    (root / "rlcore/pkg/b.py").write_text("z = 1\n")
+    (root / "rlcore/pkg/page.js").write_text("var x = 1;\n")
+    (root / "rlcore/other.py").write_text("w = 1\n")
+    (root / "dvc.yaml").write_text(
+        "stages:\n  sft:\n    cmd: python -m stages.s\n    deps:\n      - stages/s.py\n      - rlcore/a.py\n"
+        "      - rlcore/pkg\n      - data/in.txt\n  ppo:\n    foreach: [r1]\n    do:\n      cmd: x\n"
+        "      deps:\n        - rlcore/other.py\n")
+    return root
+
+
+def staged(root: Path) -> StepCheckpoints:
+    from rlcore.trainer.checkpoint import stage_code
+
+    params = {"seed": 1, "sft": {"lr": 0.1, "save_every": 2}}
+    fp = fingerprint(params, root=root, inputs=[root / "data/in.txt"], code=stage_code(root, "sft"))
+    return StepCheckpoints(root / "ckpt" / "sft", stage="sft", save_every=2, keep_last=0, fingerprint=fp)
+
+
+def test_the_code_fingerprint_is_the_stages_own_dvc_dependencies(code_root, capsys):
+    from rlcore.trainer.checkpoint import stage_code
+
+    root = stage_root(code_root)
+    assert stage_code(root, "sft") == ["stages/s.py", "rlcore/a.py", "rlcore/pkg"]
+    assert stage_code(root, "ppo@r1") == ["rlcore/other.py"] and stage_code(root, "nope") is None
+    assert sorted(staged(root).fingerprint["code"]) == ["rlcore/a.py", "rlcore/pkg/b.py", "rlcore/pkg/page.js",
+                                                        "stages/s.py"]
+    save(staged(root), 2)
+    (root / "rlcore/other.py").write_text("w = 2\n")  # another stage's module: the checkpoint stays usable
+    assert staged(root).resume() is not None
+    (root / "rlcore/pkg/page.js").write_text("var x = 2;\n")  # a file of a folder the stage depends on
+    assert staged(root).resume() is None
+    assert "code changed: rlcore/pkg/page.js modified" in capsys.readouterr().err
+
+
+def test_the_real_sft_stage_keeps_its_checkpoints_when_the_server_code_changes():
+    """On this repository's dvc.yaml: sft runs its worker and checkpoint code, not the HTTP server's."""
+    from rlcore.trainer.checkpoint import code_digests, stage_code
+
+    from ..conftest import REPO_ROOT
+
+    code = code_digests(REPO_ROOT, stage_code(REPO_ROOT, "sft"))
+    assert {"stages/sft.py", "rlcore/workers/sft.py", "rlcore/trainer/checkpoint.py"} <= set(code)
+    assert not [f for f in code if f.startswith(("rlcore/serve/", "rlcore/trainer/ppo", "rlcore/algos/losses"))]
+    ppo = code_digests(REPO_ROOT, stage_code(REPO_ROOT, "ppo@r1"))
+    assert "rlcore/algos/losses.py" in ppo and "rlcore/viewer/page.js" in ppo and "rlcore/serve/app.py" not in ppo

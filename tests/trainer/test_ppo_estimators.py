@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import zlib
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pandas as pd
@@ -31,9 +31,9 @@ from rlcore.errors import TrainingDiverged
 from rlcore.protocol import Batch
 from rlcore.rewards.rule import RULES
 from rlcore.tracking import NullTracker
-from rlcore.trainer import ppo
+from rlcore.trainer import ppo, sync_ppo
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.ppo import (
+from rlcore.trainer.sync_ppo import (
     ACTOR_UPDATE_KEYS,
     CRITIC_UPDATE_KEYS,
     SEQUENCE_KEYS,
@@ -324,7 +324,7 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
     folder, tok, _ = tiny
     data = tmp_path / "rl.parquet"
     write_rows(rows(HASH_SOURCE).to_dict("records"), data)
-    real = ppo.compute_advantage
+    real = sync_ppo.compute_advantage
     calls = []
 
     def turning_infinite(*args, **kwargs):
@@ -336,7 +336,7 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
     def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
         yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
 
-    monkeypatch.setattr(ppo, "compute_advantage", turning_infinite)
+    monkeypatch.setattr(sync_ppo, "compute_advantage", turning_infinite)
     monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
     cfg = config("gae", actor={"max_nonfinite_steps": 3},
                  ppo={"rounds": {"r1": {"init": str(folder), "steps": 6}}, "val_every": 0, "log_samples": 0})
@@ -431,3 +431,105 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
         with pytest.raises(KeyboardInterrupt):
             on_signal(signal.SIGTERM, None)
     assert not STOP.armed and not STOP.requested
+
+
+# --- writes that fail for real: a model folder that cannot be written, a full disk ---------------------------------
+
+
+@contextmanager
+def mounted_tmpfs(where, size_bytes: int, *, readonly: bool = False):
+    """A tmpfs of ``size_bytes`` at ``where`` (mounted by this root process, so the Ray workers see it too),
+    unmounted afterwards; the test is skipped where mounting is not permitted (not root, a container without
+    CAP_SYS_ADMIN)."""
+    import subprocess
+
+    where.mkdir(parents=True, exist_ok=True)
+    options = f"size={size_bytes}" + (",ro" if readonly else "")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({(proc.stderr or proc.stdout).strip()}): run as root to test "
+                    "a real full disk / read-only filesystem")
+    try:
+        yield where
+    finally:
+        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def round_in(tmp_path, groups, monkeypatch, steps: int, save_every: int, out_dir, checkpoints):
+    """``ppo.run_ppo_round`` of this module's groups over the hash-reward rows."""
+    from rlcore.tracking import NullTracker
+
+    @contextmanager
+    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
+        yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
+
+    monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
+    data = tmp_path / "rl.parquet"
+    write_rows(rows(HASH_SOURCE).to_dict("records"), data)
+    cfg = config("gae", ppo={"rounds": {"r1": {"init": "unused", "steps": steps}}, "val_every": 0, "log_samples": 2,
+                             "save_every": save_every})
+    return lambda tok: ppo.run_ppo_round(cfg, round_name="r1", init_dir="unused", tokenizer=tok, data_path=str(data),
+                                         out_dir=str(out_dir), tracker=NullTracker(),
+                                         plot_csv=str(tmp_path / "plot.csv"),
+                                         rollouts_path=str(tmp_path / "rollouts.parquet"), checkpoints=checkpoints)
+
+
+@pytest.mark.parametrize("fault", ["a file in the way", "a read-only filesystem"])
+def test_a_rounds_model_folder_that_cannot_be_written_is_one_error_and_keeps_the_checkpoints_and_plots(
+        tiny, groups, tmp_path, monkeypatch, fault):
+    """The workers' own save of the round's model fails for real (rank 0's mkdir under a file; a tmpfs mounted
+    read-only): one UserError naming the folder and the reason (exit code 2), the step checkpoint, the plot rows
+    and the rollouts written so far intact, and the checkpoint resumable."""
+    from rlcore.errors import UserError
+    from rlcore.trainer.checkpoint import StepCheckpoints
+    from rlcore.viewer import read_rollouts
+
+    _, tok, _ = tiny
+    ck = StepCheckpoints(tmp_path / "ckpt", stage="ppo@r1", save_every=1, keep_last=0, fingerprint={})
+    if fault == "a file in the way":
+        (tmp_path / "blocker").write_text("a file where the models folder should be")
+        out, reason, context = tmp_path / "blocker" / "r1", "Not a directory", nullcontext()
+    else:
+        out, reason = tmp_path / "ro" / "r1", "Read-only file system"
+        context = mounted_tmpfs(tmp_path / "ro", 1 << 20, readonly=True)
+    with context:
+        with pytest.raises(UserError) as raised:
+            round_in(tmp_path, groups, monkeypatch, steps=2, save_every=1, out_dir=out, checkpoints=ck)(tok)
+    assert str(raised.value) == (f"cannot write the round's model to {out}: {reason} (the step checkpoints and the "
+                                 "metrics and plots so far are intact)")
+    assert [int(r["step"]) for r in csv.DictReader((tmp_path / "plot.csv").open())] == [0, 1]
+    assert read_rollouts(tmp_path / "rollouts.parquet")["step"].tolist() == [0, 0, 1, 1]
+    resume = StepCheckpoints(tmp_path / "ckpt", stage="ppo@r1", save_every=1, keep_last=0, fingerprint={}).resume()
+    assert resume is not None and resume.step == 1
+
+
+def test_a_full_disk_while_writing_a_step_checkpoint_is_one_error_and_the_previous_checkpoint_stays(
+        tiny, groups, tmp_path, monkeypatch):
+    """A real full disk: the checkpoints go to a tmpfs with room for one checkpoint and a half, so the workers'
+    write of the second runs out of space (ENOSPC from the kernel, through Ray). One error names the folder being
+    written; that partial folder is removed, the first checkpoint is intact (its files as written) and is what a
+    re-run resumes from."""
+    from rlcore.trainer.checkpoint import CheckpointWriteError, StepCheckpoints
+
+    _, tok, _ = tiny
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    runner_for(config("gae"), tiny, groups).save_state(probe)  # the workers' files of one checkpoint, measured
+    one = sum(f.stat().st_size for f in probe.iterdir())
+    assert one > 128 * 1024, one  # so that 1.5 checkpoints + 64 KiB hold one and not two
+    size = ((3 * one // 2 + 64 * 1024) // 4096 + 1) * 4096
+    with mounted_tmpfs(tmp_path / "disk", size) as disk:
+        ck = StepCheckpoints(disk / "ppo@r1", stage="ppo@r1", save_every=1, keep_last=0, fingerprint={})
+        with pytest.raises(CheckpointWriteError) as raised:
+            round_in(tmp_path, groups, monkeypatch, steps=3, save_every=1, out_dir=tmp_path / "out",
+                     checkpoints=ck)(tok)
+        message = str(raised.value)
+        assert message.startswith(f"ppo@r1: cannot write checkpoint {disk / 'ppo@r1' / 'step_00000002'}")
+        assert "No space left" in message and message.endswith("(the previous checkpoint is intact)")
+        assert sorted(p.name for p in (disk / "ppo@r1").iterdir()) == ["step_00000001"]  # the partial one is gone
+        again = StepCheckpoints(disk / "ppo@r1", stage="ppo@r1", save_every=1, keep_last=0, fingerprint={})
+        resume = again.resume()  # checks every file against the sizes recorded when it was written
+        assert resume is not None and resume.step == 1 and len(resume.state["log_rows"]) == 1
+    assert [int(r["step"]) for r in csv.DictReader((tmp_path / "plot.csv").open())] == [0, 1]
+    assert not (tmp_path / "out").exists()
