@@ -295,6 +295,9 @@ class PolicyLoss:
     keywords: frozenset[str]
     uses_old_log_prob: bool
     """Whether it has an importance ratio (all but ``gpg``)."""
+    old_is_behaviour: bool = False
+    """Its ``old_log_prob`` must be the behaviour (rollout) policy's, never recomputed: it corrects for the
+    gap to the current policy itself (``bypass_mode``)."""
 
     @property
     def options(self) -> frozenset[str]:
@@ -305,9 +308,9 @@ class PolicyLoss:
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 
-def register_policy_loss(name: str):
+def register_policy_loss(name: str, *, old_is_behaviour: bool = False):
     """Register a policy loss; its keywords beyond the tensors must be ``PolicyLossOptions`` fields or
-    ``agg_scale`` / ``generator``."""
+    ``agg_scale`` / ``generator``. ``old_is_behaviour``: see :attr:`PolicyLoss.old_is_behaviour`."""
 
     def decorator(fn):
         params = keyword_names(fn)
@@ -317,7 +320,7 @@ def register_policy_loss(name: str):
         unknown = keywords - _LOSS_OPTION_NAMES - _LOSS_CALL_ARGS
         if unknown:
             raise TypeError(f"policy loss {name!r} takes {sorted(unknown)}, which are not PolicyLossOptions fields")
-        POLICY_LOSSES.add(name, PolicyLoss(fn, keywords, "old_log_prob" in params))
+        POLICY_LOSSES.add(name, PolicyLoss(fn, keywords, "old_log_prob" in params, old_is_behaviour))
         return fn
 
     return decorator
@@ -880,7 +883,7 @@ def vespo_loss(
     return loss, _metrics(loss, 0.0, 0.0, masked_mean(-neg_kl, response_mask))
 
 
-@register_policy_loss("bypass_mode")
+@register_policy_loss("bypass_mode", old_is_behaviour=True)
 def bypass_mode_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,

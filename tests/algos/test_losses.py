@@ -656,3 +656,12 @@ def test_bypass_mode_matches_reference(seed, loss_type, is_level, is_low, rs, rs
         assert_allclose(float(m[key]), value, atol=1e-9, rtol=1e-9)
     if rs is not None:
         assert 0 < float(m["rejected_frac"]) < 1, "the rejection test should keep some tokens and reject others"
+
+
+def test_sum_pi_squared_by_hand_and_stable():
+    """Uniform over 4 tokens: 4 * (1/4)^2 = 1/4; logits (log 3, 0) give p = (3/4, 1/4): 9/16 + 1/16 = 5/8; a logit
+    of 1e4 beside 0s gives 1 without overflow."""
+    from rlcore.algos.entropy import sum_pi_squared_from_logits
+
+    logits = t([[0.0, 0.0, 0.0, 0.0], [math.log(3.0), 0.0, -math.inf, -math.inf], [1e4, 0.0, 0.0, 0.0]])
+    assert_allclose(sum_pi_squared_from_logits(logits).numpy(), [0.25, 0.625, 1.0], rtol=1e-12)
