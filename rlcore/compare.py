@@ -420,11 +420,10 @@ class Repository:
                 yield
             finally:
                 self.restore()
-                proc = self._run(self.dvc, "checkout", "--force", "-q", check=False)
-                if proc.returncode != 0:
-                    last = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
-                    print(f"rlcore compare: warning: dvc checkout could not restore every output ({' '.join(last)})",
-                          file=sys.stderr)
+                if self._run(self.dvc, "checkout", "--force", "-q", check=False).returncode != 0:
+                    print("rlcore compare: warning: some of the baseline's DVC outputs are not in the cache (it never "
+                          "ran here?), so the workspace holds the last cell's; `dvc status` lists them, `dvc repro` "
+                          "or `dvc pull` brings them back", file=sys.stderr)
                 for rel in saved:
                     (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(Path(tmp) / rel, self.root / rel)
