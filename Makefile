@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-serve bench-async bench-reward setup mlflow-ui clean
+.PHONY: run test bench bench-serve bench-async bench-reward compare-estimators compare-losses setup mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,18 @@ bench-async: $(STAMP)
 # its own section of bench/RESULTS.md
 bench-reward: $(STAMP)
 	$(PY) -m bench.reward_cost
+
+# Every advantage estimator, and every policy loss under GRPO, over seeds 1-3 with the default recipe: DVC
+# experiments and a report each (compare/<name>/, docs/results/compare-<name>.md; rlcore compare --help). Hours on
+# 2 cores; a run stopped half way goes on where it stopped. Needs a clean commit.
+SEEDS ?= 1,2,3
+compare-estimators: $(STAMP)
+	$(VENV)/bin/rlcore compare --name estimators --grid seed=$(SEEDS) --grid algorithm.adv_estimator=$$($(PY) -c \
+		"from rlcore.names import ADV_ESTIMATORS as n; print(','.join(n))")
+
+compare-losses: $(STAMP)
+	$(VENV)/bin/rlcore compare --name policy-losses --grid seed=$(SEEDS) --set algorithm.adv_estimator=grpo \
+		--grid actor.policy_loss=$$($(PY) -c "from rlcore.names import POLICY_LOSSES as n; print(','.join(n))")
 
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

@@ -394,8 +394,9 @@ class KLControlConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    adv_estimator: str = "grpo"
-    """Advantage estimator from rlcore.algos.advantage.ESTIMATORS (gae trains a critic)."""
+    adv_estimator: str = Field("grpo", description=(
+        f"Advantage estimator from rlcore.algos.advantage.ESTIMATORS: {', '.join(names.ADV_ESTIMATORS)} (gae trains a "
+        "critic; the optimal token baselines add a log-prob forward per step for sum pi^2)."))
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount factor."""
     lam: float = Field(1.0, ge=0, le=1)
@@ -408,6 +409,13 @@ class AlgorithmConfig(_Section):
     """KL estimator for the in-reward penalty."""
     kl_ctrl: KLControlConfig = KLControlConfig()
     """Controller of the in-reward KL coefficient."""
+    gdpo_batch_norm: bool = True
+    """adv_estimator gdpo: whiten the weighted sum of the per-component group-normalised advantages over the
+    batch's valid tokens (the GDPO paper's last step). False keeps the sum: with one reward component, gdpo is then
+    grpo exactly."""
+    handle_zero_tail: bool = True
+    """adv_estimator optimal_token_baseline / tir_optimal_token_baseline: where a group's longest response runs
+    past every other one, its baseline there is 0 (verl's default) instead of its own reward-to-go."""
 
     @field_validator("adv_estimator")
     @classmethod
@@ -441,6 +449,43 @@ class OffPolicyConfig(_Section):
         return self
 
 
+class BypassConfig(_Section):
+    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
+    """policy_loss bypass_mode: ppo_clip = PPO's clipped surrogate against the rollout policy (the ratio is the
+    importance correction; the weights below are only reported); reinforce = the policy gradient times the
+    importance weights."""
+    rollout_is: Literal["none", "token", "sequence"] = "sequence"
+    """policy_loss bypass_mode: importance weights pi / pi_rollout per token, per sequence (product over its
+    tokens) or none (verl's rollout_is)."""
+    is_threshold: float = Field(2.0, gt=0)
+    """policy_loss bypass_mode: weights above it are truncated to it (TIS), or, with is_threshold_low, set to 0."""
+    is_threshold_low: float | None = Field(None, gt=0)
+    """policy_loss bypass_mode: set, weights outside [is_threshold_low, is_threshold] become 0 (IcePop); null =
+    truncation only."""
+    rollout_rs: Literal[names.REJECTION_OPTIONS] | None = None  # type: ignore[valid-type]
+    """policy_loss bypass_mode: rejection test (verl's rollout_rs) of k1 = -log r, k2 = (log r)^2 / 2 or
+    k3 = r - 1 - log r (r = pi / pi_rollout): token_k* per token, seq_sum_k* and seq_mean_k* over a sequence's
+    tokens, seq_max_k2/k3 their largest; a rejected token's loss is 0. null = off."""
+    rs_threshold: float = Field(2.0, gt=0)
+    """policy_loss bypass_mode: rollout_rs's upper bound (a ratio for the *_k1 tests, a divergence otherwise)."""
+    rs_threshold_low: float | None = Field(None, gt=0)
+    """policy_loss bypass_mode: the *_k1 tests' lower ratio bound; null = 1 / rs_threshold."""
+
+    @model_validator(mode="after")
+    def _bands(self) -> "BypassConfig":
+        if self.is_threshold_low is not None and self.is_threshold_low > self.is_threshold:
+            raise ValueError(f"actor.bypass.is_threshold_low {self.is_threshold_low} must not exceed "
+                             f"actor.bypass.is_threshold {self.is_threshold}")
+        if self.rs_threshold_low is not None:
+            if self.rollout_rs is None or not self.rollout_rs.endswith("k1"):
+                raise ValueError(f"actor.bypass.rs_threshold_low is set but actor.bypass.rollout_rs is "
+                                 f"{self.rollout_rs}; it only applies to the *_k1 tests")
+            if self.rs_threshold_low > self.rs_threshold:
+                raise ValueError(f"actor.bypass.rs_threshold_low {self.rs_threshold_low} must not exceed "
+                                 f"actor.bypass.rs_threshold {self.rs_threshold}")
+        return self
+
+
 class ActorConfig(_Section):
     lr: float = Field(1e-3, gt=0)
     """AdamW learning rate of the policy."""
@@ -462,18 +507,20 @@ class ActorConfig(_Section):
     nothing (weights, optimizer state, learning-rate schedule); each PPO step logs how many of its optimizer
     steps it skipped (``actor/nonfinite_steps``), and the count runs over consecutive PPO steps that skipped
     any. 0 = never stop."""
-    policy_loss: str = "vanilla"
-    """Policy loss from rlcore.algos.losses.POLICY_LOSSES."""
-    loss_agg_mode: str = "token-mean"
-    """Loss aggregation from rlcore.algos.losses.LOSS_AGG_MODES."""
+    policy_loss: str = Field("vanilla", description=(
+        f"Policy loss from rlcore.algos.losses.POLICY_LOSSES: {', '.join(names.POLICY_LOSSES)}."))
+    loss_agg_mode: str = Field("token-mean", description=(
+        f"Loss aggregation from rlcore.algos.losses.LOSS_AGG_MODES: {', '.join(names.LOSS_AGG_MODES)} (gspo, geo_mean, "
+        "sapo and luspo fix their own)."))
     clip_ratio: float = Field(0.2, gt=0)
-    """PPO clip epsilon."""
+    """PPO clip epsilon (dppo_tv/dppo_kl: the divergence bound of the trust region, as in verl; its DPPO recipe
+    uses 0.15 for TV and 0.05 for KL)."""
     clip_ratio_low: float | None = Field(None, gt=0)
-    """Lower clip epsilon (default clip_ratio)."""
+    """Lower clip epsilon (default clip_ratio); dppo_*: the bound for tokens with A <= 0."""
     clip_ratio_high: float | None = Field(None, gt=0)
-    """Upper clip epsilon, DAPO clip-higher (default clip_ratio)."""
+    """Upper clip epsilon, DAPO clip-higher (default clip_ratio); dppo_*: the bound for tokens with A > 0."""
     clip_ratio_c: float = Field(3.0, gt=1)
-    """Dual-clip bound for negative advantages."""
+    """Dual-clip bound for negative advantages (dppo_*: the truncation of the importance ratio)."""
     use_kl_loss: bool = True
     """Add kl_loss_coef * KL(actor || ref) to the loss (GRPO style)."""
     kl_loss_type: str = "low_var_kl"
@@ -498,6 +545,23 @@ class ActorConfig(_Section):
     """policy_loss kl_cov: share of valid tokens that get the KL penalty (Cui et al. 2025)."""
     ppo_kl_coef: float = Field(1.0, ge=0)
     """policy_loss kl_cov: coefficient of the |log-ratio| penalty on the selected tokens."""
+    sapo_tau_pos: float = Field(1.0, gt=0)
+    """policy_loss sapo: temperature of the soft gate for tokens with a positive advantage (Gao et al. 2025)."""
+    sapo_tau_neg: float = Field(1.05, gt=0)
+    """policy_loss sapo: temperature of the soft gate for the other tokens (larger: their gradient fades faster)."""
+    dro_beta: float = Field(0.05, gt=0)
+    """policy_loss dro: coefficient of the quadratic penalty beta / 2 (log pi - log pi_old)^2."""
+    vespo_k_pos: float = Field(2.0, ge=0)
+    """policy_loss vespo: power k of the gamma weight e^lambda w^k e^(-lambda w) for advantages >= 0."""
+    vespo_lambda_pos: float = Field(3.0, gt=0)
+    """policy_loss vespo: decay lambda of the gamma weight for advantages >= 0."""
+    vespo_k_neg: float = Field(3.0, ge=0)
+    """policy_loss vespo: power k for negative advantages."""
+    vespo_lambda_neg: float = Field(2.0, gt=0)
+    """policy_loss vespo: decay lambda for negative advantages."""
+    bypass: BypassConfig = BypassConfig()
+    """policy_loss bypass_mode: verl's rollout correction without a proximal forward (the rollout's log-probs are
+    the old policy; needs recompute_log_prob false and off_policy.correction none)."""
     off_policy: OffPolicyConfig = OffPolicyConfig()
     """Correction of the mismatch between the policy that sampled (rollout engine, older versions in async mode)
     and the one being trained."""
@@ -702,6 +766,13 @@ class Config(_Section):
             if need > self.ray.num_cpus:
                 raise ValueError(f"reward.model.placement separate needs resources.n_workers * cpus_per_worker + "
                                  f"reward.model.cpus = {need:g} CPUs, more than ray.num_cpus {self.ray.num_cpus}")
+        if self.actor.policy_loss in names.BEHAVIOUR_OLD_POLICY_LOSSES:
+            if self.actor.recompute_log_prob:
+                raise ValueError(f"actor.policy_loss {self.actor.policy_loss} takes the rollout's log-probs as the old "
+                                 "policy: set actor.recompute_log_prob: false")
+            if self.actor.off_policy.correction != "none":
+                raise ValueError(f"actor.policy_loss {self.actor.policy_loss} corrects for the rollout policy itself "
+                                 f"(actor.bypass): set actor.off_policy.correction: none")
         proximal = self.actor.recompute_log_prob or (self.ppo.mode == "async" and self.ppo.async_.max_staleness > 0)
         if self.actor.off_policy.correction != "none" and not proximal:
             raise ValueError(f"actor.off_policy.correction {self.actor.off_policy.correction} compares the rollout's "

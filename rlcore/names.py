@@ -10,15 +10,21 @@ registry's names, so a new entry cannot be forgotten on either side.
 from __future__ import annotations
 
 # rlcore.algos.advantage.ESTIMATORS
-ADV_ESTIMATORS = ("gae", "gpg", "grpo", "grpo_passk", "opo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                  "remax", "rloo")
-# rlcore.algos.losses.POLICY_LOSSES
-POLICY_LOSSES = ("cispo", "clip_cov", "geo_mean", "gpg", "gspo", "kl_cov", "vanilla")
+ADV_ESTIMATORS = ("gae", "gdpo", "gpg", "grpo", "grpo_passk", "opo", "optimal_token_baseline", "reinforce_plus_plus",
+                  "reinforce_plus_plus_baseline", "remax", "rloo", "tir_optimal_token_baseline")
+# rlcore.algos.losses.POLICY_LOSSES, and those of them whose old policy is the rollout's (``PolicyLoss.old_is_behaviour``)
+POLICY_LOSSES = ("bypass_mode", "cispo", "clip_cov", "dppo_kl", "dppo_tv", "dro", "geo_mean", "gpg", "gspo", "kl_cov",
+                 "luspo", "sapo", "vanilla", "vespo")
+BEHAVIOUR_OLD_POLICY_LOSSES = ("bypass_mode",)
+# rlcore.algos.off_policy.REJECTION_OPTIONS (bypass_mode's rejection tests)
+REJECTION_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+                     "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 # rlcore.algos.losses.KL_ESTIMATORS
 KL_ESTIMATORS = ("abs", "abs+", "k1", "k1+", "k2", "k2+", "k3", "k3+", "kl", "kl+", "low_var_kl", "low_var_kl+",
                  "mse", "mse+")
 # rlcore.algos.losses.LOSS_AGG_MODES
-LOSS_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean", "token-sum")
+LOSS_AGG_MODES = ("bnpo", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean",
+                  "token-sum")
 # rlcore.algos.kl_control.KL_CONTROLLERS
 KL_CONTROLLERS = ("adaptive", "fixed")
 # rlcore.engine.strategy.STRATEGIES, and those of them that shard parameters (``Strategy.shards``)

@@ -177,15 +177,17 @@ def run_tags(stage: str, params: dict[str, Any], root: Path, round_name: str | N
 
 
 def open_run(tracking_cfg, *, stage: str, params: dict[str, Any], root: Path,
-             round_name: str | None = None, run_id: str | None = None) -> MlflowTracker | NullTracker:
+             round_name: str | None = None, run_id: str | None = None, run_name: str | None = None,
+             extra_tags: dict[str, str] | None = None) -> MlflowTracker | NullTracker:
     """Start the stage's run and log its params (or continue run ``run_id``, a resumed stage's, whose params
-    are logged already); a null tracker when off or unreachable."""
+    are logged already); a null tracker when off or unreachable. ``run_name`` defaults to the stage's name (and
+    round's); ``extra_tags`` are set beside the standard ones."""
     if not tracking_cfg.enabled:
         return NullTracker()
-    run_name = f"{stage}-{round_name}" if round_name else stage
+    run_name = run_name or (f"{stage}-{round_name}" if round_name else stage)
     try:
         tracker = MlflowTracker(resolve_uri(tracking_cfg.uri, root), tracking_cfg.experiment, run_name,
-                                run_tags(stage, params, root, round_name), run_id=run_id)
+                                {**run_tags(stage, params, root, round_name), **(extra_tags or {})}, run_id=run_id)
     except Exception as err:
         print(f"warning: MLflow unavailable at {tracking_cfg.uri} ({type(err).__name__}: {err}); "
               "continuing without tracking", file=sys.stderr)

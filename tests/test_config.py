@@ -299,3 +299,48 @@ def test_a_correction_with_proximal_log_probs_is_accepted(tmp_path):
                 {"ppo": {"mode": "async", "async": {"max_staleness": 2}}, "resources": {"n_workers": 1},
                  "actor": {"off_policy": {"correction": "tis"}}}):
         assert load_config(write_params(tmp_path / "p.yaml", raw)).actor.off_policy.correction != "none"
+
+
+@pytest.mark.parametrize("raw, needles", [
+    ({"actor": {"policy_loss": "bypass_mode", "recompute_log_prob": True}},
+     ("actor.policy_loss bypass_mode", "actor.recompute_log_prob: false")),
+    ({"actor": {"policy_loss": "bypass_mode", "recompute_log_prob": False, "off_policy": {"correction": "tis"}}},
+     ("actor.policy_loss bypass_mode", "actor.off_policy.correction: none")),
+    ({"actor": {"bypass": {"rollout_rs": "seq_max_k1"}}}, ("actor.bypass.rollout_rs", "'seq_max_k1'", "seq_mean_k1")),
+    ({"actor": {"bypass": {"is_threshold": 1.5, "is_threshold_low": 2.0}}},
+     ("actor.bypass.is_threshold_low 2.0", "actor.bypass.is_threshold 1.5")),
+    ({"actor": {"bypass": {"rollout_rs": "token_k2", "rs_threshold_low": 0.5}}},
+     ("actor.bypass.rs_threshold_low", "token_k2", "*_k1")),
+    ({"actor": {"dro_beta": 0.0}}, ("actor.dro_beta", "0.0", "greater than 0")),
+    ({"actor": {"policy_loss": "dppo"}}, ("actor.policy_loss", "'dppo'", "dppo_kl", "dppo_tv")),
+    ({"actor": {"loss_agg_mode": "dapo"}}, ("actor.loss_agg_mode", "'dapo'", "bnpo")),
+])
+def test_new_loss_settings_that_cannot_work_are_one_line(tmp_path, raw, needles):
+    with pytest.raises(ConfigError) as err:
+        load_config(write_params(tmp_path / "p.yaml", raw))
+    assert_one_line(str(err.value), *needles)
+
+
+def test_bypass_mode_in_an_async_round_needs_no_recompute(tmp_path):
+    """An asynchronous round with max_staleness > 0 recomputes the proximal policy, except for bypass_mode, whose
+    old policy is the (stale) rollout policy: accepted as it is."""
+    raw = {"ppo": {"mode": "async", "async": {"max_staleness": 2}}, "resources": {"n_workers": 1},
+           "actor": {"policy_loss": "bypass_mode", "bypass": {"loss_type": "reinforce", "rollout_rs": "seq_mean_k1",
+                                                              "rs_threshold_low": 0.5}}}
+    cfg = load_config(write_params(tmp_path / "p.yaml", raw))
+    assert cfg.actor.bypass.rollout_rs == "seq_mean_k1" and cfg.actor.bypass.rs_threshold_low == 0.5
+
+
+def test_config_show_lists_every_new_estimator_loss_and_knob(capsys):
+    """`rlcore config show` names the registries' choices in the selecting keys' docs and shows every new knob."""
+    from rlcore.commands import main
+
+    assert main(["config", "show", "--params", str(REPO_ROOT / "params.yaml")]) == 0
+    out = capsys.readouterr().out
+    for name in ("gdpo", "optimal_token_baseline", "tir_optimal_token_baseline", "dppo_tv", "dppo_kl", "sapo", "dro",
+                 "luspo", "vespo", "bypass_mode", "bnpo"):
+        assert name in out, name
+    for key in ("algorithm.gdpo_batch_norm", "algorithm.handle_zero_tail", "actor.sapo_tau_pos", "actor.dro_beta",
+                "actor.vespo_lambda_neg", "actor.bypass.loss_type", "actor.bypass.rollout_rs",
+                "actor.bypass.rs_threshold_low"):
+        assert f"  {key}  " in out, key

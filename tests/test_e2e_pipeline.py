@@ -276,6 +276,55 @@ def test_editing_a_reward_file_reruns_exactly_the_stages_that_score(workdir, fir
     assert stale_stages(root, env) == set()
 
 
+def test_compare_runs_each_cell_as_an_experiment_reports_a_failed_one_and_restores_the_workspace(workdir, first_run):
+    """`rlcore compare` on the tiny pipeline, committed as the baseline: two cells. One changes the evaluation's
+    sampling temperature: DVC finds data, SFT, scoring and the rounds up to date and runs only evaluate; its
+    numbers in the report are its experiment's. The other also points Ray at an address where nothing answers:
+    DVC re-runs SFT (whose params include ray), which stops at once, `dvc exp run` fails, and the report names
+    the cell with the last lines of its output. `dvc exp show` lists the experiment; the page and PNG land in
+    docs/results; MLflow has the report's run; the workspace is the baseline's again, the SFT model the failed
+    cell's run deleted included (nothing for `dvc status` to do)."""
+    root, env = workdir
+    shutil.copy(REPO / ".gitignore", root / ".gitignore")  # mlflow.db, models, data, checkpoints stay out of git
+    git_env = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t"}
+    run(["git", "add", "-A"], root, git_env)
+    run(["git", "commit", "-q", "-m", "baseline"], root, git_env)
+    params_before = (root / "params.yaml").read_text()
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "rlcore", "compare", "--name", "tiny",
+                           "--grid", "evaluate.temperature=0.7", "--grid", "ray.address=local,127.0.0.1:1"],
+                          cwd=root, env=git_env, capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((root / "compare/tiny/results.json").read_text())
+    ok, failed = data["cells"]
+    assert ok["error"] is None and ok["values"]["ray.address"] == "local"
+    assert "dvc exp run exited with" in failed["error"] and "nothing answers at 127.0.0.1:1" in failed["error"]
+    log = Path(ok["log"]).read_text()
+    assert "Running stage 'evaluate'" in log and "Running stage 'ppo@r" not in log and "Running stage 'sft'" not in log
+    exp_eval = json.loads(run(["git", "show", f"{ok['rev']}:metrics/eval.json"], root, env))
+    assert ok["metrics"]["gain"] == exp_eval["gain/greedy_pass@1"]
+    assert ok["metrics"]["pass_at_k"] == exp_eval["final/pass@2"]
+    r2 = json.loads((root / "metrics/ppo_r2.json").read_text())
+    assert ok["metrics"]["reward"] == r2["ppo/reward_last10"]  # the rounds did not run again: the baseline's
+    assert [p[0] for p in ok["curve"]] == [0, 1, 2, 3]  # r1's initial value, its 2 steps, r2's 1 step
+    shown = run(["dvc", "exp", "show", "--json"], root, env)
+    assert ok["experiment"] in shown and failed["experiment"] not in shown
+    page = (root / "docs/results/compare-tiny.md").read_text()
+    assert "compare-tiny.png" in page and "## Failed cells" in page and "nothing answers at 127.0.0.1:1" in page
+    assert (root / "docs/results/compare-tiny.png").read_bytes()[:4] == b"\x89PNG"
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["rlcore"], filter_string="tags.`rlcore.stage` = 'compare'")
+    assert list(runs["tags.rlcore.compare"]) == ["tiny"] and list(runs["tags.mlflow.runName"]) == ["compare-tiny"]
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(runs["run_id"][0])}
+    assert {"report.md", "tiny.png", "results.json"} <= artifacts
+    assert (root / "params.yaml").read_text() == params_before
+    assert run(["git", "status", "--porcelain", "--untracked-files=no"], root, env).strip() == ""
+    assert stale_stages(root, env) == set()
+    print(f"rlcore compare, 2 cells: {took:.1f} s")
+
+
 def test_editing_algorithm_code_leaves_data_sft_and_scoring_up_to_date(workdir, first_run):
     """A comment appended to the advantage estimators and the losses changes neither the data, the
     SFT model nor the scores: `dvc status` must report only the PPO rounds (which run that code)."""

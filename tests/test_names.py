@@ -25,6 +25,17 @@ def test_light_names_equal_the_registry(attr):
     assert sorted(getattr(names, attr)) == PAIRS[attr].names()
 
 
+def test_behaviour_old_policy_losses_are_those_whose_entry_says_so():
+    assert sorted(names.BEHAVIOUR_OLD_POLICY_LOSSES) == [n for n in POLICY_LOSSES.names()
+                                                         if POLICY_LOSSES.get(n).old_is_behaviour]
+
+
+def test_rejection_options_equal_the_loss_module_s():
+    from rlcore.algos.off_policy import REJECTION_OPTIONS
+
+    assert names.REJECTION_OPTIONS == REJECTION_OPTIONS
+
+
 def test_sharded_strategies_are_those_whose_entry_shards():
     assert sorted(names.SHARDED_STRATEGIES) == [n for n in STRATEGIES.names() if STRATEGIES.get(n).shards]
 

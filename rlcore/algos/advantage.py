@@ -19,8 +19,9 @@ std 1 (so its advantage is ``s / (1 + eps)`` for GRPO, not 0).
 
 Estimators live in the ``ESTIMATORS`` registry as :class:`Estimator` entries that declare what
 they need: the data inputs beyond rewards and mask (``index`` for group baselines, ``values``
-from a critic, ``reward_baselines`` from a greedy rollout) and the options they take (read by
-name from :class:`AdvantageOptions`). The trainer asks the entry (``needs_critic``,
+from a critic, ``reward_baselines`` from a greedy rollout, ``reward_components`` for per-reward
+normalisation, ``old_log_probs`` and ``sum_pi_squared`` from a log-prob forward) and the options
+they take (read by name from :class:`AdvantageOptions`). The trainer asks the entry (``needs_critic``,
 ``needs_greedy_baseline``) instead of keeping lists of names, and :func:`compute_advantage`
 passes each estimator exactly what it declares: an unexpected keyword is an error naming it.
 """
@@ -38,7 +39,8 @@ from rlcore.registry import Registry, check_keywords, keyword_names
 AdvantageFn = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 # What an estimator may need beyond token_level_rewards and response_mask.
-DATA_INPUTS = frozenset({"index", "values", "reward_baselines"})
+DATA_INPUTS = frozenset({"index", "values", "reward_baselines", "reward_components", "old_log_probs",
+                         "sum_pi_squared"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,14 @@ class AdvantageOptions:
     """Added to group standard deviations."""
     f_norm: float = 1.0
     """GPG normaliser (gpg)."""
+    reward_weights: tuple[float, ...] = ()
+    """Weight of each reward component in the sum (gdpo); empty = 1.0 for every component."""
+    gdpo_batch_norm: bool = True
+    """Whiten gdpo's weighted sum over the batch's valid tokens (the paper's last step); False keeps the
+    sum, so a single component gives grpo exactly."""
+    handle_zero_tail: bool = True
+    """(tir_)optimal_token_baseline: the longest response of a group, where it runs past every other one,
+    gets baseline 0 there (verl's default)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,17 @@ class Estimator:
     def needs_greedy_baseline(self) -> bool:
         """It reads ``reward_baselines``: the trainer scores one greedy rollout per prompt."""
         return "reward_baselines" in self.inputs
+
+    @property
+    def needs_sum_pi_squared(self) -> bool:
+        """It reads ``sum_pi_squared``: the trainer runs a log-prob forward that also returns each token's
+        ``sum_v pi(v)^2`` before the advantages (the update's own forward comes too late)."""
+        return "sum_pi_squared" in self.inputs
+
+    @property
+    def reads_old_log_probs(self) -> bool:
+        """It reads ``old_log_probs``: they must be known on the controller before the advantages."""
+        return "old_log_probs" in self.inputs
 
 
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
@@ -441,6 +462,180 @@ def gpg_advantage(
     return _broadcast(alpha * (scores - mean) / f_norm, mask)
 
 
+@register_estimator("gdpo", needs=("index", "reward_components"))
+def gdpo_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
+    reward_components: torch.Tensor, reward_weights: tuple[float, ...] = (), norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6, gdpo_batch_norm: bool = True,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Group reward-Decoupled normalisation Policy Optimization, GDPO (Liu et al. 2026, arXiv:2601.05242).
+
+    Each reward component ``k`` is normalised within its group on its own, as GRPO normalises one score:
+    ``a_ik = (c_ik - mean_g c_k) / (std_g c_k + eps)`` (unbiased std; without the division when
+    ``norm_adv_by_std_in_grpo`` is False; a group of one has mean 0 and std 1). The weighted sum
+    ``a_i = sum_k w_k a_ik`` is broadcast over the valid tokens and, with ``gdpo_batch_norm``, whitened over
+    every valid token of the batch (``masked_whiten``), so its scale does not grow with the number of
+    components. Summing before normalising (GRPO on ``sum_k w_k c_ik``) maps different combinations of
+    component scores to the same advantage; normalising each first keeps them apart.
+
+    With one component equal to the sequence score, the result is GRPO's advantage, whitened over the batch
+    (exactly GRPO's with ``gdpo_batch_norm=False``). ``token_level_rewards`` only sets the dtype: the
+    components carry the rewards (a KL penalty placed in the token rewards does not reach them, as in verl).
+
+    Args:
+        token_level_rewards: ``[batch, response_len]``; its dtype is the result's.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids defining the groups. Required.
+        reward_components: ``[batch, n_components]`` each component's unweighted sequence score. Required.
+        reward_weights: ``w_k``, one per component; empty = 1.0 each.
+        norm_adv_by_std_in_grpo: Divide each component by its group std.
+        epsilon: Added to the group stds.
+        gdpo_batch_norm: Whiten the weighted sum over the batch's valid tokens.
+
+    Returns:
+        ``(advantages, returns)`` (the same tensor), ``[batch, response_len]``, 0 on masked tokens.
+
+    Raises:
+        ValueError: Components not ``[batch, n]``, or a number of weights other than ``n``.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    batch = token_level_rewards.shape[0]
+    comps = reward_components.to(token_level_rewards.dtype)
+    if comps.dim() != 2 or comps.shape[0] != batch or comps.shape[1] == 0:
+        raise ValueError(f"gdpo: reward_components must be [batch={batch}, n_components >= 1], "
+                         f"got {tuple(reward_components.shape)}")
+    if reward_weights and len(reward_weights) != comps.shape[1]:
+        raise ValueError(f"gdpo: {len(reward_weights)} reward_weights for {comps.shape[1]} reward components")
+    weights = reward_weights or (1.0,) * comps.shape[1]
+    gid = _group_ids(index, batch, "gdpo", comps.device)
+    total = torch.zeros(batch, dtype=comps.dtype, device=comps.device)
+    for k, w in enumerate(weights):
+        mean, std, _ = _group_mean_std(comps[:, k], gid)
+        centred = comps[:, k] - mean
+        total = total + w * (centred / (std + epsilon) if norm_adv_by_std_in_grpo else centred)
+    adv = _zero_masked(total.unsqueeze(-1) * mask, mask)
+    if gdpo_batch_norm:
+        adv = _zero_masked(masked_whiten(adv, mask), mask)
+    return adv, adv
+
+
+def _reward_to_go(token_level_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``G_t = sum_{t' >= t} m_t' r_t'`` per row (valid rewards only)."""
+    return _zero_masked(token_level_rewards, mask).flip(-1).cumsum(-1).flip(-1)
+
+
+def _realized_energy(old_log_probs: torch.Tensor, sum_pi_squared: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``W_t = sum_{j <= t} m_j (1 - 2 pi_j + sum_v pi_j(v)^2)``: the squared norm of the log-softmax gradient
+    at the sampled token, ``||e_y - pi||^2``, accumulated along the response."""
+    w = 1.0 - 2.0 * old_log_probs.exp() + sum_pi_squared
+    return _zero_masked(w.to(mask.dtype), mask).cumsum(-1)
+
+
+def _token_baselines(returns: torch.Tensor, energy: torch.Tensor, valid: torch.Tensor, groups: list[list[int]],
+                     handle_zero_tail: bool) -> torch.Tensor:
+    """Per column ``t`` of aligned ``[batch, width]`` arrays, each group's ``B_t = sum_i G_it W_it v_it /
+    (sum_i W_it v_it + 1e-8)`` for its rows; groups of one get 0. With ``handle_zero_tail`` a group's single
+    longest row (``sum_t v_it``) gets 0 from the second-longest row's length on."""
+    baselines = torch.zeros_like(returns)
+    lengths = valid.sum(-1)
+    for rows in groups:
+        if len(rows) < 2:
+            continue
+        idx = torch.tensor(rows, device=returns.device)
+        w, v = energy[idx], valid[idx]
+        baselines[idx] = ((returns[idx] * w * v).sum(0) / ((w * v).sum(0) + 1e-8)).expand(len(rows), -1)
+        if handle_zero_tail:
+            ordered = torch.sort(lengths[idx]).values
+            longest, second = int(ordered[-1]), int(ordered[-2])
+            if longest > second:
+                baselines[rows[int(torch.argmax(lengths[idx]))], second:] = 0.0
+    return baselines
+
+
+def _groups_of(index: Sequence, batch: int, estimator: str, device: torch.device,
+               keep: torch.Tensor | None = None) -> list[list[int]]:
+    """Row numbers of each group, in order of first appearance; with ``keep`` only the rows it marks."""
+    gid = _group_ids(index, batch, estimator, device).tolist()
+    groups: dict[int, list[int]] = {}
+    for row, g in enumerate(gid):
+        if keep is None or bool(keep[row]):
+            groups.setdefault(g, []).append(row)
+    return list(groups.values())
+
+
+@register_estimator("optimal_token_baseline", needs=("index", "old_log_probs", "sum_pi_squared"))
+def optimal_token_baseline_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
+    old_log_probs: torch.Tensor, sum_pi_squared: torch.Tensor, handle_zero_tail: bool = True,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Optimal Token Baseline, OTB (Li et al. 2026, arXiv:2602.07078).
+
+    A baseline per token position from the group's rewards-to-go, weighted by each response's realised
+    energy so far (a forward-only proxy of its gradient's squared norm):
+    ``G_it = sum_{t' >= t} m r``, ``W_it = sum_{j <= t} m_ij (1 - 2 pi_ij + sum_v pi_ij(v)^2)``
+    (``pi_ij = exp(old_log_probs)``), ``B_t = sum_{i in g} G_it W_it m_it / (sum_{i in g} W_it m_it + 1e-8)``,
+    ``A_it = (G_it - B_t) m_it``. Positions are absolute (column ``t``); a group of one gets ``B = 0``; with
+    ``handle_zero_tail`` the group's single longest response gets ``B = 0`` from the second-longest one's
+    length on (no other response estimates the baseline there).
+
+    Args:
+        token_level_rewards: ``[batch, response_len]`` per-token rewards.
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids defining the groups. Required.
+        old_log_probs: ``[batch, response_len]`` log-probs of the sampled tokens. Required.
+        sum_pi_squared: ``[batch, response_len]`` ``sum_v pi(v)^2`` of each position's distribution. Required.
+        handle_zero_tail: Zero the baseline of the longest response past the second-longest.
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 on masked tokens.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    returns = _reward_to_go(token_level_rewards, mask)
+    energy = _realized_energy(old_log_probs.to(mask.dtype), sum_pi_squared.to(mask.dtype), mask)
+    groups = _groups_of(index, mask.shape[0], "optimal_token_baseline", mask.device)
+    baselines = _token_baselines(returns, energy, mask, groups, handle_zero_tail)
+    return _zero_masked(returns - baselines, mask), _zero_masked(returns, mask)
+
+
+@register_estimator("tir_optimal_token_baseline", needs=("index", "old_log_probs", "sum_pi_squared"))
+def tir_optimal_token_baseline_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence,
+    old_log_probs: torch.Tensor, sum_pi_squared: torch.Tensor, handle_zero_tail: bool = True,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Optimal Token Baseline for multi-turn (tool-integrated) responses (Li et al. 2026, arXiv:2602.07078).
+
+    As ``optimal_token_baseline``, but token ``t`` means the ``t``-th *valid* token of each response: masked
+    positions inside a response (observation tokens of a multi-turn rollout) are skipped, so the responses of a
+    group are compared turn-aligned by what the policy generated. Rows without a valid token leave their group
+    (a group left with one row gets ``B = 0``).
+
+    Args:
+        token_level_rewards: ``[batch, response_len]`` per-token rewards.
+        response_mask: ``[batch, response_len]``; 1 = valid response token (0 also inside, for observations).
+        index: ``[batch]`` prompt ids defining the groups. Required.
+        old_log_probs: ``[batch, response_len]`` log-probs of the sampled tokens. Required.
+        sum_pi_squared: ``[batch, response_len]`` ``sum_v pi(v)^2`` of each position's distribution. Required.
+        handle_zero_tail: Zero the baseline of the longest response past the second-longest (in valid tokens).
+
+    Returns:
+        ``(advantages, returns)``, each ``[batch, response_len]``, 0 on masked tokens.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    valid = mask.bool()
+    returns = _reward_to_go(token_level_rewards, mask)
+    energy = _realized_energy(old_log_probs.to(mask.dtype), sum_pi_squared.to(mask.dtype), mask)
+    # column k of the compact arrays holds each row's k-th valid token
+    rank = torch.where(valid, mask.cumsum(-1).long() - 1, torch.zeros_like(valid, dtype=torch.long))
+
+    def compact(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x).scatter_add_(1, rank, _zero_masked(x, mask))
+
+    groups = _groups_of(index, mask.shape[0], "tir_optimal_token_baseline", mask.device, keep=valid.any(-1))
+    baselines = _token_baselines(compact(returns), compact(energy), compact(mask), groups, handle_zero_tail)
+    advantages = returns - torch.gather(baselines, 1, rank)
+    return _zero_masked(advantages, mask), _zero_masked(returns, mask)
+
+
 # ------------------------------------------------------------------------- dispatcher
 
 
@@ -453,12 +648,14 @@ def compute_advantage(
     Args:
         estimator: A name in ``ESTIMATORS`` (``gae``, ``grpo``, ``grpo_passk``, ``rloo``,
             ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``,
-            ``gpg``).
+            ``gpg``, ``gdpo``, ``optimal_token_baseline``, ``tir_optimal_token_baseline``).
         token_level_rewards: ``[batch, response_len]`` float rewards on response tokens.
         response_mask: ``[batch, response_len]`` 0/1 mask; 1 = valid response token.
         **inputs_and_options: Exactly the data inputs the estimator declares (``index``: ``[batch]``
             prompt ids, a numpy array or list of str/int; ``values``: ``[batch, response_len]`` critic
-            values; ``reward_baselines``: ``[batch]`` greedy rewards) and any of the options it takes
+            values; ``reward_baselines``: ``[batch]`` greedy rewards; ``reward_components``:
+            ``[batch, n_components]`` sequence scores; ``old_log_probs`` and ``sum_pi_squared``:
+            ``[batch, response_len]`` from a log-prob forward) and any of the options it takes
             (``AdvantageOptions`` fields, e.g. ``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``).
 
     Returns:

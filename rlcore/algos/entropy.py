@@ -1,5 +1,6 @@
-"""Entropy of the policy's next-token distributions (logged every update; the entropy bonus of the
-actor loss). Pure tensor math."""
+"""Statistics of the policy's next-token distributions: the entropy (logged every update; the entropy bonus
+of the actor loss) and the sum of squared probabilities (the optimal token baseline's realised energy). Pure
+tensor math."""
 
 from __future__ import annotations
 
@@ -22,3 +23,16 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     finite = torch.where(torch.isneginf(logits), torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)
+
+
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``sum_v softmax(logits)_v^2`` at each position, in log space: ``exp(logsumexp(2 z) - 2 logsumexp(z))``
+    (no probability is squared directly, so tiny ones neither underflow nor lose the sum's precision).
+
+    Args:
+        logits: ``[..., vocab]`` unnormalised scores.
+
+    Returns:
+        ``[...]`` in ``[1 / vocab, 1]``.
+    """
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))

@@ -16,12 +16,14 @@ rlcore differs on purpose, the docstring says so.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal, Optional
 
 import torch
 
 from rlcore.algos.masked import masked_mean, masked_sum
+from rlcore.algos.off_policy import bypass_is_weights, rejection_keep
 from rlcore.registry import Registry, check_keywords, keyword_names
 
 # ------------------------------------------------------------------- aggregation
@@ -87,6 +89,12 @@ LOSS_AGG_MODES.add("token-sum", AggMode(_token_sum, "none"))
 LOSS_AGG_MODES.add("seq-mean-token-sum", AggMode(_seq_token_sums, "sequences"))
 LOSS_AGG_MODES.add("seq-mean-token-mean", AggMode(_seq_token_means, "sequences"))
 LOSS_AGG_MODES.add("seq-mean-token-sum-norm", AggMode(_seq_token_sums_normed, "sequences"))
+# TRL's loss_type "bnpo" (GRPOTrainer) is an aggregation, not a policy loss: its per-token loss is GRPO's clipped
+# surrogate (rlcore's ``vanilla``), and only the normaliser differs from TRL's "grpo" (sequence means) and "dapo"
+# (global token count): the valid tokens of the batch. TRL counts them per device micro-batch, so its loss depends
+# on how a mini-batch is split; here every term is normalised by the global mini-batch (``AggScale``), which makes
+# "bnpo" the token mean of the whole mini-batch, the same normaliser as "token-mean".
+LOSS_AGG_MODES.add("bnpo", AggMode(_token_sum, "tokens"))
 
 
 def _normalize(total: torch.Tensor, normalizer: Normalizer, loss_mask: torch.Tensor, scale: AggScale | None,
@@ -116,6 +124,8 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str, *,
     With ``m`` the mask, ``L_i = sum_t m_it`` and ``S`` the set of rows with ``L_i > 0``:
 
     * ``token-mean``: ``sum_it m_it l_it / sum_it m_it``.
+    * ``bnpo`` (TRL's name): the same token mean over the whole mini-batch (TRL takes it per device
+      micro-batch; see the registration for why it is an aggregation mode).
     * ``token-sum``: ``sum_it m_it l_it``.
     * ``seq-mean-token-sum``: ``mean_{i in S} sum_t m_it l_it``.
     * ``seq-mean-token-mean``: ``mean_{i in S} (sum_t m_it l_it / L_i)``.
@@ -242,6 +252,34 @@ class PolicyLossOptions:
     """kl_cov: share of valid tokens that get the KL penalty."""
     ppo_kl_coef: float = 1.0
     """kl_cov: coefficient of the penalty."""
+    sapo_tau_pos: float = 1.0
+    """sapo: gate temperature of tokens with a positive advantage."""
+    sapo_tau_neg: float = 1.05
+    """sapo: gate temperature of the other tokens."""
+    dro_beta: float = 0.05
+    """dro: coefficient of the quadratic log-ratio penalty (> 0)."""
+    vespo_k_pos: float = 2.0
+    """vespo: power ``k`` of the gamma weight for advantages >= 0."""
+    vespo_lambda_pos: float = 3.0
+    """vespo: decay ``lambda`` of the gamma weight for advantages >= 0."""
+    vespo_k_neg: float = 3.0
+    """vespo: power ``k`` for negative advantages."""
+    vespo_lambda_neg: float = 2.0
+    """vespo: decay ``lambda`` for negative advantages."""
+    bypass_loss_type: str = "ppo_clip"
+    """bypass_mode: ``ppo_clip`` (PPO against the rollout policy) or ``reinforce`` (IS-weighted REINFORCE)."""
+    bypass_is: str = "sequence"
+    """bypass_mode: importance weights per ``token``, per ``sequence`` or ``none``."""
+    bypass_is_threshold: float = 2.0
+    """bypass_mode: upper bound of the weights (truncated above, or the IcePop band's top)."""
+    bypass_is_threshold_low: Optional[float] = None
+    """bypass_mode: set, weights outside ``[low, threshold]`` become 0 (IcePop) instead of being truncated."""
+    bypass_rs: Optional[str] = None
+    """bypass_mode: rejection test (``off_policy.REJECTION_OPTIONS``), None = off."""
+    bypass_rs_threshold: float = 2.0
+    """bypass_mode: the rejection test's upper bound (a ratio for ``*_k1``, a divergence otherwise)."""
+    bypass_rs_threshold_low: Optional[float] = None
+    """bypass_mode: the ``*_k1`` tests' lower ratio bound (None = 1 / upper)."""
 
 
 _LOSS_TENSORS = frozenset({"log_prob", "advantages", "response_mask"})  # and old_log_prob, for ratio losses
@@ -257,6 +295,9 @@ class PolicyLoss:
     keywords: frozenset[str]
     uses_old_log_prob: bool
     """Whether it has an importance ratio (all but ``gpg``)."""
+    old_is_behaviour: bool = False
+    """Its ``old_log_prob`` must be the behaviour (rollout) policy's, never recomputed: it corrects for the
+    gap to the current policy itself (``bypass_mode``)."""
 
     @property
     def options(self) -> frozenset[str]:
@@ -267,9 +308,9 @@ class PolicyLoss:
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 
-def register_policy_loss(name: str):
+def register_policy_loss(name: str, *, old_is_behaviour: bool = False):
     """Register a policy loss; its keywords beyond the tensors must be ``PolicyLossOptions`` fields or
-    ``agg_scale`` / ``generator``."""
+    ``agg_scale`` / ``generator``. ``old_is_behaviour``: see :attr:`PolicyLoss.old_is_behaviour`."""
 
     def decorator(fn):
         params = keyword_names(fn)
@@ -279,7 +320,7 @@ def register_policy_loss(name: str):
         unknown = keywords - _LOSS_OPTION_NAMES - _LOSS_CALL_ARGS
         if unknown:
             raise TypeError(f"policy loss {name!r} takes {sorted(unknown)}, which are not PolicyLossOptions fields")
-        POLICY_LOSSES.add(name, PolicyLoss(fn, keywords, "old_log_prob" in params))
+        POLICY_LOSSES.add(name, PolicyLoss(fn, keywords, "old_log_prob" in params, old_is_behaviour))
         return fn
 
     return decorator
@@ -348,6 +389,18 @@ def ppo_clip_loss(
     return loss, _metrics(loss, clipfrac, clipfrac_lower, masked_mean(-neg_kl, response_mask))
 
 
+def _sequence_ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor
+                    ) -> "tuple[torch.Tensor, torch.Tensor]":
+    """GSPO's token-level sequence ratio: ``(logp - logp_old, s_it)`` with ``log s_it = sg[mean_t m (logp -
+    logp_old)] + logp_it - sg[logp_it]``, clamped above at 10: ``s_i`` in value, ``s_i grad logp_it`` in
+    gradient."""
+    neg_kl = log_prob - old_log_prob
+    lengths = response_mask.to(log_prob.dtype).sum(dim=-1).clamp(min=1)
+    seq_log_ratio = masked_sum(neg_kl, response_mask, dim=-1) / lengths
+    log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    return neg_kl, torch.exp(torch.clamp(log_ratio, max=10.0))
+
+
 @register_policy_loss("gspo")
 def gspo_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
@@ -376,11 +429,7 @@ def gspo_loss(
     Returns:
         ``(loss, metrics)``.
     """
-    neg_kl = log_prob - old_log_prob
-    lengths = response_mask.to(log_prob.dtype).sum(dim=-1).clamp(min=1)
-    seq_log_ratio = masked_sum(neg_kl, response_mask, dim=-1) / lengths
-    log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
-    ratio = torch.exp(torch.clamp(log_ratio, max=10.0))
+    neg_kl, ratio = _sequence_ratio(old_log_prob, log_prob, response_mask)
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
     loss = agg_loss(torch.maximum(loss1, loss2), response_mask, "seq-mean-token-mean", scale=agg_scale)
@@ -598,6 +647,304 @@ def kl_cov_loss(
     return loss, _metrics(loss, 0.0, 0.0, masked_mean(abs_kl, response_mask))
 
 
+def _dppo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+               response_mask: torch.Tensor, inside: torch.Tensor, *, clip_ratio_c: float, loss_agg_mode: str,
+               loss_scale_factor: Optional[float], agg_scale: Optional[AggScale]) -> "tuple[torch.Tensor, dict]":
+    """DPPO's surrogate once the trust-region test ``inside`` (bool ``[batch, response_len]``) is known:
+    ``l_t = -A_t sg[min(r_t, c)] logp_t [inside_t]``."""
+    neg_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(neg_kl)
+    keep = inside.detach().to(log_prob.dtype)
+    weight = torch.clamp(ratio, max=clip_ratio_c).detach()
+    loss = agg_loss(-advantages * weight * log_prob * keep, response_mask, loss_agg_mode,
+                    loss_scale_factor=loss_scale_factor, scale=agg_scale)
+    clipfrac = masked_mean(1.0 - keep, response_mask)
+    truncated = masked_mean((ratio > clip_ratio_c).to(log_prob.dtype) * keep, response_mask)
+    return loss, _metrics(loss, clipfrac, truncated, masked_mean(-neg_kl, response_mask))
+
+
+@register_policy_loss("dppo_tv")
+def dppo_tv_loss(
+    *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+) -> "tuple[torch.Tensor, dict]":
+    """Divergence PPO with the binary total-variation trust region, DPPO-Binary-TV (Qi et al. 2026,
+    "Rethinking the Trust Region in LLM Reinforcement Learning", arXiv:2602.04879).
+
+    PPO's ratio clip bounds ``pi / pi_old``, which lets a token whose probability falls from 0.99 to 0.8 pass
+    and stops one that rises from 1e-4 to 2e-4. DPPO bounds a divergence of the token's two-outcome
+    distributions instead, here the total variation ``|p - p_old|`` (``p = exp(logp)``): a token with
+    ``A > 0`` takes part while ``p - p_old <= delta_high``, one with ``A <= 0`` while
+    ``p - p_old >= -delta_low``; the others get no gradient. Inside, the loss is the truncated-IS policy
+    gradient ``l_t = -A_t sg[min(r_t, c)] logp_t`` with ``r = exp(clamp(logp - logp_old, -20, 20))`` (the
+    paper's section 5.4 truncation, in place of dual clip), aggregated with ``agg_loss``.
+    ``delta_low``/``delta_high`` are ``clip_ratio_low``/``clip_ratio_high`` (verl reads the same keys; its
+    DPPO recipe uses 0.15) and ``c`` is ``clip_ratio_c``.
+    Metrics: ``pg_clipfrac`` = masked share of tokens outside the region, ``pg_clipfrac_lower`` = masked share
+    inside it whose ratio was truncated, ``ppo_kl`` = masked mean of ``-(clamped log-ratio)``.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
+        loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        clip_ratio_low, clip_ratio_high: TV bounds ``delta_low``, ``delta_high``.
+        clip_ratio_c: Truncation ``c`` of the importance ratio.
+
+    Returns:
+        ``(loss, metrics)``.
+    """
+    rise = log_prob.exp() - old_log_prob.exp()
+    inside = torch.where(advantages > 0, rise <= clip_ratio_high, rise >= -clip_ratio_low)
+    return _dppo_loss(log_prob, old_log_prob, advantages, response_mask, inside, clip_ratio_c=clip_ratio_c,
+                      loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, agg_scale=agg_scale)
+
+
+@register_policy_loss("dppo_kl")
+def dppo_kl_loss(
+    *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+) -> "tuple[torch.Tensor, dict]":
+    """Divergence PPO with the binary KL trust region, DPPO-Binary-KL (Qi et al. 2026, arXiv:2602.04879).
+
+    As ``dppo_tv`` with the divergence ``D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old + 1e-8) /
+    (1 - p + 1e-8))``, the KL between the Bernoulli distributions "this token or another" of the old and the
+    current policy. A token with ``A > 0`` takes part while ``D <= delta_high`` or its probability did not rise
+    (``p <= p_old``), one with ``A <= 0`` while ``D <= delta_low`` or it did not fall: only moves in the
+    direction the advantage pushes are bounded. ``delta_low``/``delta_high`` are ``clip_ratio_low``/
+    ``clip_ratio_high`` (verl's DPPO recipe uses 0.05); ``c`` is ``clip_ratio_c``. Metrics as ``dppo_tv``.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
+        loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        clip_ratio_low, clip_ratio_high: KL bounds ``delta_low``, ``delta_high``.
+        clip_ratio_c: Truncation ``c`` of the importance ratio.
+
+    Returns:
+        ``(loss, metrics)``.
+    """
+    p, p_old = log_prob.exp(), old_log_prob.exp()
+    binary_kl = p_old * (old_log_prob - log_prob) + (1.0 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    inside = torch.where(advantages > 0, (binary_kl <= clip_ratio_high) | (p <= p_old),
+                         (binary_kl <= clip_ratio_low) | (p >= p_old))
+    return _dppo_loss(log_prob, old_log_prob, advantages, response_mask, inside, clip_ratio_c=clip_ratio_c,
+                      loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, agg_scale=agg_scale)
+
+
+@register_policy_loss("sapo")
+def sapo_loss(
+    *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    agg_scale: Optional[AggScale] = None, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05,
+) -> "tuple[torch.Tensor, dict]":
+    """Soft Adaptive Policy Optimization, SAPO (Gao et al. 2025, arXiv:2511.20347).
+
+    A smooth gate in place of the clip: ``f(r) = sigmoid(tau (r - 1)) * 4 / tau`` with
+    ``r = exp(clamp(logp - logp_old, -20, 20))`` and ``tau = sapo_tau_pos`` where ``A > 0``, ``sapo_tau_neg``
+    elsewhere. ``f(1) = 2 / tau`` and ``f'(r) = 4 sigmoid' (tau (r - 1))``, which is 1 at ``r = 1`` (the
+    on-policy gradient is PPO's) and decays as the ratio leaves 1, faster for a larger ``tau`` (negative
+    advantages get the larger one: their tokens' logits spread more). ``l_t = -f(r_t) A_t``, aggregated with
+    ``seq-mean-token-mean`` whatever ``actor.loss_agg_mode`` says, as the paper and verl do. Clip fractions
+    are 0.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        sapo_tau_pos: Gate temperature where ``A > 0``.
+        sapo_tau_neg: Gate temperature where ``A <= 0``.
+
+    Returns:
+        ``(loss, metrics)``.
+    """
+    neg_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(neg_kl)
+    tau = torch.where(advantages > 0, torch.full_like(ratio, sapo_tau_pos), torch.full_like(ratio, sapo_tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    loss = agg_loss(-gate * advantages, response_mask, "seq-mean-token-mean", scale=agg_scale)
+    return loss, _metrics(loss, 0.0, 0.0, masked_mean(-neg_kl, response_mask))
+
+
+@register_policy_loss("dro")
+def dro_loss(
+    *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, dro_beta: float = 0.05,
+) -> "tuple[torch.Tensor, dict]":
+    """Direct Reward Optimisation's policy term, DRO (Richemond et al. 2024, arXiv:2405.19107), as verl
+    implements it: a policy gradient with a quadratic trust-region penalty instead of a ratio or a clip,
+    ``l_t = -(A_t logp_t - beta / 2 (logp_t - logp_old_t)^2)``, aggregated with ``agg_loss``. (The paper
+    penalises against the reference policy and learns a value baseline; here ``logp_old`` is the policy that
+    sampled and the advantage comes from the estimator.) Clip fractions are 0.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
+        loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        dro_beta: Penalty coefficient ``beta`` (> 0).
+
+    Returns:
+        ``(loss, metrics)``.
+
+    Raises:
+        ValueError: ``dro_beta <= 0``.
+    """
+    if dro_beta <= 0:
+        raise ValueError(f"dro_beta must be > 0, got {dro_beta}")
+    log_ratio = log_prob - old_log_prob
+    loss = agg_loss(-(log_prob * advantages - 0.5 * dro_beta * log_ratio.square()), response_mask, loss_agg_mode,
+                    loss_scale_factor=loss_scale_factor, scale=agg_scale)
+    return loss, _metrics(loss, 0.0, 0.0, masked_mean(-log_ratio, response_mask))
+
+
+@register_policy_loss("luspo")
+def luspo_loss(
+    *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+) -> "tuple[torch.Tensor, dict]":
+    """Length-Unbiased Sequence Policy Optimization, LUSPO (arXiv:2602.05261; TRL GRPOTrainer ``loss_type``
+    ``luspo``).
+
+    GSPO's clipped sequence-ratio surrogate (``gspo``: ``s_i = exp(mean_t(logp - logp_old))`` in its
+    token-level form, clamped above at ``e^10``), with each sequence weighted by its length:
+    ``loss = (1 / B) sum_i sum_t m_it max(-A_it s_it, -A_it clip(s_it, 1 - eps_low, 1 + eps_high))`` over
+    all ``B`` rows (empty ones too, as in TRL). GSPO's per-sequence mean makes a long response's tokens count
+    less than a short one's; the length weight undoes that.
+
+    A policy loss, not an aggregation mode: its surrogate needs GSPO's sequence ratio (TRL refuses it at token
+    level), and its length weighting is fixed by the objective, so ``actor.loss_agg_mode`` is not read
+    (as ``gspo`` fixes its own). Metrics as ``gspo``.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``; the mean is then over the global rows).
+        clip_ratio_low, clip_ratio_high: ``eps_low``, ``eps_high``.
+
+    Returns:
+        ``(loss, metrics)``.
+    """
+    neg_kl, ratio = _sequence_ratio(old_log_prob, log_prob, response_mask)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    total = masked_sum(torch.maximum(loss1, loss2), response_mask)
+    loss = _normalize(total, "sequences", response_mask, agg_scale, all_rows=True)
+    clipfrac = masked_mean((loss2 > loss1).to(log_prob.dtype), response_mask)
+    return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
+
+
+@register_policy_loss("vespo")
+def vespo_loss(
+    *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0,
+) -> "tuple[torch.Tensor, dict]":
+    """Variational sEquence-level Soft Policy Optimization, VESPO (arXiv:2602.10693; TRL GRPOTrainer
+    ``loss_type`` ``vespo``).
+
+    A smooth, asymmetric weight of the whole sequence's importance ratio in place of a clip:
+    ``log w_i = clamp(sum_t m_it clamp(logp_it - logp_old_it, -20, 20), log 1e-8, 20)``,
+    ``phi(w) = exp(lambda + k log w - lambda w)`` (a gamma density shape normalised to ``phi(1) = 1``, which
+    fades both for ``w << 1`` and ``w >> 1``), ``k, lambda = vespo_k_pos, vespo_lambda_pos`` where
+    ``A >= 0`` and ``vespo_k_neg, vespo_lambda_neg`` elsewhere (``lambda`` floored at 1e-4; a non-finite
+    ``phi`` counts 0). ``l_t = -sg[phi] A_t logp_t``, aggregated with ``agg_loss`` (TRL divides by the
+    global token count: ``token-mean``).
+
+    A policy loss, not an aggregation mode: the weight ``phi`` changes each token's gradient, whatever the
+    normaliser. Clip fractions are 0; ``ppo_kl`` as the other losses.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
+        loss_agg_mode: ``agg_loss`` mode.
+        loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
+        agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        vespo_k_pos, vespo_lambda_pos: ``k``, ``lambda`` where ``A >= 0``.
+        vespo_k_neg, vespo_lambda_neg: ``k``, ``lambda`` where ``A < 0``.
+
+    Returns:
+        ``(loss, metrics)``.
+    """
+    neg_kl = log_prob - old_log_prob
+    with torch.no_grad():
+        seq = masked_sum(neg_kl.clamp(-20.0, 20.0), response_mask, dim=-1).unsqueeze(-1)
+        log_w = seq.clamp(math.log(1e-8), 20.0)
+        nonneg = advantages >= 0
+        k = torch.where(nonneg, torch.full_like(neg_kl, vespo_k_pos), torch.full_like(neg_kl, vespo_k_neg))
+        lam = torch.where(nonneg, torch.full_like(neg_kl, vespo_lambda_pos),
+                          torch.full_like(neg_kl, vespo_lambda_neg)).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    loss = agg_loss(-phi * advantages * log_prob, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor,
+                    scale=agg_scale)
+    return loss, _metrics(loss, 0.0, 0.0, masked_mean(-neg_kl, response_mask))
+
+
+@register_policy_loss("bypass_mode", old_is_behaviour=True)
+def bypass_mode_loss(
+    *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
+    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0, bypass_loss_type: str = "ppo_clip", bypass_is: str = "sequence",
+    bypass_is_threshold: float = 2.0, bypass_is_threshold_low: Optional[float] = None,
+    bypass_rs: Optional[str] = None, bypass_rs_threshold: float = 2.0, bypass_rs_threshold_low: Optional[float] = None,
+) -> "tuple[torch.Tensor, dict]":
+    """verl's rollout correction in bypass mode (two policies, no proximal forward; Yao et al. 2025, "Your
+    efficient RL framework secretly brings you off-policy RL training"; Liu et al. 2025, "When speed kills
+    stability").
+
+    ``old_log_prob`` is the behaviour (rollout) policy's: the round never recomputes old log-probs (the
+    trainer does not, for this loss). With ``d = sg[logp] - logp_rollout``:
+
+    * importance weights ``w`` (``off_policy.bypass_is_weights``: per ``token`` or ``sequence``, truncated at
+      ``bypass_is_threshold``, or IcePop-masked outside ``[bypass_is_threshold_low, bypass_is_threshold]``);
+    * a rejection test ``k`` (``off_policy.rejection_keep`` with ``bypass_rs``, 1 everywhere when None);
+    * ``reinforce``: ``l_t = -k_t w_t A_t logp_t`` (an IS-weighted policy gradient), aggregated with
+      ``agg_loss``; ``ppo_clip``: ``vanilla`` (clip and dual clip) against the rollout policy with the
+      advantages ``k_t A_t``; the ratio is the IS correction there, so ``w`` is only reported.
+
+    Rejected tokens stay in the loss normaliser with a zero loss (rlcore's off-policy convention; verl drops
+    them from it). Metrics: the chosen loss's, ``is_weight_mean`` (masked mean of ``w``) and
+    ``rejected_frac`` (masked share of tokens with ``k = 0``).
+
+    Args:
+        old_log_prob: ``[batch, response_len]`` the rollout policy's log-probs.
+        log_prob, advantages, response_mask: ``[batch, response_len]``.
+        loss_agg_mode, loss_scale_factor, agg_scale: aggregation, as ``vanilla``.
+        clip_ratio_low, clip_ratio_high, clip_ratio_c: ``ppo_clip``'s bounds.
+        bypass_loss_type: ``ppo_clip`` or ``reinforce``.
+        bypass_is: ``token``, ``sequence`` or ``none``.
+        bypass_is_threshold, bypass_is_threshold_low: the weights' bounds.
+        bypass_rs: rejection test name (``off_policy.REJECTION_OPTIONS``) or None.
+        bypass_rs_threshold, bypass_rs_threshold_low: its bounds.
+
+    Returns:
+        ``(loss, metrics)``.
+    """
+    if bypass_loss_type not in ("ppo_clip", "reinforce"):
+        raise ValueError(f"bypass_loss_type must be ppo_clip or reinforce, got {bypass_loss_type!r}")
+    with torch.no_grad():
+        log_ratio = log_prob - old_log_prob
+        weights = bypass_is_weights(log_ratio, response_mask, bypass_is, bypass_is_threshold, bypass_is_threshold_low)
+        keep = torch.ones_like(log_ratio) if bypass_rs is None else rejection_keep(
+            log_ratio, response_mask, bypass_rs, bypass_rs_threshold, bypass_rs_threshold_low)
+    if bypass_loss_type == "reinforce":
+        loss = agg_loss(-advantages * weights * keep * log_prob, response_mask, loss_agg_mode,
+                        loss_scale_factor=loss_scale_factor, scale=agg_scale)
+        metrics = _metrics(loss, 0.0, 0.0, masked_mean(-log_ratio, response_mask))
+    else:
+        loss, metrics = ppo_clip_loss(
+            old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages * keep, response_mask=response_mask,
+            loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, agg_scale=agg_scale,
+            clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c)
+    metrics["is_weight_mean"] = masked_mean(weights, response_mask)
+    metrics["rejected_frac"] = masked_mean(1.0 - keep, response_mask)
+    return loss, metrics
+
+
 def policy_loss(
     mode: str, *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
     response_mask: torch.Tensor, **options: Any,
@@ -605,7 +952,8 @@ def policy_loss(
     """Compute the policy-gradient loss registered under ``mode`` in ``POLICY_LOSSES``.
 
     Modes: ``vanilla`` (PPO clip + clip-higher + dual clip), ``gspo``, ``geo_mean`` (GMPO),
-    ``gpg``, ``cispo``, ``clip_cov``, ``kl_cov``; see each function's docstring.
+    ``gpg``, ``cispo``, ``clip_cov``, ``kl_cov``, ``dppo_tv``, ``dppo_kl``, ``sapo``, ``dro``, ``luspo``,
+    ``vespo``, ``bypass_mode``; see each function's docstring.
 
     Args:
         mode: Policy-loss name.

@@ -19,10 +19,16 @@ per token with a weight ``w`` that multiplies the token's policy loss:
 Weights are 0 on padding. A weight multiplies the token's loss through its advantage (``A * w``): every
 policy loss here is positively homogeneous in the advantage, so that is the weighted loss itself; masked
 tokens stay in the loss normaliser, as a token with zero advantage does.
+
+The policy loss ``bypass_mode`` (verl's rollout correction with two policies: the behaviour policy is the
+old one, nothing is recomputed) takes its weights between the *current* policy and the behaviour policy inside
+the loss: :func:`bypass_is_weights` (token or sequence level, truncated or IcePop-masked) and
+:func:`rejection_keep` (verl's rejection tests on the k1/k2/k3 divergences per token or sequence).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -103,3 +109,68 @@ def off_policy_metrics(stats: dict[str, float]) -> dict[str, float]:
             "off_policy/masked_token_frac": stats["masked_tokens"] / tokens,
             "off_policy/masked_seq_frac": stats["masked_rows"] / rows if rows else 0.0,
             "off_policy/ratio_mean": stats["ratio_sum"] / tokens, "off_policy/ratio_max": stats["ratio_max"]}
+
+
+# ------------------------------------------------------------------ bypass mode (the policy loss ``bypass_mode``)
+# verl's rollout correction when the old policy *is* the behaviour policy (no proximal forward): weights and
+# rejection masks between the current policy (detached) and the rollout's log-probs, computed inside the loss.
+
+IS_LEVELS = ("none", "token", "sequence")
+# rejection statistics of the log-ratio d = log(pi / pi_rollout), per token
+_DIVERGENCES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": lambda d: -d, "k2": lambda d: 0.5 * d.square(), "k3": lambda d: d.exp() - 1.0 - d}
+REJECTION_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+                     "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+
+
+def bypass_is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, upper: float,
+                      lower: float | None = None) -> torch.Tensor:
+    """Importance weights ``[batch, response_len]`` of the current policy over the rollout's, 0 on padding.
+
+    ``token``: ``exp(d_t)``; ``sequence``: ``exp(sum_t m d_t)`` on every token of the row (``d`` clamped to
+    +-20 first, as a sum for ``sequence``). Without ``lower`` they are truncated at ``upper`` (TIS); with it,
+    weights outside ``[lower, upper]`` become 0 (IcePop). ``level`` ``none`` gives 1 on every valid token.
+    """
+    m = mask.to(log_ratio.dtype)
+    if level == "none":
+        return m.clone()
+    if level == "token":
+        raw = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp()
+    elif level == "sequence":
+        raw = masked_sum(log_ratio, mask, dim=-1).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).exp().unsqueeze(-1)
+        raw = raw.expand_as(log_ratio)
+    else:
+        raise ValueError(f"unknown importance-sampling level {level!r}; choose from {', '.join(IS_LEVELS)}")
+    raw = raw * m
+    if lower is None:
+        return raw.clamp(max=upper)
+    return torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+
+
+def rejection_keep(log_ratio: torch.Tensor, mask: torch.Tensor, option: str, upper: float,
+                   lower: float | None = None) -> torch.Tensor:
+    """1 for each token (or every token of each sequence) that passes the rejection test ``option``, else 0.
+
+    ``option`` is ``<level>_<k>``: the divergence ``k1 = -d``, ``k2 = d^2 / 2`` or ``k3 = e^d - 1 - d``
+    (``d = log(pi / pi_rollout)`` clamped to +-20) per ``token``, or its ``seq_sum`` / ``seq_mean`` /
+    ``seq_max`` over the valid tokens of a row. ``k1`` passes when it lies in ``[log lower, log upper]``
+    (``lower`` defaults to ``1 / upper``), the others when they are at most ``upper``.
+    """
+    if option not in REJECTION_OPTIONS:
+        raise ValueError(f"unknown rejection option {option!r}; choose from {', '.join(REJECTION_OPTIONS)}")
+    level, kind = option.rsplit("_", 1)
+    stat = _DIVERGENCES[kind](log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    if level == "seq_sum":
+        stat = masked_sum(stat, mask, dim=-1).unsqueeze(-1)
+    elif level == "seq_mean":
+        count = mask.to(stat.dtype).sum(-1).clamp(min=1)
+        stat = (masked_sum(stat, mask, dim=-1) / count).unsqueeze(-1)
+    elif level == "seq_max":
+        peak = torch.where(mask.bool(), stat, torch.full_like(stat, -math.inf)).amax(-1)
+        stat = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak).unsqueeze(-1)
+    if kind == "k1":
+        low = 1.0 / upper if lower is None else lower
+        keep = (stat >= math.log(low)) & (stat <= math.log(upper))
+    else:
+        keep = stat <= upper
+    return keep.expand_as(log_ratio).to(log_ratio.dtype)

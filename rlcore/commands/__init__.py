@@ -18,7 +18,7 @@ import sys
 from types import ModuleType
 
 # name -> module, in the order ``rlcore --help`` lists them
-COMMANDS = ("generate", "eval", "serve", "view", "diagnose", "config", "init-model", "export")
+COMMANDS = ("generate", "eval", "serve", "view", "diagnose", "config", "init-model", "export", "compare")
 
 
 def _module(name: str) -> ModuleType:

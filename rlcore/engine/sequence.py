@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from rlcore.algos.entropy import entropy_from_logits
+from rlcore.algos.entropy import entropy_from_logits, sum_pi_squared_from_logits
 from rlcore.engine import packed
 from rlcore.engine.strategy import Replicated, Strategy
 from rlcore.protocol import Batch
@@ -133,12 +133,24 @@ class SequenceModel:
         """Log-probs ``[batch, response_len]`` of ``responses`` under ``softmax(logits / temperature)`` and,
         optionally, their entropy, off the autograd graph unless ``entropy_grad`` (a logged-only entropy
         then costs backward nothing)."""
-        with self.strategy.autocast():
-            logits = self.forward.response_logits(self.module, input_ids, attention_mask, responses.shape[1])
-        logits = logits.float() / temperature
+        logits = self._scaled_logits(input_ids, attention_mask, responses.shape[1], temperature)
         log_probs = token_log_probs(logits, responses)
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
         return log_probs, entropy
+
+    def response_log_probs_and_sum_pi_squared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                              responses: torch.Tensor, *, temperature: float = 1.0
+                                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs ``[batch, response_len]`` of ``responses`` and ``sum_v pi(v)^2`` of each position's
+        distribution ``softmax(logits / temperature)``, from one forward (the optimal token baseline's inputs)."""
+        logits = self._scaled_logits(input_ids, attention_mask, responses.shape[1], temperature)
+        return token_log_probs(logits, responses), sum_pi_squared_from_logits(logits)
+
+    def _scaled_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
+                       temperature: float) -> torch.Tensor:
+        with self.strategy.autocast():
+            logits = self.forward.response_logits(self.module, input_ids, attention_mask, response_len)
+        return logits.float() / temperature
 
     def response_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
                         ) -> torch.Tensor:

@@ -45,7 +45,7 @@ from rlcore.rollout import engine_spec
 from rlcore.trainer.common import model_spec, timer
 from rlcore.trainer.generation import generate_spec
 from rlcore.trainer.rollout_data import sample_rows
-from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner
+from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner, recomputes_old_log_probs
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.generator import GeneratorWorker
 from rlcore.workers.rollout import GenerateSpec
@@ -73,7 +73,7 @@ class AsyncRoundRunner(RoundRunner):
         super().__init__(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
         self.gens, self.steps = generators, steps
         self.max_staleness = cfg.ppo.async_.max_staleness
-        self.recompute_log_prob = cfg.actor.recompute_log_prob or self.max_staleness > 0
+        self.recompute_log_prob = recomputes_old_log_probs(cfg, cfg.actor.recompute_log_prob or self.max_staleness > 0)
         self.spec = generate_spec(cfg, temperature=cfg.rollout.temperature, seed=0)
         self.next_item = 0  # id of the next batch handed out (ids count up; a batch generated again keeps its id)
         self.outstanding: dict[int, tuple[np.ndarray, WorkItem]] = {}  # handed out, not trained on: prompt rows

@@ -30,7 +30,7 @@ import torch
 
 from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage
 from rlcore.algos.kl_control import controller_options, make_kl_controller
-from rlcore.algos.losses import PolicyLossOptions, kl_penalty
+from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions, kl_penalty
 from rlcore.algos.off_policy import importance_weights, off_policy_metrics
 from rlcore.config import Config
 from rlcore.controller.balance import balance_over_ranks
@@ -69,16 +69,29 @@ from rlcore.workers.optim import OptimSpec
 SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")
 ACTOR_UPDATE_KEYS = SEQUENCE_KEYS + ("old_log_probs", "ref_log_probs", "advantages")
 CRITIC_UPDATE_KEYS = SEQUENCE_KEYS + ("values", "returns")
-# The Batch field holding each data input an estimator may declare.
-ESTIMATOR_FIELDS = {"index": "uid", "values": "values", "reward_baselines": "reward_baselines"}
+# The Batch field holding each data input an estimator may declare. reward_components (float32 [batch,
+# n_components], each reward's unweighted sequence score) comes with several reward functions; a batch without it
+# gives gdpo one component, the token rewards' sum (see RoundRunner._estimator_input).
+ESTIMATOR_FIELDS = {"index": "uid", "values": "values", "reward_baselines": "reward_baselines",
+                    "reward_components": "reward_components", "old_log_probs": "old_log_probs",
+                    "sum_pi_squared": "sum_pi_squared"}
 
 
 def proximal_in_update(cfg: Config) -> bool:
     """Whether the proximal (old) log-probs, when they are recomputed, can be the actor update's own first forward
     instead of a forward of their own: one epoch of one mini-batch (so no optimizer step comes before any row's
-    forward), and nothing on the controller reads them (a KL penalty in the reward does)."""
+    forward), and nothing on the controller reads them (a KL penalty in the reward does, and an estimator that takes
+    them or sum pi^2)."""
     a = cfg.actor
-    return a.ppo_epochs == 1 and a.ppo_mini_batch_size >= cfg.ppo.train_batch_size and not cfg.algorithm.use_kl_in_reward
+    estimator = ESTIMATORS.get(cfg.algorithm.adv_estimator)
+    return (a.ppo_epochs == 1 and a.ppo_mini_batch_size >= cfg.ppo.train_batch_size and not cfg.algorithm.use_kl_in_reward
+            and not estimator.reads_old_log_probs and not estimator.needs_sum_pi_squared)
+
+
+def recomputes_old_log_probs(cfg: Config, proximal: bool) -> bool:
+    """Whether the round recomputes the old log-probs with a trainer forward (``proximal``: the round asks for the
+    proximal policy), which a loss whose old policy is the behaviour policy (``bypass_mode``) never does."""
+    return proximal and not POLICY_LOSSES.get(cfg.actor.policy_loss).old_is_behaviour
 
 
 def needs_reference(cfg: Config) -> bool:
@@ -94,7 +107,12 @@ def actor_update_spec(cfg: Config, seed: int) -> ActorUpdateSpec:
         clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
         clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
         clip_cov_ratio=a.clip_cov_ratio, clip_cov_lb=a.clip_cov_lb, clip_cov_ub=a.clip_cov_ub,
-        kl_cov_ratio=a.kl_cov_ratio, ppo_kl_coef=a.ppo_kl_coef)
+        kl_cov_ratio=a.kl_cov_ratio, ppo_kl_coef=a.ppo_kl_coef, sapo_tau_pos=a.sapo_tau_pos, sapo_tau_neg=a.sapo_tau_neg,
+        dro_beta=a.dro_beta, vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg,
+        vespo_lambda_neg=a.vespo_lambda_neg, bypass_loss_type=a.bypass.loss_type, bypass_is=a.bypass.rollout_is,
+        bypass_is_threshold=a.bypass.is_threshold, bypass_is_threshold_low=a.bypass.is_threshold_low,
+        bypass_rs=a.bypass.rollout_rs, bypass_rs_threshold=a.bypass.rs_threshold,
+        bypass_rs_threshold_low=a.bypass.rs_threshold_low)
     return ActorUpdateSpec(epochs=a.ppo_epochs, mini_batch_size=a.ppo_mini_batch_size * n // w,
                            micro_batch_size=a.micro_batch_size, grad_clip=a.grad_clip,
                            temperature=cfg.rollout.temperature, policy_loss=a.policy_loss, loss=loss,
@@ -168,14 +186,19 @@ class RoundRunner:
         self.log_prob_spec = LogProbSpec(cfg.actor.micro_batch_size, cfg.rollout.temperature)
         self.values_spec = ValuesSpec(cfg.critic.micro_batch_size)
         self.actor_spec, self.critic_spec = actor_update_spec(cfg, seed), critic_update_spec(cfg, seed)
+        self.rewards = reward_scorer(cfg)  # guarded reward functions; counts their errors and timeouts
+        # each reward component's weight, in the order of the batch's reward_components (functions, reward model)
+        weights = tuple(f.weight for f in self.rewards.functions) + (
+            (cfg.reward.model.weight,) if cfg.reward.model is not None else ())
         self.adv_options = AdvantageOptions(gamma=alg.gamma, lam=alg.lam,
-                                            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
+                                            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+                                            gdpo_batch_norm=alg.gdpo_batch_norm, handle_zero_tail=alg.handle_zero_tail,
+                                            reward_weights=weights)
         self.samples: list[dict] = []  # ppo.log_samples rows of every step so far (the rollouts file's rows)
         self.policy_version = 0  # actor updates so far: the version of the weights the next rollouts use
         self.last_batch = Batch()  # the last step's whole batch (rollouts, rewards, advantages), for inspection
-        self.rewards = reward_scorer(cfg)  # guarded reward functions; counts their errors and timeouts
         # the proximal policy's log-probs come from a trainer forward (else the rollout's are the old ones)
-        self.recompute_log_prob = cfg.actor.recompute_log_prob
+        self.recompute_log_prob = recomputes_old_log_probs(cfg, cfg.actor.recompute_log_prob)
         self.proximal_in_update = proximal_in_update(cfg)
 
     # ------------------------------------------------------------------ steps
@@ -250,12 +273,15 @@ class RoundRunner:
         sequences = batch.only(*SEQUENCE_KEYS)
         # fused: the update's own first forward is the proximal policy, no separate one (OffPolicySpec)
         fused = self.recompute_log_prob and self.proximal_in_update
-        if self.recompute_log_prob and not fused:
+        stats = self.estimator.needs_sum_pi_squared  # the forward also returns sum pi^2 (the optimal token baselines)
+        if (self.recompute_log_prob and not fused) or stats:
             with timer(t, "old_log_prob"):
-                batch = batch.union(self.actor.call(ActorRolloutRefWorker.compute_log_prob, sequences,
-                                                    self.log_prob_spec))
-            m.update(logprob_mismatch(batch))
-        elif not self.recompute_log_prob:  # the rollout ran the same weights: its log-probs are the old policy's
+                forward = self.actor.call(ActorRolloutRefWorker.compute_log_prob, sequences,
+                                          dataclasses.replace(self.log_prob_spec, sum_pi_squared=stats))
+            batch = batch.union(forward if self.recompute_log_prob else forward.only("sum_pi_squared"))
+            if self.recompute_log_prob:
+                m.update(logprob_mismatch(batch))
+        if not self.recompute_log_prob:  # the rollout ran the same weights: its log-probs are the old policy's
             batch = batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
         if alg.use_kl_in_reward:  # the rewards need them here; for the KL loss alone the update computes them
             with timer(t, "ref"):
@@ -330,7 +356,7 @@ class RoundRunner:
             token_rewards = token_rewards - self.kl_ctrl.value * kl
             metrics.update({"actor/reward_kl_penalty": seq_kl, "actor/reward_kl_coef": self.kl_ctrl.value})
             self.kl_ctrl.update(seq_kl, len(batch))
-        inputs = {name: batch[ESTIMATOR_FIELDS[name]] for name in self.estimator.inputs}
+        inputs = {name: self._estimator_input(batch, name, token_rewards) for name in self.estimator.inputs}
         adv, ret = compute_advantage(alg.adv_estimator, token_level_rewards=token_rewards, response_mask=mask,
                                      **inputs, **options_from(self.adv_options, self.estimator.options))
         fmask = mask.bool()
@@ -338,6 +364,15 @@ class RoundRunner:
                         "critic/advantages_std": adv[fmask].std().item() if fmask.sum() > 1 else 0.0,
                         "critic/returns_mean": ret[fmask].mean().item()})
         return batch.union(Batch({"token_level_rewards": token_rewards, "advantages": adv, "returns": ret})), metrics
+
+    @staticmethod
+    def _estimator_input(batch: Batch, name: str, token_rewards: torch.Tensor) -> Any:
+        """The batch field holding the estimator's data input ``name``. Without ``reward_components`` (one reward
+        function), gdpo gets one: the token rewards' sum (the scores, less an in-reward KL penalty), with the
+        default weight 1.0, so it is grpo's advantage whitened over the batch (verl's fallback too)."""
+        if name == "reward_components" and "reward_components" not in batch:
+            return token_rewards.sum(-1, keepdim=True)
+        return batch[ESTIMATOR_FIELDS[name]]
 
     def _rollout_metrics(self, batch: Batch, t: Metrics) -> Metrics:
         mask = batch["response_mask"]

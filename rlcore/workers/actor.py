@@ -55,6 +55,8 @@ class LogProbSpec:
     """Rows per forward on a rank."""
     temperature: float = 1.0
     """Logits are divided by it (the rollout's sampling temperature, as in verl)."""
+    sum_pi_squared: bool = False
+    """Also return ``sum_pi_squared``, each position's ``sum_v pi(v)^2`` (the optimal token baselines read it)."""
 
 
 @dataclass(frozen=True)
@@ -147,26 +149,32 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
 
     # -------------------------------------------------------------- log-probs
     def _log_probs(self, model: SequenceModel, batch: Batch, spec: LogProbSpec, with_entropy: bool) -> Batch:
-        logps, ents = [], []
+        logps, extra = [], []
         with torch.no_grad():
             for part in batch.split(spec.micro_batch_size):
                 ids, mask = sequences(part)
-                lp, ent = model.response_log_probs(ids.to(self.device), mask.to(self.device),
-                                                   part["responses"].to(self.device), temperature=spec.temperature,
-                                                   with_entropy=with_entropy)
+                args = (ids.to(self.device), mask.to(self.device), part["responses"].to(self.device))
+                if spec.sum_pi_squared:
+                    lp, more = model.response_log_probs_and_sum_pi_squared(*args, temperature=spec.temperature)
+                else:
+                    lp, more = model.response_log_probs(*args, temperature=spec.temperature, with_entropy=with_entropy)
                 logps.append(lp.cpu())
-                if ent is not None:
-                    ents.append(ent.cpu())
+                if more is not None:
+                    extra.append(more.cpu())
         out = {"log_probs": torch.cat(logps)}
-        if with_entropy:
-            out["entropy"] = torch.cat(ents)
+        if extra:
+            out["sum_pi_squared" if spec.sum_pi_squared else "entropy"] = torch.cat(extra)
         return Batch(out)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:
         """``old_log_probs`` of the responses under the actor (a training forward; the update computes the
-        entropy it logs itself)."""
-        return Batch({"old_log_probs": self._log_probs(self.actor, batch, spec, with_entropy=False)["log_probs"]})
+        entropy it logs itself), and ``sum_pi_squared`` with ``spec.sum_pi_squared``."""
+        out = self._log_probs(self.actor, batch, spec, with_entropy=False)
+        renamed = {"old_log_probs": out["log_probs"]}
+        if spec.sum_pi_squared:
+            renamed["sum_pi_squared"] = out["sum_pi_squared"]
+        return Batch(renamed)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:

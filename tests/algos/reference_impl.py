@@ -188,6 +188,75 @@ def remax(rewards, mask, baselines):
     return np.array(adv), np.array(returns)
 
 
+def gdpo(components, mask, index, weights=None, norm_by_std=True, eps=1e-6, batch_norm=True):
+    """Each component normalised in its group as GRPO does, weighted sum, then whitened over valid tokens."""
+    c, m = to_rows(components), to_rows(mask)
+    n = len(c[0])
+    weights = weights or [1.0] * n
+    total = [0.0] * len(c)
+    for k in range(n):
+        column = [[c[i][k]] for i in range(len(c))]
+        a, _ = grpo(column, [[1.0]] * len(c), index, norm_by_std, eps)
+        for i in range(len(c)):
+            total[i] += weights[k] * a[i][0]
+    adv = _broadcast(total, m)
+    if batch_norm:
+        adv = whiten(adv.tolist(), m)
+    return adv, adv
+
+
+def _otb(rewards, mask, index, old_logp, sum_pi_sq, zero_tail, compact):
+    """Optimal token baseline on per-row token lists: absolute positions, or (``compact``) the valid tokens
+    of each row in order, rows without one leaving their group."""
+    r, m, lp, s2 = to_rows(rewards), to_rows(mask), to_rows(old_logp), to_rows(sum_pi_sq)
+    B, T = len(r), len(r[0])
+    G = [[sum(r[i][u] for u in range(t, T) if m[i][u]) for t in range(T)] for i in range(B)]
+    W = []
+    for i in range(B):
+        acc, row = 0.0, []
+        for t in range(T):
+            if m[i][t]:
+                acc += 1.0 - 2.0 * math.exp(lp[i][t]) + s2[i][t]
+            row.append(acc)
+        W.append(row)
+    # each row as the list of (position, valid) it is aligned on
+    slots = [[t for t in range(T) if m[i][t]] if compact else list(range(T)) for i in range(B)]
+    valid = [[1.0] * len(slots[i]) if compact else [m[i][t] for t in range(T)] for i in range(B)]
+    adv = [[0.0] * T for _ in range(B)]
+    groups = {}
+    for i, key in enumerate(_keys(index)):
+        if not compact or slots[i]:
+            groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        lengths = {i: sum(valid[i]) for i in members}
+        width = max(len(slots[i]) for i in members)
+        base = [0.0] * width
+        if len(members) > 1:
+            for k in range(width):
+                num = sum(G[i][slots[i][k]] * W[i][slots[i][k]] * valid[i][k] for i in members if k < len(slots[i]))
+                den = sum(W[i][slots[i][k]] * valid[i][k] for i in members if k < len(slots[i]))
+                base[k] = num / (den + 1e-8)
+        ordered = sorted(lengths.values())
+        for i in members:
+            own = list(base)
+            if zero_tail and len(members) > 1 and ordered[-1] > ordered[-2] and lengths[i] == ordered[-1]:
+                for k in range(int(ordered[-2]), width):
+                    own[k] = 0.0
+            for k, t in enumerate(slots[i]):
+                if m[i][t]:
+                    adv[i][t] = G[i][t] - own[k]
+    returns = [[G[i][t] if m[i][t] else 0.0 for t in range(T)] for i in range(B)]
+    return np.array(adv), np.array(returns)
+
+
+def optimal_token_baseline(rewards, mask, index, old_logp, sum_pi_sq, zero_tail=True):
+    return _otb(rewards, mask, index, old_logp, sum_pi_sq, zero_tail, compact=False)
+
+
+def tir_optimal_token_baseline(rewards, mask, index, old_logp, sum_pi_sq, zero_tail=True):
+    return _otb(rewards, mask, index, old_logp, sum_pi_sq, zero_tail, compact=True)
+
+
 # ------------------------------------------------------------------ KL, aggregation
 
 
@@ -217,7 +286,7 @@ def agg(loss_mat, mask, mode, loss_scale_factor=None):
     seq-mean-token-sum-norm is seq-mean-token-sum divided by a constant (default: the row width)."""
     l, m = to_rows(loss_mat), to_rows(mask)
     total = sum(l[i][t] for i in range(len(l)) for t in range(len(l[i])) if m[i][t])
-    if mode == "token-mean":
+    if mode in ("token-mean", "bnpo"):
         return total / sum(sum(row) for row in m)
     if mode == "token-sum":
         return total
@@ -384,6 +453,127 @@ def kl_cov(old, logp, adv, mask, mode, ratio, coef, lsf=None):
     abs_kl = [[abs(p[i][t] - o[i][t]) for t in range(len(p[i]))] for i in range(len(p))]
     metrics = {"pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": _masked_mean(abs_kl, m)}
     return agg(losses, m, mode, lsf), metrics
+
+
+def dppo(old, logp, adv, mask, mode, low, high, c, divergence, lsf=None):
+    """DPPO: -A min(r, c) logp on the tokens inside the binary TV or KL trust region, 0 elsewhere."""
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    losses, outside, truncated, neg_kl = [], [], [], []
+    for i in range(len(p)):
+        l_row, out_row, tr_row, k_row = [], [], [], []
+        for t in range(len(p[i])):
+            d = min(max(p[i][t] - o[i][t], -20.0), 20.0)
+            ratio = math.exp(d)
+            q, q_old = math.exp(p[i][t]), math.exp(o[i][t])
+            if divergence == "tv":
+                ok = (q - q_old <= high) if a[i][t] > 0 else (q - q_old >= -low)
+            else:
+                bkl = q_old * (o[i][t] - p[i][t]) + (1 - q_old) * math.log((1 - q_old + 1e-8) / (1 - q + 1e-8))
+                ok = (bkl <= high or q <= q_old) if a[i][t] > 0 else (bkl <= low or q >= q_old)
+            l_row.append(-a[i][t] * min(ratio, c) * p[i][t] if ok else 0.0)
+            out_row.append(0.0 if ok else 1.0)
+            tr_row.append(1.0 if (ok and ratio > c) else 0.0)
+            k_row.append(-d)
+        for acc, row in zip((losses, outside, truncated, neg_kl), (l_row, out_row, tr_row, k_row)):
+            acc.append(row)
+    metrics = {"pg_clipfrac": _masked_mean(outside, m), "pg_clipfrac_lower": _masked_mean(truncated, m),
+               "ppo_kl": _masked_mean(neg_kl, m)}
+    return agg(losses, m, mode, lsf), metrics
+
+
+def sapo(old, logp, adv, mask, tau_pos, tau_neg):
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    losses = []
+    for i in range(len(p)):
+        row = []
+        for t in range(len(p[i])):
+            ratio = math.exp(min(max(p[i][t] - o[i][t], -20.0), 20.0))
+            tau = tau_pos if a[i][t] > 0 else tau_neg
+            gate = 4.0 / tau / (1.0 + math.exp(-tau * (ratio - 1.0)))
+            row.append(-gate * a[i][t])
+        losses.append(row)
+    return agg(losses, m, "seq-mean-token-mean")
+
+
+def dro(old, logp, adv, mask, mode, beta, lsf=None):
+    o, p, a = to_rows(old), to_rows(logp), to_rows(adv)
+    losses = [[-(p[i][t] * a[i][t] - 0.5 * beta * (p[i][t] - o[i][t]) ** 2) for t in range(len(p[i]))]
+              for i in range(len(p))]
+    return agg(losses, mask, mode, lsf)
+
+
+def luspo(old, logp, adv, mask, low, high):
+    """(1/B) sum over rows of L_i * max(-A s_i, -A clip(s_i)), s_i the geometric mean token ratio; with
+    per-token advantages, the sum over the row's valid tokens."""
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    total = 0.0
+    for i in range(len(p)):
+        valid = [t for t in range(len(p[i])) if m[i][t]]
+        s = math.exp(min(sum(p[i][t] - o[i][t] for t in valid) / max(len(valid), 1), 10.0))
+        sc = min(max(s, 1 - low), 1 + high)
+        total += sum(max(-a[i][t] * s, -a[i][t] * sc) for t in valid)
+    return total / len(p)
+
+
+def vespo(old, logp, adv, mask, mode, k_pos, lam_pos, k_neg, lam_neg, lsf=None):
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    losses = []
+    for i in range(len(p)):
+        log_w = sum(min(max(p[i][t] - o[i][t], -20.0), 20.0) for t in range(len(p[i])) if m[i][t])
+        log_w = min(max(log_w, math.log(1e-8)), 20.0)
+        row = []
+        for t in range(len(p[i])):
+            k, lam = (k_pos, lam_pos) if a[i][t] >= 0 else (k_neg, lam_neg)
+            lam = max(lam, 1e-4)
+            phi = math.exp(lam) * math.exp(log_w) ** k * math.exp(-lam * math.exp(log_w))
+            row.append(-phi * a[i][t] * p[i][t])
+        losses.append(row)
+    return agg(losses, m, mode, lsf)
+
+
+def _divergence(kind, d):
+    return {"k1": -d, "k2": 0.5 * d * d, "k3": math.exp(d) - 1.0 - d}[kind]
+
+
+def bypass(old, logp, adv, mask, mode, loss_type, is_level, is_upper, is_lower, rs, rs_upper, rs_lower,
+           low, high, c, lsf=None):
+    """IS weights and rejection between logp and the rollout's old log-probs, token by token."""
+    o, p, a, m = to_rows(old), to_rows(logp), to_rows(adv), to_rows(mask)
+    B, T = len(p), len(p[0])
+    d = [[min(max(p[i][t] - o[i][t], -20.0), 20.0) for t in range(T)] for i in range(B)]
+    weights, keep = [], []
+    for i in range(B):
+        valid = [t for t in range(T) if m[i][t]]
+        seq = min(max(sum(p[i][t] - o[i][t] for t in valid), -20.0), 20.0)
+        w_row, k_row = [], []
+        for t in range(T):
+            raw = {"token": math.exp(d[i][t]), "sequence": math.exp(seq), "none": 1.0}[is_level] if m[i][t] else 0.0
+            if is_level != "none":
+                raw = min(raw, is_upper) if is_lower is None else (raw if is_lower <= raw <= is_upper else 0.0)
+            w_row.append(raw)
+            if rs is None:
+                k_row.append(1.0)
+                continue
+            level, kind = rs.rsplit("_", 1)
+            stats = [_divergence(kind, d[i][u]) for u in valid]
+            stat = {"token": _divergence(kind, d[i][t]), "seq_sum": sum(stats),
+                    "seq_mean": sum(stats) / max(len(stats), 1), "seq_max": max(stats) if stats else 0.0}[level]
+            if kind == "k1":
+                lo = 1.0 / rs_upper if rs_lower is None else rs_lower
+                ok = math.log(lo) <= stat <= math.log(rs_upper)
+            else:
+                ok = stat <= rs_upper
+            k_row.append(1.0 if ok else 0.0)
+        weights.append(w_row)
+        keep.append(k_row)
+    masked_adv = [[a[i][t] * keep[i][t] for t in range(T)] for i in range(B)]
+    if loss_type == "reinforce":
+        losses = [[-masked_adv[i][t] * weights[i][t] * p[i][t] for t in range(T)] for i in range(B)]
+        loss = agg(losses, m, mode, lsf)
+    else:
+        loss, _ = vanilla(old, logp, masked_adv, mask, mode, low, high, c, lsf)
+    return loss, {"is_weight_mean": _masked_mean(weights, m), "rejected_frac": _masked_mean(
+        [[1.0 - v for v in row] for row in keep], m)}
 
 
 def value_loss(vpreds, returns, values, mask, clip):

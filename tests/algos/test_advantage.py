@@ -10,6 +10,7 @@ import torch
 from numpy.testing import assert_allclose
 
 from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage, register_estimator
+from rlcore.algos.masked import masked_whiten
 from rlcore.registry import options_from
 
 from . import reference_impl as ref
@@ -33,10 +34,28 @@ def run(estimator, rewards, mask, **kw):
     return compute_advantage(estimator, token_level_rewards=rewards, response_mask=mask, **kw)
 
 
-def run_declared(estimator, rewards, mask, *, index=None, values=None, reward_baselines=None, **options):
-    """As the trainer calls an estimator: exactly the inputs and options it declares."""
+def policy_stats(mask, seed=0, vocab=5):
+    """``(old_log_probs, sum_pi_squared)`` ``[batch, response_len]`` of random softmax distributions over
+    ``vocab`` tokens and a random sampled token at each position (what a log-prob forward returns)."""
+    gen = torch.Generator().manual_seed(500 + seed)
+    logits = torch.randn(*mask.shape, vocab, generator=gen, dtype=F64) * 1.5
+    token = torch.randint(0, vocab, mask.shape, generator=gen)
+    log_pi = torch.log_softmax(logits, -1)
+    return log_pi.gather(-1, token.unsqueeze(-1)).squeeze(-1), log_pi.exp().square().sum(-1)
+
+
+def run_declared(estimator, rewards, mask, *, index=None, values=None, reward_baselines=None,
+                 reward_components=None, old_log_probs=None, sum_pi_squared=None, **options):
+    """As the trainer calls an estimator: exactly the inputs and options it declares (policy statistics drawn
+    from ``policy_stats`` and the row sums as the one reward component when not given)."""
     entry = ESTIMATORS.get(estimator)
-    available = {"index": index, "values": values, "reward_baselines": reward_baselines}
+    if old_log_probs is None:
+        old_log_probs, sum_pi_squared = policy_stats(mask)
+    if reward_components is None:
+        reward_components = rewards.sum(-1, keepdim=True)
+    available = {"index": index, "values": values, "reward_baselines": reward_baselines,
+                 "reward_components": reward_components, "old_log_probs": old_log_probs,
+                 "sum_pi_squared": sum_pi_squared}
     inputs = {k: available[k] for k in entry.inputs}
     return run(estimator, rewards, mask, **inputs, **options_from(AdvantageOptions(**options), entry.options))
 
@@ -201,6 +220,10 @@ def test_missing_required_inputs_name_the_argument():
     for estimator in GROUP_ESTIMATORS:
         with pytest.raises(ValueError, match="index"):
             run(estimator, rewards, mask)
+    with pytest.raises(ValueError, match="'reward_components'"):
+        run("gdpo", rewards, mask, index=["a"] * len(rewards))
+    with pytest.raises(ValueError, match="'old_log_probs', 'sum_pi_squared'"):
+        run("optimal_token_baseline", rewards, mask, index=["a"] * len(rewards))
 
 
 def test_unknown_estimator_lists_allowed_names():
@@ -222,11 +245,18 @@ def test_duplicate_estimator_name_refused():
 
 def test_each_estimator_declares_what_it_needs():
     needs = {name: sorted(ESTIMATORS.get(name).inputs) for name in ESTIMATORS}
+    otb = ["index", "old_log_probs", "sum_pi_squared"]
     assert needs == {"gae": ["values"], "grpo": ["index"], "grpo_passk": ["index"], "rloo": ["index"],
                      "reinforce_plus_plus": [], "reinforce_plus_plus_baseline": ["index"],
-                     "remax": ["reward_baselines"], "opo": ["index"], "gpg": ["index"]}
+                     "remax": ["reward_baselines"], "opo": ["index"], "gpg": ["index"],
+                     "gdpo": ["index", "reward_components"], "optimal_token_baseline": otb,
+                     "tir_optimal_token_baseline": otb}
     assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_critic] == ["gae"]
     assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_greedy_baseline] == ["remax"]
+    assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_sum_pi_squared] == \
+        ["optimal_token_baseline", "tir_optimal_token_baseline"]
+    assert sorted(ESTIMATORS.get("gdpo").options) == ["epsilon", "gdpo_batch_norm", "norm_adv_by_std_in_grpo",
+                                                      "reward_weights"]
     assert sorted(ESTIMATORS.get("gae").options) == ["gamma", "lam"]
     assert sorted(ESTIMATORS.get("grpo").options) == ["epsilon", "norm_adv_by_std_in_grpo"]
 
@@ -259,7 +289,7 @@ def test_an_unexpected_keyword_is_an_error_naming_it():
 def test_all_spec_estimators_registered():
     assert set(ESTIMATORS.names()) >= {
         "gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-        "remax", "opo", "gpg",
+        "remax", "opo", "gpg", "gdpo", "optimal_token_baseline", "tir_optimal_token_baseline",
     }
 
 
@@ -284,6 +314,10 @@ SEEDS = [0, 1, 2]
 
 
 def _reference(estimator, rewards, mask, values, index, baselines, gamma, lam, norm):
+    if estimator == "gdpo":
+        return ref.gdpo(rewards.sum(-1, keepdim=True), mask, index, norm_by_std=norm)
+    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        return getattr(ref, estimator)(rewards, mask, index, *policy_stats(mask))
     if estimator == "gae":
         return ref.gae(rewards, values, mask, gamma, lam)
     if estimator == "grpo":
@@ -305,9 +339,10 @@ def _reference(estimator, rewards, mask, values, index, baselines, gamma, lam, n
     raise AssertionError(estimator)
 
 
-# norm_adv_by_std_in_grpo only affects grpo / grpo_passk
+# norm_adv_by_std_in_grpo only affects grpo / grpo_passk / gdpo
 CASES = [
-    (e, n) for e in sorted(ESTIMATORS.names()) for n in ((True, False) if e in ("grpo", "grpo_passk") else (True,))
+    (e, n) for e in sorted(ESTIMATORS.names())
+    for n in ((True, False) if e in ("grpo", "grpo_passk", "gdpo") else (True,))
 ]
 
 
@@ -328,13 +363,15 @@ def test_matches_reference(estimator, seed, norm):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("estimator", ["gae", "reinforce_plus_plus", "remax"])
+@pytest.mark.parametrize("estimator", ["gae", "reinforce_plus_plus", "remax", "gdpo", "optimal_token_baseline",
+                                       "tir_optimal_token_baseline"])
 def test_token_estimators_match_reference_with_observation_tokens(estimator, seed):
     """Masks with holes inside a response (tool output, observation tokens): the discounted
     estimators skip them, carrying the return across (verl's current REINFORCE++ and GAE)."""
     rewards, mask, values, index, _ = ref.random_batch(seed=seed, holes=True)
     baselines = rewards[:, 0] * 0.5
-    adv, ret = run_declared(estimator, rewards, mask, values=values, reward_baselines=baselines, gamma=0.9, lam=0.8)
+    adv, ret = run_declared(estimator, rewards, mask, index=index, values=values, reward_baselines=baselines, gamma=0.9,
+                            lam=0.8)
     exp_adv, exp_ret = _reference(estimator, rewards, mask, values, index, baselines, 0.9, 0.8, True)
     assert_allclose(adv.numpy(), exp_adv, atol=1e-5, rtol=1e-5)
     assert_allclose(ret.numpy(), exp_ret, atol=1e-5, rtol=1e-5)
@@ -359,3 +396,147 @@ def test_float32_inputs_work():
     assert_allclose(adv.numpy(), exp_adv, atol=1e-4)
     adv, _ = run("grpo", rewards, mask.bool(), index=index)
     assert adv.dtype == torch.float32
+
+
+# ------------------------------------------------------------------ gdpo
+
+
+def test_gdpo_keeps_apart_what_grpo_collapses_by_hand():
+    """GDPO's motivating case (its Figure 2): two binary rewards, two rollouts per prompt. Prompt p gets
+    component scores (0, 0) and (1, 0), prompt q (0, 0) and (1, 1). GRPO on the sums (0, 1) and (0, 2) gives both
+    groups the same advantages; GDPO credits q's better rollout twice as much."""
+    components = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]], dtype=F64)
+    rewards, mask = outcome_rewards(components.sum(-1).tolist(), [1, 1, 1, 1], 1)
+    index = ["p", "p", "q", "q"]
+    grpo, _ = run("grpo", rewards, mask, index=index)
+    assert_allclose(grpo[:2, 0].numpy(), grpo[2:, 0].numpy(), atol=1e-6)  # collapsed (up to eps in the std)
+    a = 0.5 / (math.sqrt(0.5) + EPS)  # (1 - 1/2) / (unbiased std of (0, 1) + eps)
+    gdpo, _ = run("gdpo", rewards, mask, index=index, reward_components=components, gdpo_batch_norm=False)
+    assert_allclose(gdpo[:, 0].numpy(), [-a, a, -2 * a, 2 * a], atol=1e-12)
+    # the batch whitening: mean 0, unbiased variance (a^2 + a^2 + 4a^2 + 4a^2) / 3 over the four tokens
+    whitened, _ = run("gdpo", rewards, mask, index=index, reward_components=components)
+    scale = 1.0 / math.sqrt(10 * a * a / 3 + 1e-8)
+    assert_allclose(whitened[:, 0].numpy(), [-a * scale, a * scale, -2 * a * scale, 2 * a * scale], atol=1e-12)
+    weighted, _ = run("gdpo", rewards, mask, index=index, reward_components=components, reward_weights=(1.0, 3.0),
+                      gdpo_batch_norm=False)
+    assert_allclose(weighted[:, 0].numpy(), [-a, a, -4 * a, 4 * a], atol=1e-12)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_gdpo_with_one_component_is_grpo_then_whitened(norm):
+    """The trainer's fallback (no reward components: the sequence scores, weight 1): without the batch
+    whitening GDPO is GRPO exactly; with it, GRPO's advantages whitened over the valid tokens."""
+    rewards, mask, _, index, _ = ref.random_batch(seed=3, holes=True)
+    grpo, _ = run("grpo", rewards, mask, index=index, norm_adv_by_std_in_grpo=norm)
+    scores = rewards.sum(-1, keepdim=True)
+    plain, _ = run("gdpo", rewards, mask, index=index, reward_components=scores, reward_weights=(1.0,),
+                   norm_adv_by_std_in_grpo=norm, gdpo_batch_norm=False)
+    assert torch.equal(plain, grpo)
+    whitened, _ = run("gdpo", rewards, mask, index=index, reward_components=scores, norm_adv_by_std_in_grpo=norm)
+    assert_allclose(whitened.numpy(), (masked_whiten(grpo, mask) * mask).numpy(), atol=1e-12)
+
+
+def test_gdpo_refuses_mismatched_components_and_weights():
+    rewards, mask, _, index, _ = ref.random_batch(seed=0)
+    comps = torch.zeros(len(rewards), 2, dtype=F64)
+    with pytest.raises(ValueError, match="3 reward_weights for 2 reward components"):
+        run("gdpo", rewards, mask, index=index, reward_components=comps, reward_weights=(1.0, 1.0, 1.0))
+    with pytest.raises(ValueError, match=r"reward_components must be \[batch=10"):
+        run("gdpo", rewards, mask, index=index, reward_components=comps[:3])
+
+
+# ---------------------------------------------------------- optimal token baseline
+
+
+def test_optimal_token_baseline_by_hand():
+    """Two responses of length 2; rewards 1 and 0 on the last token. Row 0 samples tokens with pi = 0.5 from a
+    distribution with sum pi^2 = 0.5 (w = 1 - 1 + 0.5 = 0.5 per token, W = 0.5, 1.0); row 1 with pi = 0.25
+    (w = 1 - 0.5 + 0.5 = 1.0, W = 1, 2). B_0 = 1 * 0.5 / 1.5 = 1/3 and B_1 = 1 * 1 / 3 = 1/3 (the 1e-8 aside):
+    A = 2/3 on row 0, -1/3 on row 1. Groups of one keep their returns."""
+    rewards, mask = outcome_rewards([1.0, 0.0, 2.0], [2, 2, 2], 2)
+    old = torch.log(torch.tensor([[0.5, 0.5], [0.25, 0.25], [0.5, 0.5]], dtype=F64))
+    sum_sq = torch.full((3, 2), 0.5, dtype=F64)
+    adv, ret = run("optimal_token_baseline", rewards, mask, index=["g", "g", "solo"], old_log_probs=old,
+                   sum_pi_squared=sum_sq)
+    assert_allclose(adv.numpy(), [[2 / 3, 2 / 3], [-1 / 3, -1 / 3], [2.0, 2.0]], atol=1e-7)
+    assert_allclose(ret.numpy(), [[1, 1], [0, 0], [2, 2]], atol=0)
+
+
+def test_optimal_token_baseline_zero_tail_by_hand():
+    """Lengths 1 and 2: position 1 only has the longer response, whose baseline there would be its own
+    return (advantage 0); the zero tail gives it baseline 0 instead (advantage = its return)."""
+    rewards, mask = outcome_rewards([1.0, 3.0], [1, 2], 2)
+    old = torch.log(torch.full((2, 2), 0.5, dtype=F64))
+    sum_sq = torch.full((2, 2), 0.5, dtype=F64)  # w = 0.5 everywhere: B_0 = (1 * 0.5 + 3 * 0.5) / 1 = 2
+    kw = dict(index=["g", "g"], old_log_probs=old, sum_pi_squared=sum_sq)
+    adv, _ = run("optimal_token_baseline", rewards, mask, **kw)
+    assert_allclose(adv.numpy(), [[-1.0, 0.0], [1.0, 3.0]], atol=1e-7)
+    adv, _ = run("optimal_token_baseline", rewards, mask, handle_zero_tail=False, **kw)
+    assert_allclose(adv.numpy(), [[-1.0, 0.0], [1.0, 0.0]], atol=1e-7)
+
+
+def test_tir_optimal_token_baseline_aligns_valid_tokens_by_hand():
+    """Row 0 = [valid, observation, valid], row 1 = [valid, valid, pad]; reward 1 on row 0's last valid token,
+    0 on row 1; w = 0.5 everywhere. By position, position 2 holds only row 0 (zero tail: baseline 0) and position 1
+    only row 1; by valid token, both rows have tokens 0 and 1 and share B_k = 1 * W / (2 W) = 1/2."""
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], dtype=F64)
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]], dtype=F64)
+    kw = dict(index=["g", "g"], old_log_probs=torch.log(torch.full((2, 3), 0.5, dtype=F64)),
+              sum_pi_squared=torch.full((2, 3), 0.5, dtype=F64))
+    tir, ret = run("tir_optimal_token_baseline", rewards, mask, **kw)
+    assert_allclose(tir.numpy(), [[0.5, 0.0, 0.5], [-0.5, -0.5, 0.0]], atol=1e-7)
+    assert_allclose(ret.numpy(), [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]], atol=0)
+    by_position, _ = run("optimal_token_baseline", rewards, mask, **kw)  # equal lengths (2, 2): no zero tail
+    assert_allclose(by_position.numpy(), [[0.5, 0.0, 0.0], [-0.5, 0.0, 0.0]], atol=1e-7)
+
+
+def test_tir_optimal_token_baseline_leaves_empty_rows_out_of_their_group():
+    """A group of a response and an empty row: the response is alone (baseline 0, advantage = its return) in
+    the multi-turn form; the positional form counts the empty row, which contributes no weight, so the response
+    is its own baseline (advantage 0)."""
+    rewards, mask = outcome_rewards([2.0, 0.0], [2, 1], 2)
+    mask[1] = 0.0
+    kw = dict(index=["g", "g"], old_log_probs=torch.log(torch.full((2, 2), 0.5, dtype=F64)),
+              sum_pi_squared=torch.full((2, 2), 0.5, dtype=F64))
+    tir, _ = run("tir_optimal_token_baseline", rewards, mask, handle_zero_tail=False, **kw)
+    assert_allclose(tir.numpy(), [[2.0, 2.0], [0.0, 0.0]], atol=1e-7)
+    positional, _ = run("optimal_token_baseline", rewards, mask, handle_zero_tail=False, **kw)
+    assert_allclose(positional.numpy(), [[0.0, 0.0], [0.0, 0.0]], atol=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baseline_with_equal_weights_is_the_group_mean_return(estimator):
+    """Property: with the same realised energy on every token of every response (here pi = 0.5, sum pi^2 =
+    0.5) and equal lengths, B_t is the group's mean reward-to-go at t, so the advantages of a group sum to 0 at
+    every position."""
+    gen = torch.Generator().manual_seed(9)
+    rewards = torch.randn(6, 4, generator=gen, dtype=F64)
+    mask = torch.ones(6, 4, dtype=F64)
+    index = ["a"] * 3 + ["b"] * 3
+    adv, ret = run(estimator, rewards, mask, index=index, old_log_probs=torch.log(torch.full((6, 4), 0.5, dtype=F64)),
+                   sum_pi_squared=torch.full((6, 4), 0.5, dtype=F64))
+    for rows in (slice(0, 3), slice(3, 6)):
+        assert_allclose(adv[rows].sum(0).numpy(), 0.0, atol=1e-7)
+        assert_allclose((ret[rows] - adv[rows]).numpy(), ret[rows].mean(0, keepdim=True).expand(3, 4).numpy(),
+                        atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("estimator", ["gdpo", "optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_new_estimators_match_reference_with_empty_rows_and_components(estimator, seed):
+    """Holes, a group of one, and two rows without a valid token (one in a group of two, whose other row is then
+    alone in the multi-turn form); gdpo with three weighted reward components."""
+    rewards, mask, _, index, _ = ref.random_batch(seed=seed, group_sizes=(3, 2, 1, 4), holes=True)
+    mask[4] = 0.0  # the second row of the pair
+    mask[7] = 0.0  # a row of the group of four
+    stats = policy_stats(mask, seed)
+    if estimator == "gdpo":
+        comps = torch.randn(len(rewards), 3, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        adv, ret = run("gdpo", rewards, mask, index=index, reward_components=comps, reward_weights=(1.0, 0.5, 2.0))
+        exp_adv, exp_ret = ref.gdpo(comps, mask, index, weights=[1.0, 0.5, 2.0])
+    else:
+        adv, ret = run(estimator, rewards, mask, index=index, old_log_probs=stats[0], sum_pi_squared=stats[1])
+        exp_adv, exp_ret = getattr(ref, estimator)(rewards, mask, index, *stats)
+    assert_allclose(adv.numpy(), exp_adv, atol=1e-9, rtol=1e-9)
+    assert_allclose(ret.numpy(), exp_ret, atol=1e-9, rtol=1e-9)
+    assert torch.all(adv[4] == 0) and torch.all(adv[7] == 0)

@@ -26,7 +26,10 @@ from rlcore.registry import options_from
 from . import reference_impl as ref
 
 F64 = torch.float64
-AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "bnpo"]
+
+
+NEW_LOSSES = ("dppo_tv", "dppo_kl", "sapo", "dro", "luspo", "vespo", "bypass_mode")
 
 
 def t(rows):
@@ -340,7 +343,8 @@ def test_registries_refuse_duplicates_and_list_names():
 
 
 def test_all_spec_names_registered():
-    assert set(POLICY_LOSSES.names()) >= {"vanilla", "gspo", "geo_mean", "gpg", "cispo", "clip_cov", "kl_cov"}
+    assert set(POLICY_LOSSES.names()) >= {"vanilla", "gspo", "geo_mean", "gpg", "cispo", "clip_cov", "kl_cov",
+                                          "dppo_tv", "dppo_kl", "sapo", "dro", "luspo", "vespo", "bypass_mode"}
     assert set(KL_ESTIMATORS.names()) >= {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k3+", "low_var_kl+"}
     assert set(LOSS_AGG_MODES.names()) == set(AGG_MODES)
 
@@ -397,13 +401,15 @@ def test_micro_batches_on_ranks_add_up_to_the_global_aggregate(agg):
     assert_allclose(float(sum(per_rank) / 2), ref.agg(loss_mat, mask, agg), atol=1e-9, rtol=1e-9)
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "geo_mean", "cispo"])
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "geo_mean", "cispo", "dppo_tv", "dppo_kl", "sapo", "dro", "luspo",
+                                  "vespo", "bypass_mode"])
 def test_policy_loss_gradient_is_the_same_in_micro_batches(mode):
     """The gradient of a loss over the whole batch equals the summed gradients of its micro-batches
     computed with the global normalisers, also for gspo and geo_mean whose own aggregation is a
     sequence mean while the configured mode is token-mean."""
     old, new, adv, mask = loss_inputs(seed=6, group_sizes=(3, 3))
     adv = adv[:, :1].expand_as(adv).clone()
+    new = new.clamp(max=-1e-3)
     whole = new.clone().requires_grad_(True)
     call_with(mode, old, whole, adv, mask)[0].backward()
     parts = new.clone().requires_grad_(True)
@@ -429,6 +435,19 @@ def _reference_loss(mode, old, new, adv, mask, agg, low, high, c, lsf):
         return ref.clip_cov(old, new, adv, mask, agg, low, high, 0.15, 0.05, 5.0, lsf)
     if mode == "kl_cov":
         return ref.kl_cov(old, new, adv, mask, agg, 0.15, 2.0, lsf)
+    if mode in ("dppo_tv", "dppo_kl"):
+        return ref.dppo(old, new, adv, mask, agg, low, high, c, mode[-2:], lsf)
+    if mode == "sapo":
+        return ref.sapo(old, new, adv, mask, 1.0, 1.05), {}
+    if mode == "dro":
+        return ref.dro(old, new, adv, mask, agg, 0.05, lsf), {}
+    if mode == "luspo":
+        return ref.luspo(old, new, adv, mask, low, high), {}
+    if mode == "vespo":
+        return ref.vespo(old, new, adv, mask, agg, 2.0, 3.0, 3.0, 2.0, lsf), {}
+    if mode == "bypass_mode":  # defaults: ppo_clip, sequence weights truncated at 2 (reported only), no rejection
+        return ref.bypass(old, new, adv, mask, agg, "ppo_clip", "sequence", 2.0, None, None, 2.0, None, low, high, c,
+                          lsf)
     raise AssertionError(mode)
 
 
@@ -437,8 +456,10 @@ def _reference_loss(mode, old, new, adv, mask, agg, low, high, c, lsf):
 @pytest.mark.parametrize("mode", sorted(POLICY_LOSSES.names()))
 def test_policy_losses_match_reference(mode, agg, seed):
     old, new, adv, mask = loss_inputs(seed)
-    if mode in ("gspo", "geo_mean"):  # sequence-level advantages, as these methods assume
+    if mode in ("gspo", "geo_mean", "luspo"):  # sequence-level advantages, as these methods assume
         adv = adv[:, :1].expand_as(adv).clone()
+    if mode in NEW_LOSSES:  # log-probs: the random ones may exceed 0, and the binary KL needs p < 1
+        new = new.clamp(max=-1e-3)
     low, high, c, lsf = 0.2, 0.28, 3.0, 5.0
     loss, metrics = call_with(mode, old, new, adv, mask, loss_agg_mode=agg, loss_scale_factor=lsf, clip_ratio_low=low,
                               clip_ratio_high=high, clip_ratio_c=c, clip_cov_ratio=0.15, clip_cov_lb=0.05,
@@ -471,3 +492,176 @@ def test_reference_inputs_exercise_clipping():
     fractions = [call("vanilla", *loss_inputs(seed))[1] for seed in SEEDS]
     assert sum(float(m["pg_clipfrac"]) for m in fractions) > 0
     assert sum(float(m["pg_clipfrac_lower"]) for m in fractions) > 0
+
+
+def test_reference_inputs_exercise_the_new_losses_branches():
+    """Guard: on the reference inputs DPPO's trust region leaves tokens out and truncates ratios inside it,
+    and VESPO's weights are far from 1 (the sequences' ratios are)."""
+    for mode in ("dppo_tv", "dppo_kl"):
+        truncated = 0.0
+        for seed in SEEDS:
+            old, new, adv, mask = loss_inputs(seed)
+            _, m = call(mode, old, new.clamp(max=-1e-3), adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)
+            assert 0 < float(m["pg_clipfrac"]) < 0.9
+            truncated += float(m["pg_clipfrac_lower"])
+        assert truncated > 0
+    old, new, adv, mask = loss_inputs(0)
+    seq = ((new - old) * mask).sum(-1).exp()
+    assert seq.min() < 0.3 and seq.max() > 2.5
+
+
+# ------------------------------------------------------------------ new losses by hand
+
+
+def test_dppo_tv_trust_region_by_hand():
+    """p_old = 0.5 everywhere. Token 0 rises to 0.7 (+0.2 > 0.15) with A > 0: outside; token 1 rises to 0.6 with
+    A > 0: inside, l = -A min(1.2, c) logp; token 2 falls to 0.3 (-0.2 < -0.15) with A < 0: outside; token 3
+    rises to 0.7 with A < 0: inside (only falls are bounded for A < 0)."""
+    old = torch.log(t([[0.5, 0.5, 0.5, 0.5]]))
+    new = torch.log(t([[0.7, 0.6, 0.3, 0.7]])).requires_grad_(True)
+    adv, mask = t([[1.0, 2.0, -1.0, -3.0]]), t([[1, 1, 1, 1]])
+    loss, m = call("dppo_tv", old, new, adv, mask, clip_ratio_low=0.15, clip_ratio_high=0.15, clip_ratio_c=1.3)
+    expected = (-2.0 * 1.2 * math.log(0.6) + 3.0 * 1.3 * math.log(0.7)) / 4  # token 3's ratio 1.4 truncated at 1.3
+    assert_allclose(loss.item(), expected, rtol=1e-12)
+    assert_allclose(float(m["pg_clipfrac"]), 0.5) and assert_allclose(float(m["pg_clipfrac_lower"]), 0.25)
+    loss.backward()  # d/dlogp: -A w [inside] / N, with w = min(r, c) held constant
+    assert_allclose(new.grad.numpy(), [[0.0, -2.0 * 1.2 / 4, 0.0, 3.0 * 1.3 / 4]], rtol=1e-12)
+
+
+def test_dppo_kl_bounds_only_the_pushed_direction_by_hand():
+    """p_old = 0.5 -> p = 0.9: binary KL = 0.5 log(0.5/0.9) + 0.5 log(0.5/0.1) = 0.5108 > 0.3. With A > 0 the
+    token is outside (its probability rose too far); with A < 0 it is inside (a rise is not what A < 0 pushes)."""
+    old, new = torch.log(t([[0.5, 0.5]])), torch.log(t([[0.9, 0.9]]))
+    kl = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log((0.5 + 1e-8) / (0.1 + 1e-8))
+    assert kl > 0.3
+    _, m = call("dppo_kl", old, new, t([[1.0, -1.0]]), t([[1, 1]]), clip_ratio_low=0.3, clip_ratio_high=0.3,
+                clip_ratio_c=10.0)
+    assert_allclose(float(m["pg_clipfrac"]), 0.5)
+    _, m = call("dppo_kl", old, new, t([[1.0, -1.0]]), t([[1, 1]]), clip_ratio_low=0.6, clip_ratio_high=0.6,
+                clip_ratio_c=10.0)
+    assert float(m["pg_clipfrac"]) == 0.0
+
+
+def test_sapo_gate_by_hand_and_its_on_policy_gradient_is_ppo():
+    """On policy (r = 1) the gate is 2 / tau and its slope 1: the gradient is the policy gradient -A / N, as
+    PPO's; at r = 2 with tau = 1 the gate is 4 sigmoid(1) and its slope 4 sigmoid'(1), a decayed gradient."""
+    old = t([[-1.0, -1.0, -1.0]])
+    new = old.clone().requires_grad_(True)
+    adv, mask = t([[1.0, -2.0, 0.5]]), t([[1, 1, 1]])
+    loss, _ = call("sapo", old, new, adv, mask, sapo_tau_pos=1.0, sapo_tau_neg=2.0)
+    assert_allclose(loss.item(), -(1.0 * 2 / 1.0 - 2.0 * 2 / 2.0 + 0.5 * 2 / 1.0) / 3, rtol=1e-12)
+    loss.backward()
+    assert_allclose(new.grad.numpy(), -adv.numpy() / 3, rtol=1e-12)
+    far = (old + math.log(2.0)).requires_grad_(True)
+    loss, _ = call("sapo", old, far, t([[1.0, 0.0, 0.0]]), t([[1, 0, 0]]), sapo_tau_pos=1.0)
+    sig = 1 / (1 + math.exp(-1.0))
+    assert_allclose(loss.item(), -4 * sig, rtol=1e-12)
+    loss.backward()
+    assert_allclose(far.grad[0, 0].item(), -4 * sig * (1 - sig) * 2.0, rtol=1e-12)  # dr/dlogp = r = 2
+
+
+def test_dro_penalty_by_hand():
+    old = t([[-1.0, -0.7, -0.2]])
+    new = t([[-0.8, -0.9, -0.1]]).requires_grad_(True)
+    adv, mask = t([[2.0, -1.5, 9.0]]), t([[1, 1, 0]])
+    loss, _ = call("dro", old, new, adv, mask, dro_beta=0.5)
+    expected = (-(-0.8 * 2.0 - 0.25 * 0.04) - (-0.9 * -1.5 - 0.25 * 0.04)) / 2
+    assert_allclose(loss.item(), expected, rtol=1e-12)
+    loss.backward()  # -(A - beta (logp - logp_old)) / N
+    assert_allclose(new.grad.numpy(), [[-(2.0 - 0.5 * 0.2) / 2, -(-1.5 + 0.5 * 0.2) / 2, 0.0]], rtol=1e-12)
+    with pytest.raises(ValueError, match="dro_beta must be > 0"):
+        call("dro", old, new, adv, mask, dro_beta=0.0)
+
+
+def test_luspo_is_gspo_weighted_by_length():
+    """For one sequence GSPO is its token mean and LUSPO its token sum: LUSPO = L * GSPO; over a batch LUSPO
+    is the mean over rows of those sums (an empty row counts as a row with nothing to add)."""
+    old, new, adv, mask = loss_inputs(seed=5, group_sizes=(2, 2))
+    adv = adv[:, :1].expand_as(adv).clone()
+    for i in range(len(mask)):
+        row = slice(i, i + 1)
+        gspo, _ = call("gspo", old[row], new[row], adv[row], mask[row])
+        luspo, _ = call("luspo", old[row], new[row], adv[row], mask[row])
+        assert_allclose(luspo.item(), mask[i].sum().item() * gspo.item(), rtol=1e-12)
+    mask[1] = 0.0
+    whole, _ = call("luspo", old, new, adv, mask)
+    rows = [call("luspo", old[i:i + 1], new[i:i + 1], adv[i:i + 1], mask[i:i + 1])[0].item() for i in range(4)]
+    assert_allclose(whole.item(), sum(rows) / 4, rtol=1e-12)
+
+
+def test_vespo_weight_by_hand():
+    """One sequence of two tokens with log-ratios 0.1 and 0.2: w = e^0.3; with A >= 0, phi = e^3 w^2 e^(-3w);
+    with A < 0, phi = e^2 w^3 e^(-2w). On policy (w = 1) phi = 1 and VESPO is the plain policy gradient (gpg)."""
+    old = t([[-1.0, -2.0]])
+    new = (old + t([[0.1, 0.2]])).requires_grad_(True)
+    mask = t([[1, 1]])
+    w = math.exp(0.3)
+    for a, k, lam in ((1.5, 2.0, 3.0), (-1.5, 3.0, 2.0)):
+        loss, _ = call("vespo", old, new, t([[a, a]]), mask)
+        phi = math.exp(lam) * w ** k * math.exp(-lam * w)
+        assert_allclose(loss.item(), -phi * a * (new[0, 0].item() + new[0, 1].item()) / 2, rtol=1e-12)
+    on_policy = old.clone().requires_grad_(True)
+    adv = t([[0.7, -0.4]])
+    vespo, _ = call("vespo", old, on_policy, adv, mask)
+    vespo.backward()
+    plain = old.clone().requires_grad_(True)
+    gpg, _ = call("gpg", old, plain, adv, mask)
+    gpg.backward()
+    assert_allclose(vespo.item(), gpg.item(), rtol=1e-12)
+    assert_allclose(on_policy.grad.numpy(), plain.grad.numpy(), rtol=1e-12)
+
+
+def test_bypass_mode_by_hand():
+    """Rollout log-probs old, current new = old + (0.5, -0.1, 0.0) on one row. Token weights: e^0.5 = 1.65,
+    e^-0.1, 1; truncated at 1.5: (1.5, e^-0.1, 1). REINFORCE: l = -w A logp. A token_k1 rejection with ratio band
+    [1/1.2, 1.2] rejects the first token (ratio 1.65), whose loss is then 0 (it stays in the token count)."""
+    old = t([[-1.0, -2.0, -0.5]])
+    new = (old + t([[0.5, -0.1, 0.0]])).requires_grad_(True)
+    adv, mask = t([[1.0, 2.0, -1.0]]), t([[1, 1, 1]])
+    w = [1.5, math.exp(-0.1), 1.0]
+    kw = dict(bypass_loss_type="reinforce", bypass_is="token", bypass_is_threshold=1.5)
+    loss, m = call("bypass_mode", old, new, adv, mask, **kw)
+    logp = new.detach()[0].tolist()
+    assert_allclose(loss.item(), -sum(wi * a * lp for wi, a, lp in zip(w, [1.0, 2.0, -1.0], logp)) / 3, rtol=1e-12)
+    assert_allclose(float(m["is_weight_mean"]), sum(w) / 3, rtol=1e-12)
+    loss, m = call("bypass_mode", old, new, adv, mask, bypass_rs="token_k1", bypass_rs_threshold=1.2, **kw)
+    assert_allclose(loss.item(), -sum(wi * a * lp for wi, a, lp in zip(w[1:], [2.0, -1.0], logp[1:])) / 3,
+                    rtol=1e-12)
+    assert_allclose(float(m["rejected_frac"]), 1 / 3)
+    # sequence weights: exp(0.4) for every token, under the threshold 2
+    loss, m = call("bypass_mode", old, new, adv, mask, bypass_loss_type="reinforce", bypass_is="sequence")
+    assert_allclose(float(m["is_weight_mean"]), math.exp(0.4), rtol=1e-12)
+    # ppo_clip with no rejection is vanilla PPO against the rollout policy
+    clip, _ = call("bypass_mode", old, new, adv, mask)
+    vanilla, _ = call("vanilla", old, new, adv, mask)
+    assert clip.item() == vanilla.item()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+@pytest.mark.parametrize("is_level,is_low", [("token", None), ("sequence", None), ("token", 0.7), ("none", None)])
+@pytest.mark.parametrize("rs,rs_upper,rs_low", [(None, 2.0, None), ("token_k1", 1.5, None), ("seq_mean_k1", 1.3, 0.9),
+                                                ("token_k2", 0.05, None), ("seq_sum_k3", 0.15, None),
+                                                ("seq_max_k2", 0.1, None), ("seq_mean_k3", 0.02, None)])
+def test_bypass_mode_matches_reference(seed, loss_type, is_level, is_low, rs, rs_upper, rs_low):
+    old, new, adv, mask = loss_inputs(seed)
+    new = old + (new - old) * 0.5  # ratios near 1, so the bands keep some tokens and reject others
+    loss, m = call_with("bypass_mode", old, new, adv, mask, bypass_loss_type=loss_type, bypass_is=is_level,
+                        bypass_is_threshold=1.6, bypass_is_threshold_low=is_low, bypass_rs=rs,
+                        bypass_rs_threshold=rs_upper, bypass_rs_threshold_low=rs_low)
+    exp_loss, exp_m = ref.bypass(old, new, adv, mask, "token-mean", loss_type, is_level, 1.6, is_low, rs, rs_upper,
+                                 rs_low, 0.2, 0.2, 3.0)
+    assert_allclose(loss.item(), exp_loss, atol=1e-9, rtol=1e-9)
+    for key, value in exp_m.items():
+        assert_allclose(float(m[key]), value, atol=1e-9, rtol=1e-9)
+    if rs is not None:
+        assert 0 < float(m["rejected_frac"]) < 1, "the rejection test should keep some tokens and reject others"
+
+
+def test_sum_pi_squared_by_hand_and_stable():
+    """Uniform over 4 tokens: 4 * (1/4)^2 = 1/4; logits (log 3, 0) give p = (3/4, 1/4): 9/16 + 1/16 = 5/8; a logit
+    of 1e4 beside 0s gives 1 without overflow."""
+    from rlcore.algos.entropy import sum_pi_squared_from_logits
+
+    logits = t([[0.0, 0.0, 0.0, 0.0], [math.log(3.0), 0.0, -math.inf, -math.inf], [1e4, 0.0, 0.0, 0.0]])
+    assert_allclose(sum_pi_squared_from_logits(logits).numpy(), [0.25, 0.625, 1.0], rtol=1e-12)

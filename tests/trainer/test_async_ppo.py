@@ -271,3 +271,24 @@ def test_the_proximal_policy_taken_from_the_update_trains_as_a_separate_forward_
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("fused", "separate"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+
+
+def test_an_async_round_with_the_optimal_token_baseline_and_bypass_mode(tiny, groups):
+    """The new estimators and losses in an asynchronous round with max_staleness 1: bypass_mode keeps the
+    rollout's (stale) log-probs as the old policy, so nothing recomputes them, and the optimal token baseline's
+    forward still brings sum pi^2 for the advantages. Its weights are taken against the current policy inside
+    the loss: a stale batch moves them off 1."""
+    cfg = config(algorithm={"adv_estimator": "optimal_token_baseline"},
+                 actor={"ppo_mini_batch_size": 2, "lr": 0.05, "policy_loss": "bypass_mode",
+                        "bypass": {"loss_type": "reinforce", "rollout_is": "token"}},
+                 ppo={"train_batch_size": 4, "mode": "async", "async": {"max_staleness": 1}})
+    with async_round(cfg, tiny, groups, steps=3) as runner:
+        assert not runner.recompute_log_prob
+        rows = [runner.step(i) for i in range(3)]
+        batch = runner.last_batch
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
+    assert torch.equal(batch["old_log_probs"], batch["rollout_log_probs"])
+    mask = batch["response_mask"].bool()
+    assert "sum_pi_squared" in batch and bool((batch["sum_pi_squared"][mask] <= 1 + 1e-6).all())
+    assert "off_policy/is_weight_mean" not in rows[-1]  # no actor.off_policy correction: bypass_mode's own
+    assert rows[-1]["actor/is_weight_mean"] != pytest.approx(1.0, abs=1e-6)

@@ -137,6 +137,110 @@ def test_estimator_trains_the_policy(estimator, tiny, groups, tmp_path):
     assert (tmp_path / "after" / "critic").is_dir() == (estimator == "gae")
 
 
+NEW_LOSSES = [("dppo_tv", {}), ("dppo_kl", {}), ("sapo", {}), ("dro", {}), ("luspo", {}), ("vespo", {}),
+              ("bypass_mode", {}), ("bypass_mode", {"bypass": {"loss_type": "reinforce", "rollout_is": "token",
+                                                               "rollout_rs": "seq_mean_k3", "rs_threshold": 0.5}})]
+
+
+@pytest.mark.parametrize("loss,extra", NEW_LOSSES)
+def test_policy_loss_trains_the_policy(loss, extra, tiny, groups, tmp_path):
+    """Each new policy loss and the bnpo aggregation through real updates: finite metrics (the loss's own ones
+    included), weights that move. Two mini-batches a step, so the second one's ratios are off 1."""
+    cfg = config("grpo", actor={"ppo_mini_batch_size": 2, "lr": 0.01, "policy_loss": loss, "loss_agg_mode": "bnpo",
+                                **extra})
+    runner = runner_for(cfg, tiny, groups, seed=3)
+    runner.save(str(tmp_path / "before"))
+    rows = [runner.step(i) for i in range(2)]
+    runner.save(str(tmp_path / "after"))
+    for m in rows:
+        assert all(math.isfinite(v) for v in m.values()), m
+        assert "timing_s/old_log_prob" not in m  # no recompute: bypass_mode's old policy is the rollout's
+    if loss == "bypass_mode":
+        assert "actor/is_weight_mean" in rows[-1] and "actor/rejected_frac" in rows[-1]
+    before, after = weights(tmp_path / "before"), weights(tmp_path / "after")
+    assert any(not torch.equal(before[k], after[k]) for k in before), "policy weights did not change"
+
+
+def test_optimal_token_baseline_reads_sum_pi_squared_from_a_trainer_forward(tiny, groups, tmp_path):
+    """The optimal token baseline needs each position's sum pi^2: a log-prob forward before the advantages
+    returns it (the step logs its time), computed from the weights the rollout sampled with at the rollout's
+    temperature, as a plain Hugging Face forward gives it; the old log-probs stay the rollout's."""
+    cfg = config("optimal_token_baseline", rollout={"n": 4, "temperature": 1.3})
+    runner = runner_for(cfg, tiny, groups, seed=7)
+    runner.save(str(tmp_path / "now"))
+    m = runner.step(0)
+    batch = runner.last_batch
+    assert "timing_s/old_log_prob" in m and "rollout/logprob_abs_diff_mean" in m
+    assert torch.equal(batch["old_log_probs"], batch["rollout_log_probs"])
+    ids, attn = sequences(batch)
+    with torch.no_grad():
+        logits = load_causal_lm(tmp_path / "now")(input_ids=ids, attention_mask=attn,
+                                                  position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits.float()
+    width = batch["responses"].shape[1]
+    expected = torch.softmax(logits[:, -width - 1:-1] / 1.3, -1).square().sum(-1)
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(batch["sum_pi_squared"][mask], expected[mask], atol=1e-5, rtol=1e-5)
+    # and the advantages are the estimator's on those inputs
+    from rlcore.algos.advantage import compute_advantage
+
+    adv, _ = compute_advantage("optimal_token_baseline", token_level_rewards=batch["token_level_rewards"],
+                               response_mask=batch["response_mask"], index=batch["uid"],
+                               old_log_probs=batch["old_log_probs"], sum_pi_squared=batch["sum_pi_squared"])
+    torch.testing.assert_close(batch["advantages"], adv)
+
+
+def test_gdpo_with_one_reward_component_is_grpo_whitened_over_the_batch(tiny, groups):
+    """One reward function (the rule): reward_components is one column, the token rewards' sum, so gdpo's
+    advantages are GRPO's on the same rewards, whitened over the valid tokens (and GRPO's exactly without the
+    batch whitening)."""
+    from rlcore.algos.advantage import compute_advantage
+    from rlcore.algos.masked import masked_whiten
+
+    for batch_norm in (True, False):
+        runner = runner_for(config("gdpo", algorithm={"adv_estimator": "gdpo", "gdpo_batch_norm": batch_norm}), tiny,
+                            groups, seed=8)
+        runner.step(0)
+        batch = runner.last_batch
+        assert batch["reward_components"].shape == (len(batch), 1)
+        torch.testing.assert_close(batch["reward_components"][:, 0], batch["token_level_rewards"].sum(-1))
+        mask = batch["response_mask"]
+        grpo, _ = compute_advantage("grpo", token_level_rewards=batch["token_level_rewards"], response_mask=mask,
+                                    index=batch["uid"])
+        expected = masked_whiten(grpo, mask) * mask if batch_norm else grpo
+        torch.testing.assert_close(batch["advantages"], expected, atol=1e-6, rtol=1e-6)
+
+
+def test_a_batch_with_reward_components_gives_them_to_gdpo():
+    """The Batch field ``reward_components`` (several reward functions) is what gdpo reads when it is there."""
+    comps = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    token_rewards = torch.tensor([[0.0, 5.0], [0.0, 7.0]])
+    with_field = Batch({"reward_components": comps})
+    assert torch.equal(RoundRunner._estimator_input(with_field, "reward_components", token_rewards), comps)
+    fallback = RoundRunner._estimator_input(Batch({"scores": torch.tensor([5.0, 7.0])}), "reward_components",
+                                            token_rewards)
+    assert torch.equal(fallback, torch.tensor([[5.0], [7.0]]))
+
+
+@pytest.mark.parametrize("estimator,loss", [("optimal_token_baseline", "sapo"), ("gdpo", "bypass_mode")])
+def test_a_round_restored_from_its_state_repeats_its_steps(estimator, loss, tiny, groups, tmp_path):
+    """Resume: the new estimators and losses keep no state of their own; a round restored from a step's saved
+    state (workers' weights, optimizer, RNG; the sampler) runs the next steps exactly as the first time."""
+    runner = runner_for(config(estimator, actor={"ppo_mini_batch_size": 2, "lr": 0.01, "policy_loss": loss}),
+                        tiny, groups, seed=12)
+    runner.step(0)
+    (tmp_path / "state").mkdir()
+    state = runner.save_state(tmp_path / "state")
+    first = [runner.step(i) for i in (1, 2)]
+    runner.save(str(tmp_path / "first"))
+    runner.load_state(tmp_path / "state", state)
+    again = [runner.step(i) for i in (1, 2)]
+    runner.save(str(tmp_path / "again"))
+    for a, b in zip(first, again):
+        assert {k: v for k, v in a.items() if not k.startswith(("timing_s/", "perf/"))} == \
+            {k: v for k, v in b.items() if not k.startswith(("timing_s/", "perf/"))}
+    assert (tmp_path / "first" / "model.safetensors").read_bytes() == (tmp_path / "again" / "model.safetensors").read_bytes()
+
+
 def test_dapo_dynamic_sampling_retries_only_while_groups_are_uniform(tiny, groups):
     cfg = config("grpo", ppo={"dapo": {"dynamic_sampling": True, "max_sample_tries": 3, "overlong_buffer": 2}},
                  actor={"use_kl_loss": False})
