@@ -637,19 +637,23 @@ class RewardModelTraining(_Section):
     """Held-out pairs for rm/accuracy and the other metrics."""
     init: str = Field("models/sft", min_length=1)
     """Model folder the reward model starts from (its backbone; the score head is new)."""
+    self_play: int = Field(0, ge=0)
+    """Self-generated negatives (SPIN, Chen et al. 2024): this many samples of the init model per training prompt;
+    each one that differs from the pair's chosen answer is added as a pair (chosen, sample), so the reward model
+    learns to rank the answer above the policy's own mistakes. 0 = off."""
 
 
 class RMConfig(_Section):
     models: dict[str, RewardModelTraining] = {}
     """Reward models to train: name -> {train, test, init}; dvc.yaml makes one stage per key (rm@<name>) writing
     models/rm/<name>, none while it is empty. Use one with reward.model.path: models/rm/<name>."""
-    steps: int = Field(600, ge=1)
+    steps: int = Field(2000, ge=1)
     """Optimizer steps."""
     batch_size: int = Field(64, ge=1)
     """Pairs per step across all ranks (divisible by resources.n_workers)."""
     micro_batch_size: int = Field(64, ge=1)
     """Pairs per forward/backward on one rank."""
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(2e-3, gt=0)
     """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
@@ -660,7 +664,7 @@ class RMConfig(_Section):
     center_rewards_coefficient: float = Field(0.01, ge=0)
     """Weight of mean((r_chosen + r_rejected)^2) in the loss, which keeps scores centred on 0 (TRL's
     center_rewards_coefficient; Eisenstein et al. 2023). 0 = off."""
-    eval_every: int = Field(100, ge=0)
+    eval_every: int = Field(250, ge=0)
     """Held-out accuracy every N steps (rm/val_accuracy in the plot and MLflow); 0 = only at the end."""
 
 

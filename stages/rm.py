@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}
         with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT, round_name=args.name) as tracker:
             metrics = run_rm(cfg, init=args.init, tokenizer=tokenizer, train_path=args.train, test_path=args.test,
-                             out_dir=args.out, tracker=tracker, plot_csv=args.plots)
+                             out_dir=args.out, tracker=tracker, plot_csv=args.plots,
+                             self_play=cfg.rm.models[args.name].self_play)
             write_json(args.metrics, metrics)
             tracker.log_metrics(metrics)
         write_manifest(args.out, args.manifest)

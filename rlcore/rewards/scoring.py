@@ -123,6 +123,19 @@ class Rewards:
         return m
 
 
+def agreement(scores: np.ndarray, correct: np.ndarray, group: int) -> float | None:
+    """Within each group of ``group`` consecutive samples (one prompt's), the share of (correct, incorrect) sample
+    pairs that ``scores`` rank correct first; None when no group has both. With a reward model's scores and the
+    rule's correctness: how often the reward model agrees with the truth on the policy's own samples (falling during
+    a round: the policy has found what the reward model gets wrong)."""
+    right = total = 0
+    for s, c in zip(scores.reshape(-1, group), correct.reshape(-1, group)):
+        diff = s[c][:, None] - s[~c][None, :]
+        right += int((diff > 0).sum())
+        total += diff.size
+    return right / total if total else None
+
+
 def samples_of(data_sources: Sequence[str], texts: Sequence[str], ground_truths: Sequence[Any],
                extra_infos: Sequence[Mapping[str, Any]] | None = None) -> list[tuple]:
     """The ``(data_source, solution_str, ground_truth, extra_info)`` tuples the functions are called with."""

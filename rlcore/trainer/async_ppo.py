@@ -43,7 +43,7 @@ from rlcore.controller.worker_group import Pending
 from rlcore.protocol import Batch, Metrics
 from rlcore.rollout import engine_spec
 from rlcore.trainer.common import model_spec, timer
-from rlcore.trainer.generation import generate_spec
+from rlcore.trainer.sampling import generate_spec
 from rlcore.trainer.rollout_data import sample_rows
 from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner, recomputes_old_log_probs
 from rlcore.workers.actor import ActorRolloutRefWorker

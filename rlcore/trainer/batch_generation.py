@@ -91,7 +91,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     from rlcore.engine.model import load_tokenizer
     from rlcore.protocol import Batch
     from rlcore.trainer.common import start_pool
-    from rlcore.trainer.score import rollout_group, sample_chunks
+    from rlcore.trainer.sampling import rollout_group, sample_chunks
 
     rows = read_records(data_path)
     messages = [chat_messages(r, f"{data_path}: row {i}") for i, r in enumerate(rows)]

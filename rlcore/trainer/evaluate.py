@@ -11,15 +11,16 @@ from rlcore.rewards.generations import pass_at_k
 from rlcore.rewards.scoring import RewardScorer
 from rlcore.trainer.common import start_pool
 from rlcore.trainer.generation import reward_scorer
-from rlcore.trainer.reward_model import RewardModelGroup, start_reward_model
-from rlcore.trainer.score import rollout_group, sample_rewards
+from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
+from rlcore.trainer.sampling import rollout_group
+from rlcore.trainer.score import sample_rewards
 
 
 def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: str, scorer: RewardScorer,
                    reward_model: RewardModelGroup | None = None) -> tuple[dict, list[dict]]:
     """Metrics ``{name}/greedy_pass@1``, ``{name}/pass@k``, ... and a sample table for one model."""
     e = cfg.evaluate
-    group = rollout_group(cfg, pool, model_dir)
+    group = rollout_group(cfg, pool, model_dir, share=1 + colocated(cfg))
     try:
         greedy, gen = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=1, temperature=1.0,
                                      greedy=True, seed=cfg.seed, desc=f"eval {name} greedy", reward_model=reward_model)

@@ -24,6 +24,7 @@ from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
 from rlcore.trainer.checkpoint import write_error
 from rlcore.trainer.common import StepLog, model_spec, start_pool, stop_if_diverged
+from rlcore.trainer.sampling import rollout_group, sample_chunks
 from rlcore.trainer.sft import epoch_batches
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.reward_model import ScoreSpec
@@ -71,10 +72,40 @@ def pair_metrics(chosen: np.ndarray, rejected: np.ndarray, prefix: str) -> Metri
             f"{prefix}reward_mean": float(both.mean()), f"{prefix}reward_std": float(both.std())}
 
 
+def self_play_pairs(cfg: Config, pool, init: str, pairs: Batch, k: int, seed: int, desc: str) -> Batch:
+    """SPIN-style negatives: ``k`` samples of the model at ``init`` for each pair's prompt (temperature 1); each
+    distinct sample that is not token for token the pair's chosen answer becomes a pair ``(chosen, sample)``, with
+    the pair's margin. The sampled tokens are used as they came (no re-tokenizing; a sample cut at the length limit
+    has no EOS, as in a PPO step)."""
+    group = rollout_group(cfg, pool, init)
+    try:
+        gen = sample_chunks(cfg, group, pairs.only("prompts", "prompt_mask"), n=k, temperature=1.0, greedy=False,
+                            seed=seed, desc=desc)
+    finally:
+        group.shutdown()
+    source: np.ndarray = np.repeat(np.arange(len(pairs)), k)
+    chosen = pairs["chosen"] * pairs["chosen_mask"]
+    keep, seen = [], set()
+    for row, (i, ids, mask) in enumerate(zip(source, gen["responses"], gen["response_mask"])):
+        sample = ids * mask
+        key = (int(i), tuple(sample.tolist()))
+        if key in seen or torch.equal(sample, chosen[i]):
+            continue
+        seen.add(key)
+        keep.append(row)
+    rows = torch.as_tensor(source[keep])
+    return Batch({"prompts": pairs["prompts"][rows], "prompt_mask": pairs["prompt_mask"][rows],
+                  "chosen": pairs["chosen"][rows], "chosen_mask": pairs["chosen_mask"][rows],
+                  "rejected": gen["responses"][keep], "rejected_mask": gen["response_mask"][keep],
+                  "margin": pairs["margin"][rows]})
+
+
 def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str, out_dir: str, tracker,
-           plot_csv: str | None = None) -> Metrics:
-    """Train one reward model from ``init`` on the pairs of ``train_path``; save it to ``out_dir`` with its
-    normalisation statistics; return the held-out metrics (``rm/test_*``)."""
+           plot_csv: str | None = None, self_play: int = 0) -> Metrics:
+    """Train one reward model from ``init`` on the pairs of ``train_path`` (and ``self_play`` negatives per prompt:
+    :func:`self_play_pairs`); save it to ``out_dir`` with its normalisation statistics; return the held-out metrics
+    (``rm/test_*``; with self-play, ``rm/test_self_play_accuracy``: the answer against the init model's own
+    samples of the held-out prompts)."""
     r = cfg.rm
     train, test = pair_batch(train_path, tokenizer, cfg), pair_batch(test_path, tokenizer, cfg)
     world = cfg.resources.n_workers
@@ -84,7 +115,13 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
     step_spec = RMStepSpec(micro_batch_size=max(1, min(r.micro_batch_size, r.batch_size // world)),
                            grad_clip=r.grad_clip, center_rewards_coefficient=r.center_rewards_coefficient)
     log = StepLog(tracker, plot_csv)
+    extra: Metrics = {}
     with start_pool(cfg) as pool:
+        if self_play:
+            played = self_play_pairs(cfg, pool, init, train, self_play, cfg.seed, "rm self-play")
+            test_played = self_play_pairs(cfg, pool, init, test, self_play, cfg.seed + 1, "rm self-play (held out)")
+            train = Batch.concat([train, played])
+            extra = {"rm/self_play_pairs": len(played), "rm/test_self_play_pairs": len(test_played)}
         group = WorkerGroup(RewardTrainWorker, pool, name="rm", timeout_s=cfg.ray.timeout_s,
                             model=model_spec(cfg, init), optim=optim, seed=cfg.seed)
         try:
@@ -100,6 +137,9 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
                     if stop.requested:
                         stop.stop_now()
             final = pair_metrics(*pair_scores(group, test), "rm/test_")
+            if self_play and len(test_played):
+                chosen, rejected = pair_scores(group, test_played)
+                extra["rm/test_self_play_accuracy"] = float((chosen > rejected).mean())
             log.log(r.steps, {k.replace("rm/test_", "rm/val_"): v for k, v in final.items()})
             train_scores = np.concatenate(pair_scores(group, train))
             mean, std = float(train_scores.mean()), float(max(train_scores.std(), 1e-6))
@@ -112,5 +152,5 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
         finally:
             group.shutdown()
     tail = [row["rm/accuracy"] for row in log.rows if "rm/accuracy" in row][-10:]
-    return {**final, "rm/train_accuracy_last10": float(np.mean(tail)), "rm/norm_mean": mean,
+    return {**final, **extra, "rm/train_accuracy_last10": float(np.mean(tail)), "rm/norm_mean": mean,
             "rm/norm_std": std, "rm/steps": r.steps, "rm/train_pairs": len(train), "rm/test_pairs": len(test)}

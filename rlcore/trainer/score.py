@@ -6,45 +6,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import prompt_batch
 from rlcore.protocol import Batch
 from rlcore.rewards.checks import read_reward_rows
-from rlcore.rewards.scoring import Rewards, RewardScorer
-from rlcore.trainer.common import model_spec, start_pool
-from rlcore.rollout import engine_spec
-from rlcore.trainer.generation import generate, generate_spec, reward_scorer, score_responses
+from rlcore.rewards.scoring import Rewards, RewardScorer, agreement
+from rlcore.trainer.common import start_pool
+from rlcore.trainer.generation import reward_scorer, score_responses
 from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
+from rlcore.trainer.sampling import rollout_group, sample_chunks
 from rlcore.workers.rollout import RolloutWorker
-
-CHUNK_PROMPTS = 128  # prompts per generate call, so the progress bar moves
-
-
-def rollout_group(cfg: Config, pool, model_dir: str) -> WorkerGroup[RolloutWorker]:
-    """A generation-only worker group over the model at ``model_dir``, initialised (sharing the pool with the
-    reward model when one is colocated)."""
-    group = WorkerGroup(RolloutWorker, pool, name="rollout", share=1 + colocated(cfg), timeout_s=cfg.ray.timeout_s,
-                        model=model_spec(cfg, model_dir), engine=engine_spec(cfg.rollout), seed=cfg.seed)
-    group.call(RolloutWorker.init_model)
-    return group
-
-
-def sample_chunks(cfg: Config, group: WorkerGroup[RolloutWorker], prompts: Batch, *, n: int, temperature: float,
-                  greedy: bool, seed: int, desc: str, max_new_tokens: int | None = None) -> Batch:
-    """``n`` responses per prompt (rows ``i * n ... i * n + n - 1`` are prompt ``i``'s), generated
-    ``CHUNK_PROMPTS`` prompts at a time with a progress bar. Chunk ``i`` is seeded by ``seed`` and
-    ``i``, so the same prompts, seed and resources give the same responses."""
-    outs = []
-    for i, start in enumerate(tqdm(range(0, len(prompts), CHUNK_PROMPTS), desc=desc, unit="chunk")):
-        chunk = prompts.slice(start, start + CHUNK_PROMPTS).repeat(n)
-        spec = generate_spec(cfg, temperature=temperature, greedy=greedy, seed=seed * 100003 + i,
-                             max_new_tokens=max_new_tokens)
-        outs.append(generate(group, RolloutWorker.generate, chunk, spec))
-    return Batch.concat(outs)
-
 
 def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, scorer: RewardScorer,
                    n: int, temperature: float, greedy: bool, seed: int, desc: str,
@@ -66,7 +39,7 @@ def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_pat
     sc = cfg.score
     scorer = reward_scorer(cfg, df, data_path)
     with start_pool(cfg) as pool:
-        group = rollout_group(cfg, pool, model_dir)
+        group = rollout_group(cfg, pool, model_dir, share=1 + colocated(cfg))
         rm = None
         try:
             rm = start_reward_model(cfg, pool, share=2)
@@ -99,4 +72,6 @@ def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_pat
         "score/prompts_kept": int(keep.sum()),
         "score/prompts_total": len(df),
         **{f"score/{k}": v for k, v in scored.metrics().items()},
+        **({"score/reward/rm/agreement": share} if "rm" in scored.values and (share := agreement(
+            scored.values["rm"], scored.acc >= 1.0, sc.n)) is not None else {}),
     }

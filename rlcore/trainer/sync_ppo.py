@@ -38,15 +38,10 @@ from rlcore.controller.resource_pool import ResourcePool
 from rlcore.controller.worker_group import Pending, WorkerGroup
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
+from rlcore.rewards.scoring import Rewards, agreement
 from rlcore.rollout import engine_spec
-from rlcore.rewards.scoring import Rewards
 from rlcore.trainer.common import model_spec, timer
-from rlcore.trainer.generation import (
-    generate,
-    generate_spec,
-    reward_scorer,
-    score_responses,
-)
+from rlcore.trainer.generation import reward_scorer, score_responses
 from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
 from rlcore.trainer.rollout_data import (
     PromptSampler,
@@ -55,6 +50,7 @@ from rlcore.trainer.rollout_data import (
     place_scores,
     sample_rows,
 )
+from rlcore.trainer.sampling import generate, generate_spec
 from rlcore.workers.actor import (
     ActorRolloutRefWorker,
     ActorUpdateSpec,
@@ -243,8 +239,13 @@ class RoundRunner:
         groups = min(len(batch) // n, want)
         while groups > 1 and (groups * n) % cfg.resources.n_workers:
             groups -= 1  # equal shards per rank
-        return batch.slice(0, groups * n), {**Rewards.concat(scored).metrics(), "rollout/sample_tries": tries,
-                                            "rollout/groups_kept": groups, "timing_s/reward": reward_s}
+        every = Rewards.concat(scored)
+        m = {**every.metrics(), "rollout/sample_tries": tries, "rollout/groups_kept": groups, "timing_s/reward": reward_s}
+        if "rm" in every.values:  # the reward model against the truth, on this step's samples
+            share = agreement(every.values["rm"], every.acc >= 1.0, n)
+            if share is not None:
+                m["reward/rm/agreement"] = share
+        return batch.slice(0, groups * n), m
 
     def step(self, step: int) -> Metrics:
         t: Metrics = {}

@@ -211,3 +211,12 @@ def test_rlcore_eval_scores_with_the_params_reward_functions_and_reports_failure
     assert res["faulty/mean"] == res["mean_reward"] and res["pass@1"] == pytest.approx(0.25)  # "1" scores >= 1
     assert (res["reward_errors"], res["reward_timeouts"]) == (2, 0)
     assert "ValueError: cannot score 'raise'" in capsys.readouterr().err
+
+
+def test_agreement_counts_the_correct_incorrect_pairs_ranked_right_within_each_group():
+    from rlcore.rewards.scoring import agreement
+
+    scores = np.array([3.0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+    correct = np.array([1, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0], bool)
+    assert agreement(scores, correct, 4) == pytest.approx(4 / 7)  # 4 of 4 pairs right, 0 of 3, no pair
+    assert agreement(scores, np.zeros(12, bool), 4) is None

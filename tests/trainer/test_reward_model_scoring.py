@@ -18,7 +18,8 @@ from rlcore.engine.sequence import position_ids, sequences
 from rlcore.trainer.common import start_pool
 from rlcore.trainer.generation import reward_scorer
 from rlcore.trainer.reward_model import RewardModelGroup
-from rlcore.trainer.score import rollout_group, sample_rewards
+from rlcore.trainer.sampling import rollout_group
+from rlcore.trainer.score import sample_rewards
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_reward_model_scores_enter_the_reward_standardised_and_weighted(reward_m
                          for i in range(7)])  # 7 x 2 responses: padded to the 2 ranks and trimmed back
     prompts = prompt_batch(rows, tiny_tokenizer, 16, "rows")
     with start_pool(cfg) as pool:
-        group = rollout_group(cfg, pool, str(tiny_model_dir))
+        group = rollout_group(cfg, pool, str(tiny_model_dir), share=2)
         rm = RewardModelGroup(cfg, pool, share=2)
         try:
             rewards, gen = sample_rewards(cfg, group, tiny_tokenizer, prompts, scorer=reward_scorer(cfg), n=2,
