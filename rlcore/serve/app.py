@@ -160,6 +160,9 @@ class BodyLimit:
     more than ``max_bytes`` of body in memory. A body still arriving after ``timeout_s`` is answered 408. The body
     read is handed on to the app unchanged."""
 
+    drain_bytes = 1 << 20
+    """Bytes of an oversized body read and dropped before the 413, so the client reads the answer (beyond: closed)."""
+
     def __init__(self, app, max_bytes: int, timeout_s: float):
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
@@ -172,13 +175,14 @@ class BodyLimit:
             return await self._refuse(send, 413, f"The request body is too large: {what}; this server takes at most "
                                                  f"{self.max_bytes} (--max-body-bytes)", "request_too_large")
         try:
-            body = await asyncio.wait_for(self._read(receive), self.timeout_s)
+            read = await asyncio.wait_for(self._read(receive), self.timeout_s)
         except TimeoutError:
             return await self._refuse(send, 408, f"The request body did not arrive within --request-timeout "
                                                  f"{self.timeout_s:g} s", "timeout")
-        if body is None:  # the client went away
+        if read is None:  # the client went away
             return
-        if len(body) > self.max_bytes:
+        body, size = read
+        if size > self.max_bytes:
             return await self._refuse(send, 413, f"The request body is too large: more than {self.max_bytes} bytes, "
                                                  "the most this server takes (--max-body-bytes)", "request_too_large")
         handed = False
@@ -192,17 +196,23 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _read(self, receive) -> bytes | None:
-        """The body, stopping as soon as it passes ``max_bytes`` (then longer than that); None if the client left."""
+    async def _read(self, receive) -> tuple[bytes, int] | None:
+        """The body and its size in bytes, keeping no more than ``max_bytes`` of it (a longer one: the rest is read
+        and dropped, up to :attr:`drain_bytes`, and the bytes kept are not the body); None if the client left.
+
+        The rest of an oversized body is drained before the 413 rather than left unread: a socket closed with
+        unread bytes is reset (RST), and the client, still sending, would see "connection reset" instead of the
+        answer (the lingering close of nginx, Go's net/http)."""
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return None
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes or not message.get("more_body", False):
-                return b"".join(chunks)
+            size += len(message.get("body", b""))
+            if size <= self.max_bytes:
+                chunks.append(message.get("body", b""))
+            if not message.get("more_body", False) or size > self.max_bytes + self.drain_bytes:
+                return b"".join(chunks), size
 
     @staticmethod
     async def _refuse(send, status: int, message: str, code: str) -> None:

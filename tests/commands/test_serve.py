@@ -446,6 +446,10 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read(limited):
     r = limited.http.post("/v1/completions", content=iter([b'{"prompt": "' + b"x" * 5000 + b'"}']),
                           headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    # 200 KiB in 100 chunks: the client is still sending when the limit passes, and reads the 413 (not a reset)
+    r = limited.http.post("/v1/completions", content=iter([b'{"prompt": "'] + [b"x" * 2048] * 100 + [b'"}']),
+                          headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     with pytest.raises(openai.APIStatusError) as raised:  # the official client, a prompt of 5000 characters
         limited.client.completions.create(model=MODEL, prompt="x" * 5000, max_tokens=2)
     assert raised.value.status_code == 413

@@ -89,7 +89,8 @@ def test_a_hung_function_is_stopped_after_the_timeout_and_its_process_killed():
     start = time.monotonic()
     r = score(scorer, ["hang", "2"])
     elapsed = time.monotonic() - start
-    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 1.0, elapsed  # 0.52 s on an idle machine
+    # 0.52 s on an idle machine, 1.7 s with the other core busy; a function left running would never return
+    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 4.0, elapsed
     assert hung.proc.returncode == -9  # SIGKILLed, not left sleeping
     assert r.values["faulty"].tolist() == [0.0, 2.0] and scorer.counts() == (0, 1)  # the next sample, in a new process
 
