@@ -24,8 +24,9 @@ run: $(STAMP)
 	@git rev-parse --git-dir >/dev/null 2>&1 || git init -q
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro
 
+# two workers (pytest-xdist), a test file at a time each: much of a test's time here is process and Ray start-up
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(INSTALL) -e ".[bench,test]"

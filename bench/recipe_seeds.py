@@ -26,15 +26,17 @@ COPIED = ("rlcore", "stages", "inputs", "examples", "dvc.yaml")
 
 
 def run_seed(params: dict, seed: int, root: Path) -> dict:
-    """``dvc repro`` of ``params`` with ``seed`` in ``root`` (a fresh copy); the metrics that matter."""
-    for name in COPIED:
-        src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
-    (root / "params.yaml").write_text(yaml.safe_dump({**params, "seed": seed}, sort_keys=False))
+    """``dvc repro`` of ``params`` with ``seed`` in ``root`` (a fresh copy, or a kept one from a run that stopped:
+    DVC skips the stages that finished there); the metrics that matter."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(root),
            "RAY_ADDRESS": "", "TQDM_DISABLE": "1"}
-    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"]):
-        subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+    if not (root / "dvc.yaml").exists():
+        for name in COPIED:
+            src = REPO / name
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
+        for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+            subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
+    (root / "params.yaml").write_text(yaml.safe_dump({**params, "seed": seed}, sort_keys=False))
     start = time.monotonic()
     proc = subprocess.run(["dvc", "repro"], cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode:
