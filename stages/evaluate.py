@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
 from rlcore.config import Config
 
 PARAMS = tuple(Config.model_fields)  # all of params.yaml: they label the pipeline run in MLflow
@@ -36,12 +36,13 @@ def main(argv: list[str] | None = None) -> None:
         from rlcore.tracking import open_run
         from rlcore.trainer.evaluate import run_evaluate
         tokenizer = load_tokenizer(args.sft)
-        with open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT) as tracker:
+        with open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params) as tracker:
             metrics, table = run_evaluate(cfg, models={"sft": args.sft, "final": args.final}, tokenizer=tokenizer,
                                           data_path=args.data)
             write_json(args.metrics, metrics)
             write_table(args.samples, table)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics)
             tracker.log_table(table, "eval_samples.json")
 
 

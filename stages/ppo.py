@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
 from rlcore.errors import ConfigError
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "reward", "algorithm", "actor", "critic",
@@ -48,14 +48,15 @@ def main(argv: list[str] | None = None) -> None:
         checkpoints = stage_checkpoints(cfg, stage=f"ppo@{args.round}", save_every=cfg.ppo.save_every, params=own,
                                         root=REPO_ROOT, inputs=inputs)
         resume = checkpoints.resume()
-        with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round,
+        with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params, round_name=args.round,
                       run_id=resume.run_id if resume else None) as tracker:
             metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
                                     data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots,
                                     val_path=args.val_data, rollouts_path=args.rollouts, checkpoints=checkpoints,
                                     resume=resume)
             write_json(args.metrics, metrics)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics, prefix=f"{args.round}/")
         checkpoints.finish()
 
 

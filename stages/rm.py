@@ -10,7 +10,7 @@ it changes.
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
 from rlcore.errors import ConfigError
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rm")
@@ -39,12 +39,13 @@ def main(argv: list[str] | None = None) -> None:
         from rlcore.trainer.rm import run_rm
         tokenizer = load_tokenizer(args.init)
         own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}
-        with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT, round_name=args.name) as tracker:
+        with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params, round_name=args.name) as tracker:
             metrics = run_rm(cfg, init=args.init, tokenizer=tokenizer, train_path=args.train, test_path=args.test,
                              out_dir=args.out, tracker=tracker, plot_csv=args.plots,
                              self_play=cfg.rm.models[args.name].self_play)
             write_json(args.metrics, metrics)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics, prefix=f"{args.name}/")
         write_manifest(args.out, args.manifest)
 
 

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "reward", "score")
 
@@ -31,11 +31,12 @@ def main(argv: list[str] | None = None) -> None:
         from rlcore.tracking import open_run
         from rlcore.trainer.score import run_score
         tokenizer = load_tokenizer(args.model)
-        with open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT) as tracker:
+        with open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params) as tracker:
             metrics = run_score(cfg, model_dir=args.model, tokenizer=tokenizer, data_path=args.data,
                                 out_path=args.out)
             write_json(args.metrics, metrics)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics)
 
 
 if __name__ == "__main__":

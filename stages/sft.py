@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "sft", "checkpoint")
 
@@ -31,11 +31,12 @@ def main(argv: list[str] | None = None) -> None:
                                         inputs=[args.data, base])
         resume = checkpoints.resume()
         with open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params,
                       run_id=resume.run_id if resume else None) as tracker:
             metrics = run_sft(cfg, base_model=base, tokenizer=tokenizer, data_path=args.data, out_dir=args.out,
                               tracker=tracker, plot_csv=args.plots, checkpoints=checkpoints, resume=resume)
             write_json(args.metrics, metrics)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics)
         checkpoints.finish()
 
 
