@@ -106,9 +106,21 @@ def examples_table() -> str:
     return "\n".join(lines)
 
 
+def compare_reports() -> str:
+    """A list item per report `rlcore compare` wrote into docs/results (its first heading as the title)."""
+    items = []
+    for path in sorted((ROOT / "docs/results").glob("compare-*.md")):
+        title = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")),
+                     path.stem)
+        items.append(f"* [{_escape(title)}]({path.name})")
+    return "\n".join(items) or "* none yet in this checkout"
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if page.file.src_uri == "how-to/examples.md":
         return markdown.replace("<!-- examples table -->", examples_table())
+    if page.file.src_uri == "results/index.md":
+        return markdown.replace("<!-- compare reports -->", compare_reports())
     return markdown
 
 
