@@ -94,9 +94,12 @@ class MlflowTracker(_RunContext):
         self.experiment_id = mlflow.set_experiment(experiment).experiment_id
         self._client = mlflow.MlflowClient()
         self.resumed = False
-        self.parent_id = self._join_pipeline(*pipeline, uri) if pipeline else None
-        if self.parent_id:
-            tags = {**tags, "mlflow.parentRunId": self.parent_id, KEY_TAG: pipeline[0].key}  # type: ignore[index]
+        self.parent_id = None
+        if pipeline is not None:
+            ident, all_params = pipeline
+            self.parent_id = self._join_pipeline(ident, all_params, uri)
+            if self.parent_id:
+                tags = {**tags, "mlflow.parentRunId": self.parent_id, KEY_TAG: ident.key}
         if run_id is not None:  # a stage resuming from a step checkpoint continues its run
             try:
                 self.run_id = mlflow.start_run(run_id=run_id).info.run_id
