@@ -25,7 +25,7 @@ test: $(STAMP)
 # The documentation site (MkDocs + Material) into site/: open site/index.html, no server or network needed.
 # --strict: a broken link or a missing page fails the build (make test builds it the same way).
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench,test]"
