@@ -447,7 +447,8 @@ def test_each_dvc_exp_run_is_one_parent_row_in_the_mlflow_ui_with_its_estimator_
         run(["git", "checkout", "--", "."], root, env)  # the commit's params, not the previous experiment's
         overrides = example_overrides(example)
         assert overrides["algorithm.adv_estimator"] == ("gae" if example == "ppo-critic" else "rloo")
-        cmd = ["dvc", "exp", "run", "-n", f"ex-{example}"] + [a for k, v in overrides.items() for a in ("-S", f"{k}={v}")]
+        sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={value}")]
+        cmd = ["dvc", "exp", "run", "-n", f"ex-{example}", *sets]
         assert ran_stages(run(cmd, root, env)) == {"ppo@r1", "ppo@r2", "evaluate"}
         gain = json.loads((root / "metrics/eval.json").read_text())["gain/greedy_pass@1"]
         found = client.search_runs([experiment.experiment_id], f"tags.`dvc.exp_name` = 'ex-{example}' and "
@@ -463,7 +464,8 @@ def test_each_dvc_exp_run_is_one_parent_row_in_the_mlflow_ui_with_its_estimator_
         stages = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
         assert sorted(r.info.run_name for r in stages) == ["evaluate", "ppo-r1", "ppo-r2"]
         evaluate = next(r for r in stages if r.info.run_name == "evaluate")
-        assert {"path": "eval_samples.json", "type": "table"} in json.loads(evaluate.data.tags["mlflow.loggedArtifacts"])
+        logged = json.loads(evaluate.data.tags["mlflow.loggedArtifacts"])
+        assert {"path": "eval_samples.json", "type": "table"} in logged
         parents[parent.info.run_id] = (overrides["algorithm.adv_estimator"], gain, {r.info.run_id for r in stages})
 
     if CHROMIUM is None:

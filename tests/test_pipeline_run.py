@@ -74,7 +74,8 @@ def test_a_dvc_experiment_is_keyed_and_named_by_the_experiment_and_its_changes(r
     assert ident.key == f"exp:{commit}:awned-leks"
     assert ident.name == "awned-leks: adv_estimator=rloo, norm_adv_by_std_in_grpo=false"
     assert ident.tags["dvc.exp_name"] == "awned-leks" and ident.tags["mlflow.source.git.commit"] == commit
-    assert ident.tags["rlcore.changed_params"] == 'algorithm.adv_estimator="rloo", algorithm.norm_adv_by_std_in_grpo=false'
+    assert ident.tags["rlcore.changed_params"] == ('algorithm.adv_estimator="rloo", '
+                                                   'algorithm.norm_adv_by_std_in_grpo=false')
 
 
 def test_dvc_repro_is_keyed_by_commit_and_params(repo, monkeypatch):
@@ -125,7 +126,8 @@ def test_stages_of_one_pipeline_nest_under_one_parent_with_every_param_and_final
     parent = client.get_run(sft.parent_id)
     assert parent.info.status == "FINISHED" and parent.info.run_name == f"params of {head(repo)[:7]}"
     # every param of the file, defaults filled in, not only the stage's own (seed)
-    assert parent.data.params["algorithm.adv_estimator"] == "grpo" and parent.data.params["sft.steps"] == str(Config().sft.steps)
+    assert parent.data.params["algorithm.adv_estimator"] == "grpo"
+    assert parent.data.params["sft.steps"] == str(Config().sft.steps)
     assert parent.data.params["ppo.rounds.r1.init"] == "models/sft" and len(parent.data.params) > 150
     assert parent.data.metrics == {"sft/final_loss": 0.5, "r1/ppo/acc_last10": 0.75,
                                    "r1/ppo/val_greedy_pass_at_1_last": 0.5, "gain/greedy_pass_at_1": 0.125}
@@ -150,7 +152,8 @@ def test_stages_of_one_pipeline_nest_under_one_parent_with_every_param_and_final
 
 
 def test_without_a_pipeline_a_run_has_no_parent(repo, store):
-    tracker = open_run(TrackingConfig(uri=store, experiment="pipelines"), stage="compare", params={"seed": 1}, root=repo)
+    tracker = open_run(TrackingConfig(uri=store, experiment="pipelines"), stage="compare", params={"seed": 1},
+                       root=repo)
     tracker.close()
     run = MlflowClient(store).get_run(tracker.run_id)
     assert tracker.parent_id is None and "mlflow.parentRunId" not in run.data.tags
