@@ -108,13 +108,6 @@ def stage_config(path: str, sections: tuple[str, ...], stage: str) -> tuple[Conf
     return DeclaredConfig(cfg, sections, stage), section_dict(cfg, sections)  # type: ignore[return-value]
 
 
-def pipeline_params(path: str) -> dict[str, Any]:
-    """Every section of the params file as plain data, for the pipeline's parent run in MLflow
-    (``rlcore.pipeline_run``): a label for comparing pipelines; what a stage computes reads only its own sections."""
-    cfg = load_config(path)
-    return section_dict(cfg, tuple(type(cfg).model_fields))
-
-
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,15 @@ MAX_VIEW_PARAMS = 12
 NAME_CHARS = 120
 
 
+def pipeline_params(path: str | Path) -> dict[str, Any]:
+    """Every section of the params file as plain data, for the pipeline's parent run: a label for comparing
+    pipelines; what a stage computes reads only its own sections (rlcore.cli.stage_config)."""
+    from rlcore.config import load_config, section_dict
+
+    cfg = load_config(path)
+    return section_dict(cfg, tuple(type(cfg).model_fields))
+
+
 @dataclass(frozen=True)
 class PipelineId:
     """What names and finds one pipeline run's parent."""

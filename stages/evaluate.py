@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.config import Config
 
 PARAMS = tuple(Config.model_fields)  # all of params.yaml: they label the pipeline run in MLflow
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.evaluate import run_evaluate
         tokenizer = load_tokenizer(args.sft)

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.errors import ConfigError
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "reward", "algorithm", "actor", "critic",
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
             require_file(args.val_data, "validation data")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.checkpoint import stage_checkpoints
         from rlcore.trainer.ppo import run_ppo_round

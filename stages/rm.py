@@ -10,7 +10,7 @@ it changes.
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.errors import ConfigError
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rm")
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
         from rlcore.inputs import write_manifest
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.rm import run_rm
         tokenizer = load_tokenizer(args.init)

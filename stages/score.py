@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "rollout", "reward", "score")
 
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         require_file(args.model, "SFT model")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.score import run_score
         tokenizer = load_tokenizer(args.model)

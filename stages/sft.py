@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, pipeline_params, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 
 PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "sft", "checkpoint")
 
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
         require_file(args.data, "sft data")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer, resolve_model_path
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.checkpoint import stage_checkpoints
         from rlcore.trainer.sft import run_sft

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from rlcore.cli import pipeline_params
 from rlcore.config import Config, TrackingConfig
-from rlcore.pipeline_run import VIEW_TAG, changed_params, committed_params, identify, short_changes, ui_url
+from rlcore.pipeline_run import (VIEW_TAG, changed_params, committed_params, identify, pipeline_params,
+                                 short_changes, ui_url)
 from rlcore.tracking import open_run
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
