@@ -60,7 +60,7 @@ compare-losses: $(STAMP)
 # The runs table of every pipeline: the address printed first opens the experiment on its training runs, in the
 # "rlcore pipelines" view (MLflow 3 opens an experiment on its GenAI overview otherwise). No job runner: the UI only.
 mlflow-ui: $(STAMP)
-	@$(PY) -c "from rlcore.pipeline_run import print_ui_address; print_ui_address('$(CURDIR)')"
+	@$(PY) -c "from rlcore.tracking import print_ui_address; print_ui_address('$(CURDIR)')"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--host 127.0.0.1 --port 5000
 

@@ -251,3 +251,24 @@ def open_run(tracking_cfg, *, stage: str, params: dict[str, Any], root: Path,
     if not tracker.resumed:
         tracker.log_params(params)
     return tracker
+
+
+def print_ui_address(root: str | Path, base: str = "http://127.0.0.1:5000") -> None:
+    """``make mlflow-ui``: print where the pipelines' table will be, for the store and experiment params.yaml
+    names (nothing when the experiment has no runs yet)."""
+    import mlflow
+
+    from rlcore.config import load_config
+
+    root = Path(root)
+    params = root / "params.yaml"
+    tracking = load_config(params).tracking if params.is_file() else None
+    uri = resolve_uri(tracking.uri if tracking else "sqlite:///mlflow.db", root)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        print(f"no MLflow store at {uri} yet (make run)")  # opening one would create it
+        return
+    experiment = mlflow.MlflowClient(uri).get_experiment_by_name(tracking.experiment if tracking else "rlcore")
+    if experiment is None:
+        print(f"no experiment in {uri} yet (make run)")
+    else:
+        print(f"the pipelines' runs: {ui_url(uri, experiment.experiment_id, base=base)}")

@@ -167,3 +167,16 @@ def test_a_relative_store_is_the_dvc_repository_s_even_from_a_temporary_copy(mlf
     tracker.close()
     assert not (tmp_path / "runs.db").exists()
     assert MlflowClient(f"sqlite:///{mlflow_store_dir / 'runs.db'}").get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_make_mlflow_ui_prints_the_pipelines_view_and_creates_no_store(tmp_path, store, capsys):
+    from rlcore.tracking import print_ui_address
+
+    print_ui_address(tmp_path)  # no params.yaml, no mlflow.db: nothing to open, and none is created
+    assert "no MLflow store at" in capsys.readouterr().out and not (tmp_path / "mlflow.db").exists()
+    experiment = MlflowClient(store).get_experiment_by_name("pipelines")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"tracking": {"uri": store, "experiment": "pipelines"}}))
+    print_ui_address(tmp_path)
+    address = (f"http://127.0.0.1:5000/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
+               "&viewStateShareKey=rlcore-pipelines")
+    assert capsys.readouterr().out.strip() == f"the pipelines' runs: {address}"
