@@ -33,15 +33,17 @@ def main(argv: list[str] | None = None) -> None:
         params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.evaluate import run_evaluate
         tokenizer = load_tokenizer(args.sft)
-        with open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT) as tracker:
+        with open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params) as tracker:
             metrics, table = run_evaluate(cfg, models={"sft": args.sft, "final": args.final}, tokenizer=tokenizer,
                                           data_path=args.data)
             write_json(args.metrics, metrics)
             write_table(args.samples, table)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics)
             tracker.log_table(table, "eval_samples.json")
 
 

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
             require_file(args.val_data, "validation data")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.checkpoint import stage_checkpoints
         from rlcore.trainer.ppo import run_ppo_round
@@ -48,14 +49,15 @@ def main(argv: list[str] | None = None) -> None:
         checkpoints = stage_checkpoints(cfg, stage=f"ppo@{args.round}", save_every=cfg.ppo.save_every, params=own,
                                         root=REPO_ROOT, inputs=inputs)
         resume = checkpoints.resume()
-        with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT, round_name=args.round,
+        with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params, round_name=args.round,
                       run_id=resume.run_id if resume else None) as tracker:
             metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
                                     data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots,
                                     val_path=args.val_data, rollouts_path=args.rollouts, checkpoints=checkpoints,
                                     resume=resume)
             write_json(args.metrics, metrics)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics, prefix=f"{args.round}/")
         checkpoints.finish()
 
 

@@ -35,16 +35,18 @@ def main(argv: list[str] | None = None) -> None:
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
         from rlcore.inputs import write_manifest
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.rm import run_rm
         tokenizer = load_tokenizer(args.init)
         own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}
-        with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT, round_name=args.name) as tracker:
+        with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params, round_name=args.name) as tracker:
             metrics = run_rm(cfg, init=args.init, tokenizer=tokenizer, train_path=args.train, test_path=args.test,
                              out_dir=args.out, tracker=tracker, plot_csv=args.plots,
                              self_play=cfg.rm.models[args.name].self_play)
             write_json(args.metrics, metrics)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics, prefix=f"{args.name}/")
         write_manifest(args.out, args.manifest)
 
 

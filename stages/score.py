@@ -28,14 +28,16 @@ def main(argv: list[str] | None = None) -> None:
         require_file(args.model, "SFT model")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.score import run_score
         tokenizer = load_tokenizer(args.model)
-        with open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT) as tracker:
+        with open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params) as tracker:
             metrics = run_score(cfg, model_dir=args.model, tokenizer=tokenizer, data_path=args.data,
                                 out_path=args.out)
             write_json(args.metrics, metrics)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
         require_file(args.data, "sft data")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer, resolve_model_path
+        from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import open_run
         from rlcore.trainer.checkpoint import stage_checkpoints
         from rlcore.trainer.sft import run_sft
@@ -31,11 +32,12 @@ def main(argv: list[str] | None = None) -> None:
                                         inputs=[args.data, base])
         resume = checkpoints.resume()
         with open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT,
+                      pipeline=pipeline_params(args.params), params_file=args.params,
                       run_id=resume.run_id if resume else None) as tracker:
             metrics = run_sft(cfg, base_model=base, tokenizer=tokenizer, data_path=args.data, out_dir=args.out,
                               tracker=tracker, plot_csv=args.plots, checkpoints=checkpoints, resume=resume)
             write_json(args.metrics, metrics)
-            tracker.log_metrics(metrics)
+            tracker.log_final(metrics)
         checkpoints.finish()
 
 

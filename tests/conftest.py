@@ -66,3 +66,10 @@ def tiny_tokenizer(tiny_model_dir):
     from rlcore.engine.model import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def mlflow_store_dir(tmp_path_factory) -> Path:
+    """A folder whose ``runs.db`` is one sqlite MLflow store shared by the tracking tests (creating its schema is
+    the slow part: 3-5 s)."""
+    return tmp_path_factory.mktemp("tracking")

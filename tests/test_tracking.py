@@ -48,9 +48,9 @@ def head_commit(repo: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def store_root(tmp_path_factory) -> Path:
-    """One sqlite store per module (creating its schema is the slow part)."""
-    return tmp_path_factory.mktemp("tracking")
+def store_root(mlflow_store_dir) -> Path:
+    """The session's sqlite store (creating its schema is the slow part)."""
+    return mlflow_store_dir
 
 
 @pytest.fixture(scope="module")

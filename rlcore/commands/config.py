@@ -40,8 +40,39 @@ def one_line(doc: str | None) -> str:
     return text if end < 0 else text[: end + 1]
 
 
+def type_name(annotation: Any) -> str:
+    """A field's type as a reader wants it: ``int``, ``one of: llama, qwen2``, ``list of: +, -, *``, ``str or null``."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return "one of: " + ", ".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [type_name(a) for a in args if a is not type(None)]
+        return " or ".join(kinds) + (" or null" if type(None) in args else "")
+    if origin in (tuple, list):
+        return "list of " + type_name(args[0])
+    if origin is dict:
+        return f"mapping {type_name(args[0])} -> {type_name(args[1])}"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def value_range(field: Any) -> str:
+    """A field's bounds from its constraints (``>= 1``, ``> 0, <= 1``, ``at least 1 character``), or ''."""
+    parts = []
+    for rule in field.metadata:
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(rule, attr, None) is not None:
+                parts.append(f"{sign} {getattr(rule, attr)}")
+        if getattr(rule, "min_length", None):
+            parts.append(f"at least {rule.min_length} item(s) or character(s)")
+    return ", ".join(parts)
+
+
 def entries(model: Any, defaults: Any, prefix: str = "") -> Iterator[dict[str, Any]]:
-    """``{key, value, default, changed, doc}`` for every leaf of a config section, in schema order.
+    """``{key, value, default, changed, doc, text, type, range}`` for every leaf of a config section, in schema
+    order: ``doc`` is the first sentence of the field's docstring (the table's), ``text`` all of it.
     Sections recurse; mappings of sections (``ppo.rounds``) are one entry with a JSON value."""
     from pydantic import BaseModel
 
@@ -54,7 +85,8 @@ def entries(model: Any, defaults: Any, prefix: str = "") -> Iterator[dict[str, A
         plain = json.loads(json.dumps(_plain(value)))
         plain_default = json.loads(json.dumps(_plain(default)))
         yield {"key": key, "value": plain, "default": plain_default, "changed": plain != plain_default,
-               "doc": one_line(field.description)}
+               "doc": one_line(field.description), "text": " ".join((field.description or "").split()),
+               "type": type_name(field.annotation), "range": value_range(field)}
 
 
 def _plain(value: Any) -> Any:
@@ -115,4 +147,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
     else:
         print(f"# {source}; * = differs from the default\n{table(rows)}")
+        if len(rows) == 1:  # one key: all of its doc, as the params reference has it
+            print("\n" + describe(rows[0]))
     return 0
+
+
+def describe(row: dict[str, Any]) -> str:
+    """One key's type, range and whole doc (``rlcore config show KEY`` and the docs' params reference)."""
+    kind = row["type"] + (f", {row['range']}" if row["range"] else "")
+    return f"{row['key']} ({kind}; default {render(row['default'])}): {row['text']}"

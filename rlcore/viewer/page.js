@@ -10,7 +10,8 @@ var RolloutView = (function () {
     ["response_length", "length", "int"], ["log_prob", "log-prob", "num", 2]
   ];
   var RANGES = {step: "step", reward: "reward", len: "response_length"};  // filter name -> column
-  var KEYS = ["q", "step_min", "step_max", "reward_min", "reward_max", "len_min", "len_max"];
+  var KEYS = ["q", "step_min", "step_max", "reward_min", "reward_max", "len_min", "len_max", "smooth"];
+  var SMOOTHING = 0.6;  // the moving average's default weight (TensorBoard's)
   var rows = [], state = {sort: "step", desc: false, limit: PAGE_SIZE};
 
   function $(id) { return document.getElementById(id); }
@@ -133,10 +134,26 @@ var RolloutView = (function () {
     });
   }
 
+  // exponential moving average, debiased as TensorBoard does (the first points are not pulled towards 0):
+  // a few samples a step make the raw means noise at a glance
+  function movingAverage(values, weight) {
+    var last = 0;
+    return values.map(function (v, i) {
+      last = last * weight + (1 - weight) * v;
+      return last / (1 - Math.pow(weight, i + 1));
+    });
+  }
+
+  function smoothing() {
+    var w = number($("smooth").value);
+    return w === null ? SMOOTHING : Math.min(Math.max(w, 0), 0.99);
+  }
+
   function chart(list, key, name, cls, digits) {
     var W = 460, H = 170, L = 48, R = 12, T = 10, B = 24;
     var fig = document.createElement("figure"), cap = document.createElement("figcaption");
-    cap.textContent = "mean " + name + " per step";
+    var weight = smoothing();
+    cap.textContent = "mean " + name + " per step, moving average " + weight;
     fig.appendChild(cap);
     var root = svg("svg", {width: W, height: H, viewBox: "0 0 " + W + " " + H, "class": cls, role: "img"}, fig);
     svg("title", {}, root).textContent = "mean " + name + " per step";
@@ -154,10 +171,15 @@ var RolloutView = (function () {
     label(root, L - 4, H - B, y0.toFixed(digits), "end");
     label(root, L, H - 6, "step " + s0, "start");
     if (s1 !== s0) label(root, W - R, H - 6, "step " + s1, "end");
-    svg("polyline", {"class": "line", points: pts.map(function (p) { return px(p[0]) + "," + py(p[1]); }).join(" ")},
+    svg("polyline", {"class": "raw", points: pts.map(function (p) { return px(p[0]) + "," + py(p[1]); }).join(" ")},
         root);
+    var avg = movingAverage(ys, weight);
+    var line = svg("polyline", {"class": "line", "data-values": avg.map(function (v) { return v.toFixed(6); }).join(" "),
+                                points: pts.map(function (p, i) { return px(p[0]) + "," + py(avg[i]); }).join(" ")}, root);
+    svg("title", {}, line).textContent = "moving average (smoothing " + weight + "): " +
+        avg[avg.length - 1].toFixed(digits) + " at step " + s1;
     pts.forEach(function (p) {
-      var c = svg("circle", {"class": "point", cx: px(p[0]), cy: py(p[1]), r: 3, "data-step": p[0]}, root);
+      var c = svg("circle", {"class": "point", cx: px(p[0]), cy: py(p[1]), r: 2.5, "data-step": p[0]}, root);
       svg("title", {}, c).textContent = "step " + p[0] + ": " + p[1].toFixed(digits) + " (" + p[2] + " rows)";
     });
     return fig;

@@ -66,8 +66,10 @@ def test_config_show_marks_an_override_with_its_default_and_doc(capsys):
 
     code, out, _ = run_cli(["config", "show", "algorithm.adv_estimator", "--set", "algorithm.adv_estimator=rloo",
                             "--params", str(REPO_ROOT / "params.yaml")], capsys)
-    line = [ln for ln in out.splitlines() if "adv_estimator" in ln]
+    line = [ln for ln in out.splitlines() if "adv_estimator" in ln and ln.startswith(("* ", "  "))]  # table rows
     assert len(line) == 1 and line[0].startswith("* algorithm.adv_estimator") and "rloo" in line[0] and "grpo" in line[0]
+    # one key: then its type, default and whole doc, as the docs' params reference has them
+    assert out.splitlines()[-1].startswith("algorithm.adv_estimator (str; default grpo): Advantage estimator from ")
 
 
 def test_config_show_of_an_unknown_key_suggests_the_close_one(capsys):

@@ -58,6 +58,7 @@ class Dom(HTMLParser):
         self.rows: list[dict[str, str]] = []
         self.count = ""
         self.points: dict[str, list[tuple[int, str]]] = {}
+        self.averages: dict[str, list[float]] = {}  # each chart's moving-average line, one value per step
         self.tags: set[str] = set()
         self._cell: str | None = None
         self._in_body = self._in_count = False
@@ -81,6 +82,8 @@ class Dom(HTMLParser):
         elif tag == "svg":
             self._chart = a.get("class")
             self.points[self._chart] = []
+        elif tag == "polyline" and a.get("class") == "line" and self._chart:
+            self.averages[self._chart] = [float(v) for v in a["data-values"].split()]
         elif tag == "circle" and self._chart:
             self._point = int(a["data-step"])
         elif tag == "title" and self._point is not None:
@@ -144,6 +147,30 @@ def test_the_table_shows_every_row_with_model_output_as_text_and_the_chart_one_p
         for step, title in dom.points[chart]:
             values = [r[key] for r in ROWS if r["step"] == step]
             assert title == f"step {step}: {sum(values) / len(values):.{digits}f} ({len(values)} rows)"
+    assert_moving_averages(dom, 0.6)  # the default smoothing
+
+
+def step_means(key: str, rows: list[dict]) -> list[float]:
+    steps = sorted({r["step"] for r in rows})
+    return [sum(r[key] for r in rows if r["step"] == s) / sum(1 for r in rows if r["step"] == s) for s in steps]
+
+
+def assert_moving_averages(dom: Dom, weight: float) -> None:
+    """TensorBoard's smoothing: an exponential moving average of the step means divided by 1 - weight^n, so it
+    starts at the first mean."""
+    for chart, key in (("reward", "reward"), ("length", "response_length")):
+        means = step_means(key, ROWS)
+        expected, acc = [], 0.0
+        for n, mean in enumerate(means, start=1):
+            acc = weight * acc + (1 - weight) * mean
+            expected.append(acc / (1 - weight**n))
+        assert dom.averages[chart] == pytest.approx(expected, abs=1e-6)
+        assert dom.averages[chart][1:] != pytest.approx(means[1:], abs=1e-3)  # smoothed, not the raw means
+
+
+@needs_chromium
+def test_the_address_sets_the_charts_smoothing(page, tmp_path):
+    assert_moving_averages(dump_dom(page, tmp_path, "#smooth=0.9"), 0.9)
 
 
 @needs_chromium

@@ -1,0 +1,132 @@
+"""MkDocs hook: pages generated at build time, so they cannot drift from the code.
+
+* ``reference/params.md``: every params.yaml key from rlcore/config.py's field docstrings, with its type, default
+  and range, in the words ``rlcore config show KEY`` prints (rlcore.commands.config.entries);
+* ``reference/commands.md``: every ``rlcore`` command's ``--help``, from the argparse definitions;
+* ``results/img/*.png``: the results pages' plots, drawn from the committed CSVs and bench/RESULTS.md
+  (docs/hooks/plots.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import re
+import sys
+from pathlib import Path
+
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `mkdocs build` with a python whose rlcore is not this checkout's
+    sys.path.insert(0, str(ROOT))
+
+
+def _plots():
+    """docs/hooks/plots.py (MkDocs loads a hook by its path, so its folder is not importable)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rlcore_docs_plots", Path(__file__).with_name("plots.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _escape(text: str) -> str:
+    """Docstring text as Markdown that shows it literally."""
+    return re.sub(r"([\\`*_\[\]])", r"\\\1", html.escape(text, quote=False))
+
+
+def params_page() -> str:
+    from rlcore.commands.config import entries, render
+    from rlcore.config import Config
+
+    rows = list(entries(Config(), Config()))
+    lines = ["# Params reference", "",
+             "Every key of `params.yaml`, generated from the field docstrings of `rlcore/config.py` when the site is "
+             "built: the words `rlcore config show KEY` prints. Defaults are the code's; the `params.yaml` in the "
+             "repository changes some of them (`rlcore config show --changed` lists which). A wrong key, type, range "
+             "or name stops a stage before anything heavy starts, with one line naming the key.", ""]
+    section = None
+    for row in rows:
+        top = row["key"].split(".", 1)[0]
+        if top != section:
+            section = top
+            lines += [f"## {top}", ""]
+        facts = [f"**type** {_escape(row['type'])}", f"**default** `{render(row['default'])}`"]
+        if row["range"]:
+            facts.append(f"**range** {_escape(row['range'])}")
+        lines += [f"### `{row['key']}` {{#{row['key']}}}", "", " · ".join(facts), "", _escape(row["text"]), ""]
+    return "\n".join(lines)
+
+
+def _help(parser: argparse.ArgumentParser) -> list[str]:
+    """The parser's --help, and each sub-command's after it."""
+    out = ["```text", parser.format_help().rstrip(), "```", ""]
+    for action in parser._actions:  # argparse keeps sub-commands here and nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += [f"#### `{sub.prog}`", ""] + _help(sub)
+    return out
+
+
+def commands_page() -> str:
+    from rlcore.commands import build_parser
+
+    os.environ["COLUMNS"] = "110"  # argparse wraps at the terminal's width: the same page on every machine
+    top = build_parser()
+    lines = ["# Command reference", "",
+             "`rlcore` is everything around training (the pipeline itself is `dvc repro`). Generated from the "
+             "argparse definitions in `rlcore/commands/` when the site is built: the text `rlcore <command> --help` "
+             "prints.", ""] + _help_top(top)
+    return "\n".join(lines)
+
+
+def _help_top(top: argparse.ArgumentParser) -> list[str]:
+    lines = ["```text", top.format_help().rstrip(), "```", ""]
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        lines += [f"## `rlcore {name}` {{#{name}}}", ""] + _help(parser)
+    return lines
+
+
+def examples_table() -> str:
+    """One row per examples/*.yaml: its file, its first comment line, the keys it changes from params.yaml."""
+    from rlcore.commands.config import entries, render
+    from rlcore.config import Config, load_config
+
+    base = {r["key"]: r["value"] for r in entries(load_config(ROOT / "params.yaml"), Config())}
+    lines = ["| file | what it shows | keys it changes from params.yaml |", "| --- | --- | --- |"]
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        about = path.read_text().splitlines()[0].lstrip("# ").strip()
+        rows = entries(load_config(path), Config())
+        changed = [f"`{r['key']}: {render(r['value'])}`" for r in rows if r["value"] != base.get(r["key"])]
+        lines.append(f"| `examples/{path.name}` | {_escape(about)} | {'<br>'.join(changed) or 'none'} |")
+    return "\n".join(lines)
+
+
+def compare_reports() -> str:
+    """A list item per report `rlcore compare` wrote into docs/results (its first heading as the title)."""
+    items = []
+    for path in sorted((ROOT / "docs/results").glob("compare-*.md")):
+        title = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")),
+                     path.stem)
+        items.append(f"* [{_escape(title)}]({path.name})")
+    return "\n".join(items) or "* none yet in this checkout"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if page.file.src_uri == "how-to/examples.md":
+        return markdown.replace("<!-- examples table -->", examples_table())
+    if page.file.src_uri == "results/index.md":
+        return markdown.replace("<!-- compare reports -->", compare_reports())
+    return markdown
+
+
+def on_files(files: Files, config) -> Files:
+    for uri, text in (("reference/params.md", params_page()), ("reference/commands.md", commands_page())):
+        files.append(File.generated(config, uri, content=text))
+    for uri, png in _plots().draw_all(ROOT).items():
+        files.append(File.generated(config, uri, content=png))
+    return files
