@@ -1,7 +1,8 @@
 """The results pages' plots, drawn when the site is built from files the repository commits:
 
 * ``plots/sft.csv`` and ``plots/ppo_r1.csv`` (the default pipeline's curves, written by ``make run``);
-* the tables and lists of ``bench/RESULTS.md`` (``make bench``, ``make bench-async``).
+* the tables and lists of ``bench/RESULTS.md`` (``make bench``, ``make bench-async``);
+* ``docs/results/data/rlhf_seed*.csv`` (the RLHF recipe's rounds, one per seed, from ``bench.recipe_seeds``).
 
 Images, so the pages need no JavaScript and nothing from a network.
 """
@@ -112,9 +113,31 @@ def async_rounds(root: Path) -> bytes:
     return _png(fig)
 
 
+def rlhf(root: Path) -> bytes:
+    """Per seed: the reward model's score (the training reward, standardised), the true accuracy of the same samples,
+    and how often the reward model ranks a correct sample above an incorrect one of its group."""
+    import matplotlib.pyplot as plt
+
+    files = sorted((root / "docs/results/data").glob("rlhf_seed*.csv"))
+    fig, axes = plt.subplots(1, len(files), figsize=(4.2 * len(files), 3.4), sharey=True, squeeze=False)
+    for ax, path in zip(axes[0], files):
+        rows = read_csv(path)
+        for key, color, label in (("rollout/reward_mean", "#8250df", "reward model's score (training reward)"),
+                                  ("rollout/acc", "#0969da", "true accuracy of the samples"),
+                                  ("reward/rm/agreement", "#bc4c00", "reward model ranks correct first")):
+            steps, values = _numbers(rows, key)
+            ax.plot(steps, values, color=color, alpha=0.2, lw=1)
+            ax.plot(steps, moving_average(values, 0.9), color=color, lw=2, label=label)
+        steps, val = _numbers(rows, "val/greedy_pass@1")
+        ax.plot(steps, val, "o-", color="#1a7f37", lw=2, label="held-out greedy pass@1")
+        ax.set(xlabel="RL step", title=path.stem.replace("rlhf_", "").replace("seed", "seed "))
+    axes[0][0].legend(loc="lower left", fontsize=7)
+    return _png(fig)
+
+
 def draw_all(root: Path) -> dict[str, bytes]:
     import matplotlib
 
     matplotlib.use("Agg")
     return {"results/img/default-recipe.png": default_recipe(root), "results/img/speed-trl.png": speed(root),
-            "results/img/async.png": async_rounds(root)}
+            "results/img/async.png": async_rounds(root), "results/img/rlhf.png": rlhf(root)}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import sys
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
@@ -19,6 +21,10 @@ log = logging.getLogger(__name__)
 PLACEMENT_STRATEGIES = {"pack": "PACK", "spread": "SPREAD"}
 # ray.init to an address where nothing listens retries for minutes; a TCP connect answers in this many seconds.
 REACH_TIMEOUT_S = 5.0
+# Ray gives a local node 30 s (fixed in ray/_private/node.py) to register its raylet; on a loaded machine (a load
+# average of 10-25 on 2 cores, seen here) that fails now and then, and a stage would end before its first step.
+NODE_START_TRIES = 3
+NODE_START_TIMEOUT = "timed out during startup"
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -62,9 +68,7 @@ def start_ray(address: str, num_cpus: int) -> str:
         # Ray starts its worker processes 15 nice levels below the driver; the ranks do the compute, so on
         # a shared machine they would lose the CPU to everything else. A user's own setting wins.
         os.environ.setdefault("RAY_worker_niceness", "0")
-        # address=None with RAY_ADDRESS unset would still attach to a running `ray start`; "local" never does.
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
-                 configure_logging=False)
+        _start_local(num_cpus)
         return f"ray: started a private Ray instance on this machine: {_cluster_counts()}"
     check_reachable(address)
     ctx = ray.init(address=address, log_to_driver=True, configure_logging=False)
@@ -73,6 +77,51 @@ def start_ray(address: str, num_cpus: int) -> str:
     dashboard = getattr(ctx, "dashboard_url", None)
     where = f"head {head}" + (f", dashboard http://{dashboard}" if dashboard else "")
     return f"ray: joined the cluster at ray.address {address} ({where}): {_cluster_counts()}"
+
+
+def _start_local(num_cpus: int) -> None:
+    """``ray.init`` of a private local instance, tried again (up to :data:`NODE_START_TRIES` times) when its node
+    does not come up in Ray's 30 s; the processes a failed try started are killed before the next."""
+    for attempt in range(1, NODE_START_TRIES + 1):
+        before = descendants(os.getpid())
+        try:
+            # address=None with RAY_ADDRESS unset would still attach to a running `ray start`; "local" never does.
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
+                     configure_logging=False)
+            return
+        except Exception as err:
+            if NODE_START_TIMEOUT not in str(err) or attempt == NODE_START_TRIES:
+                raise
+            for pid in descendants(os.getpid()) - before:  # the failed try's GCS, raylet, dashboard, agents
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            print(f"ray: the local node did not start within Ray's 30 s (is the machine busy? load average "
+                  f"{os.getloadavg()[0]:.1f}); trying again ({attempt + 1}/{NODE_START_TRIES})", file=sys.stderr,
+                  flush=True)
+
+
+def descendants(pid: int) -> set[int]:
+    """Process ids of ``pid``'s children, their children and so on (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return set()
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # the name, in parentheses, may hold spaces
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
 
 
 class ResourcePool:

@@ -196,3 +196,41 @@ def test_the_users_worker_niceness_wins(fake_ray, monkeypatch):
 def test_joining_a_cluster_leaves_worker_niceness_alone(fake_ray):
     start_ray("auto", 2)
     assert fake_ray == [{"address": "auto", "niceness": None}]
+
+
+def test_a_local_node_that_times_out_starting_is_started_again_and_the_failed_trys_processes_killed(
+        monkeypatch, capsys):
+    """Ray's own 30 s for a node to come up can pass on a loaded machine: the start is tried again, and what the
+    failed try left running (here a stand-in for its GCS) is killed first. Another error is not retried."""
+    import subprocess
+
+    monkeypatch.setattr(resource_pool.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(resource_pool.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    left = []
+
+    def init(address, **_):
+        if not left:
+            left.append(subprocess.Popen(["sleep", "60"]))  # started by the failed try, like Ray's GCS
+            raise Exception("The current node timed out during startup. This could happen because ...")
+
+    monkeypatch.setattr(resource_pool.ray, "init", init)
+    assert start_ray("local", 2).startswith("ray: started a private Ray instance")
+    assert left[0].wait(timeout=10) == -9  # SIGKILLed before the second try
+    err = capsys.readouterr().err
+    assert "did not start within Ray's 30 s" in err and "trying again (2/3)" in err
+
+    def failing(address, **_):
+        raise Exception("The current node timed out during startup.")
+
+    monkeypatch.setattr(resource_pool.ray, "init", failing)
+    with pytest.raises(Exception, match="timed out during startup"):  # three tries, then Ray's own error
+        start_ray("local", 2)
+    assert capsys.readouterr().err.count("trying again") == 2
+
+    def broken(address, **_):
+        raise ValueError("another problem")
+
+    monkeypatch.setattr(resource_pool.ray, "init", broken)
+    with pytest.raises(ValueError, match="another problem"):
+        start_ray("local", 2)
+    assert "trying again" not in capsys.readouterr().err
