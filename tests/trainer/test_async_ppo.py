@@ -179,7 +179,9 @@ def test_idle_fractions_see_a_generator_that_takes_longer_than_the_update(tiny, 
     for r, wall in zip(rows, walls):
         assert r["async/trainer_idle_frac"] * wall >= 0.9 * delay, (r["async/trainer_idle_frac"], wall)
     busy = sum((1 - r["async/generator_idle_frac"]) * r["timing_s/step"] for r in rows)
-    assert busy >= 0.9 * delay * (steps - 1), busy  # the last batch's busy time may land after the last step
+    # the first batch may be generated before step 0 starts (the runner starts the generators) and the last one's
+    # busy time may land after the last step: the steps between hold at least the others' sleeps
+    assert busy >= 0.9 * delay * (steps - 2), busy
     assert all(r["async/staleness"] == 0 for r in rows)
 
 
