@@ -152,11 +152,13 @@ def estimates(cfg: Config, model_dir, stage: str) -> list[Estimate]:
     shape = model_shape(model_dir, loras)
     out = []
     for role in roles:
-        ppo = role != "sft"
+        if role != "actor":  # (a stage reads only the params sections it declares: sft has no rollout or actor)
+            out.append(trainer_estimate(cfg, shape, role, f"{stage} {role}" if stage == "ppo" else stage))
+            continue
         shares = (cfg.resources.strategy == "ddp" and cfg.model.dtype == "float32" and cfg.rollout.engine == "static")
-        out.append(trainer_estimate(cfg, shape, role, f"{stage} {role}" if ppo else "sft",
-                                    with_ref=role == "actor" and (cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward),
-                                    rollout_copy=role == "actor" and not shares))
+        out.append(trainer_estimate(cfg, shape, role, f"{stage} {role}",
+                                    with_ref=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
+                                    rollout_copy=not shares))
     return out
 
 

@@ -43,6 +43,8 @@ class LoraSpec:
     alpha: float = 32.0
     dropout: float = 0.0
     target_modules: str | tuple[str, ...] = "all-linear"
+    seed: int = 0
+    """Seeds a fresh adapter's initialisation (the same on every rank)."""
 
     @property
     def on(self) -> bool:
@@ -111,13 +113,18 @@ def peft_config(spec: LoraSpec, kind: str = "causal_lm"):
                       exclude_modules=exclude, task_type=TASK_TYPES[kind])
 
 
-def add_adapter(model: torch.nn.Module, spec: LoraSpec, *, kind: str = "causal_lm", key: str = "lora"):
-    """``model`` with a fresh trainable adapter (peft's initialisation: B = 0, so the model is unchanged);
-    every other parameter frozen (but a value model's head, which trains fully)."""
+def add_adapter(model: torch.nn.Module, spec: LoraSpec, *, kind: str = "causal_lm", key: str = "lora",
+                seed: int = 0):
+    """``model`` with a fresh trainable adapter (peft's initialisation: A random, B = 0, so the model is unchanged);
+    every other parameter frozen (but a value model's head, which trains fully). A is drawn from ``seed`` on a forked
+    generator: every rank of a group draws the same adapter (sharded ranks never compare their shards), and the
+    process's own random stream is left as it was."""
+    import torch
     from peft import get_peft_model
 
     try:
-        with _quiet():
+        with _quiet(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
             return get_peft_model(model, peft_config(spec, kind))
     except ValueError as err:  # peft: target modules not found in the model
         raise ConfigError(f"{key}.target_modules {_targets(spec.target_modules)}: {str(err).splitlines()[0]}") from None

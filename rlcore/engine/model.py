@@ -161,7 +161,7 @@ def trained_causal_lm(spec: ModelSpec, *, with_reference: bool = False) -> torch
         base = load_causal_lm(spec.base, **_load_kwargs(spec))
         return lora.load_adapter(base, spec.path, trainable=True, with_reference=with_reference)
     module = load_causal_lm(spec.path, **_load_kwargs(spec))
-    return lora.add_adapter(module, spec.lora) if spec.lora.on else module
+    return lora.add_adapter(module, spec.lora, seed=spec.lora.seed) if spec.lora.on else module
 
 
 def load_policy(spec: ModelSpec, device: torch.device, *, frozen: bool = False,
@@ -182,7 +182,7 @@ def load_critic(spec: ModelSpec, device: torch.device) -> SequenceModel:
     else:
         module = load_value_model(spec.path, **_load_kwargs(spec))
         if spec.lora.on:
-            module = lora.add_adapter(module, spec.lora, kind="value", key="critic.lora")
+            module = lora.add_adapter(module, spec.lora, kind="value", key="critic.lora", seed=spec.lora.seed)
     return wrap_for_training(spec, module.to(device), device)
 
 
@@ -195,7 +195,7 @@ def load_rollout_model(spec: ModelSpec, device: torch.device) -> torch.nn.Module
     else:
         module = load_causal_lm(spec.path, **_load_kwargs(spec))
         if spec.lora.on:
-            module = lora.add_adapter(module, spec.lora)
+            module = lora.add_adapter(module, spec.lora, seed=spec.lora.seed)
     return module.eval().requires_grad_(False).to(device=device, dtype=DTYPES[spec.dtype])
 
 

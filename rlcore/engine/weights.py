@@ -23,10 +23,12 @@ Packed = dict[str, tuple[np.ndarray, str, tuple[int, ...]]]
 @dataclass(frozen=True)
 class WeightsPayload:
     """One published policy version: its weights as a rollout engine loads them (every tensor, or a LoRA model's
-    adapters only), and the sync-check probe with the trainer's log-probs of it under these weights
-    (``rlcore.engine.sync_check``), which a generator compares with its engine's after loading them."""
+    adapters only), their fingerprint, and the sync-check probe with the trainer's log-probs of it under these
+    weights (``rlcore.engine.sync_check``), which a generator compares with its engine's after loading them."""
 
     state: Packed
+    fingerprint: tuple[float, float]
+    """``rlcore.engine.sync_check.fingerprint`` of the tensors of ``state``."""
     probe: Batch
     probe_log_probs: torch.Tensor
     dtype: str

@@ -38,6 +38,9 @@ def engine_spec(rollout: RolloutConfig) -> EngineSpec:
 
 
 class RolloutEngine(Protocol):
+    model: torch.nn.Module
+    """The module whose tensors the engine computes with (the weight-sync check reads them back)."""
+
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the trainer's current (unsharded) weights before generating."""
 

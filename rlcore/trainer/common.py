@@ -43,7 +43,7 @@ def model_spec(cfg: Config, path: str | Path, role: str | None = None) -> ModelS
         section = getattr(cfg, role)
         lora = section.lora
         trained = {"lora": LoraSpec(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                                    target_modules=lora.target_modules),
+                                    target_modules=lora.target_modules, seed=cfg.seed),
                    "gradient_checkpointing": section.gradient_checkpointing, "offload_params": r.offload.params}
     return ModelSpec(path=str(path), dtype=m.dtype, attn_implementation=m.attn_implementation,
                      packed_forward=m.packed_forward, strategy=r.strategy,

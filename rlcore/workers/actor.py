@@ -37,7 +37,7 @@ from rlcore.algos.off_policy import (
     off_policy_metrics,
 )
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
-from rlcore.engine import distributed, sync_check
+from rlcore.engine import distributed, peak_memory, sync_check
 from rlcore.engine.lora import reference_weights
 from rlcore.engine.model import ModelSpec, load_policy, load_tokenizer, save_pretrained
 from rlcore.engine.sequence import SequenceModel, eval_mode, sequences
@@ -124,6 +124,7 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         self.mismatch: dict[str, float] | None = None  # accumulated by update_actor's first mini-batch
         self.off_stats: dict[str, float] | None = None  # off-policy weights' statistics of an update (OffPolicySpec)
         self.fused_kl = {"kl_ref_sum": 0.0, "kl_ref_tokens": 0.0}  # actor/kl_ref's sums, from the update's forward
+        self.peaks: Metrics = {}  # perf/peak_mem_*_mib of the phases since the last update (reported by it)
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -154,9 +155,12 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
     def _sync_rollout(self) -> None:
         """Give the engine the policy's weights (unless it reads the actor's own) and check that it now computes the
         trainer's log-probs (``rlcore.engine.sync_check``); every rank on the same call (collectives under fsdp)."""
-        if not self.engine_shares:
-            self.engine.load_weights(self._rollout_state())
         self.syncs += 1
+        if not self.engine_shares:
+            state = self._rollout_state()
+            self.engine.load_weights(state)
+            sync_check.check_loaded(self.engine.model, state, sync_check.fingerprint(state.values()),
+                                    what=f"rank {self.rank}, weight sync {self.syncs}")
         sync_check.check(sync_check.engine_log_probs(self.engine, self.probe, self.device), self.probe_log_probs(),
                          dtype=self.model_spec.dtype, what=f"rank {self.rank}, weight sync {self.syncs}")
         self.rollout_stale = False
@@ -164,9 +168,10 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
     @register(Dispatch.DP_COMPUTE)
     def generate(self, batch: Batch, spec: GenerateSpec) -> Batch:
         """Sample responses for ``prompts``/``prompt_mask`` with the current policy."""
-        if self.rollout_stale:  # a collective under fsdp: every rank reaches it on the same call
-            self._sync_rollout()
-        return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)
+        with peak_memory.phase(self.peaks, "gen", self.device):
+            if self.rollout_stale:  # a collective under fsdp: every rank reaches it on the same call
+                self._sync_rollout()
+            return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)
 
     @register(Dispatch.ONE_TO_ALL)
     def rollout_weights(self) -> list | None:
@@ -180,7 +185,8 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         state, probe_lp = self._rollout_state(), self.probe_log_probs()
         if self.rank != 0:
             return None
-        return [ray.put(WeightsPayload(pack_state(state), self.probe, probe_lp, self.model_spec.dtype))]
+        return [ray.put(WeightsPayload(pack_state(state), sync_check.fingerprint(state.values()), self.probe, probe_lp,
+                                       self.model_spec.dtype))]
 
     # -------------------------------------------------------------- log-probs
     def _log_probs(self, model: SequenceModel, batch: Batch, spec: LogProbSpec, with_entropy: bool) -> Batch:
@@ -205,7 +211,8 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
     def compute_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:
         """``old_log_probs`` of the responses under the actor (a training forward; the update computes the
         entropy it logs itself), and ``sum_pi_squared`` with ``spec.sum_pi_squared``."""
-        out = self._log_probs(self.actor, batch, spec, with_entropy=False)
+        with peak_memory.phase(self.peaks, "old_log_prob", self.device):
+            out = self._log_probs(self.actor, batch, spec, with_entropy=False)
         renamed = {"old_log_probs": out["log_probs"]}
         if spec.sum_pi_squared:
             renamed["sum_pi_squared"] = out["sum_pi_squared"]
@@ -214,6 +221,10 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
     @register(Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:
         """``ref_log_probs`` of the responses under the frozen reference."""
+        with peak_memory.phase(self.peaks, "ref", self.device):
+            return self._ref_log_probs(batch, spec)
+
+    def _ref_log_probs(self, batch: Batch, spec: LogProbSpec) -> Batch:
         if self.ref is not None:
             return Batch({"ref_log_probs": self._log_probs(self.ref, batch, spec, with_entropy=False)["log_probs"]})
         if not (self.with_ref and self.model_spec.lora.on):
@@ -327,10 +338,12 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
                                          offload=self.optim_spec.offload)
             return {"actor/grad_norm": norm, "actor/lr": lr, "actor/nonfinite_steps": float(skipped)}
 
-        rows = minibatch_updates(
-            batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size, micro_batch_size=spec.micro_batch_size,
-            generator=torch.Generator().manual_seed(spec.seed * 7919 + self.rank), device=self.device,
-            micro_loss=lambda part, scale: self._actor_loss(part, spec, scale), optimizer_step=optimizer_step)
+        with peak_memory.phase(self.peaks, "update", self.device):
+            rows = minibatch_updates(
+                batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size,
+                micro_batch_size=spec.micro_batch_size,
+                generator=torch.Generator().manual_seed(spec.seed * 7919 + self.rank), device=self.device,
+                micro_loss=lambda part, scale: self._actor_loss(part, spec, scale), optimizer_step=optimizer_step)
         self.rollout_stale = True
         if "old_log_probs" not in batch and "ref_log_probs" in batch:
             extra.update(self.fused_kl)
@@ -343,6 +356,9 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
             metrics.update(off_policy_metrics(merged))
         if "kl_ref_sum" in metrics:
             metrics["actor/kl_ref"] = metrics.pop("kl_ref_sum") / max(metrics.pop("kl_ref_tokens"), 1.0)
+        # the largest rank's peak of each phase since the last update (every rank ran the same phases)
+        metrics.update({k: distributed.all_reduce_max(v, self.device) for k, v in sorted(self.peaks.items())})
+        self.peaks = {}
         return metrics
 
     # ------------------------------------------------------------ checkpoints

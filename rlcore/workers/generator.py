@@ -53,7 +53,10 @@ class GeneratorWorker(RankWorker):
 
     def load(self, payload: WeightsPayload, version: int) -> None:
         """Take a published version's weights and check them with its probe."""
-        self.engine.load_weights(unpack_state(payload.state))
+        state = unpack_state(payload.state)
+        self.engine.load_weights(state)
+        sync_check.check_loaded(self.engine.model, state, payload.fingerprint,
+                                what=f"generator {self.index}, policy version {version}")
         sync_check.check(sync_check.engine_log_probs(self.engine, payload.probe, self.device), payload.probe_log_probs,
                          dtype=payload.dtype, what=f"generator {self.index}, policy version {version}")
         self.version = version
