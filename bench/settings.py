@@ -29,7 +29,9 @@ OVERRIDES: dict[str, Any] = {
     "tracking.enabled": False,
     "ppo.train_batch_size": 32,  # the benchmark's step: 32 prompts x rollout.n responses, whatever the recipe uses
 }
-RL_SEED = 1234  # prompt order and sampling seed of the RL phase (both systems take the same prompt order)
+# prompt order and sampling seed of the RL phase (both systems take the same prompt order); bench.reward_gap runs
+# other seeds through BENCH_RL_SEED
+RL_SEED = int(os.environ.get("BENCH_RL_SEED") or 1234)
 # The SFT checkpoint is a fixture (both systems start from it), not what is measured: its length is
 # pinned so a first run (which builds it) stays within the 15-minute budget whatever params.yaml says.
 FIXTURE_OVERRIDES: dict[str, Any] = {"sft.steps": 1000}
