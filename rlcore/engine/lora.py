@@ -165,6 +165,31 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if is_peft(model) else model
 
 
+def merged_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A plain model on the CPU with the peft ``model``'s full unsharded ``state`` and its adapter merged in, built
+    fresh from the model's config (the live, possibly sharded, model stays as it is and may go on training)."""
+    import copy
+
+    import torch
+    from peft import get_peft_model
+
+    base = model.get_base_model()
+    with torch.device("meta"):
+        fresh = type(base)(copy.deepcopy(base.config))
+    config = copy.deepcopy(model.peft_config[POLICY])
+    config.inference_mode = False
+    with _quiet():
+        fresh = get_peft_model(fresh, config)
+    # copies: merging writes into the base weights, which must not be the live model's
+    fresh.load_state_dict({k: v.detach().to("cpu", copy=True) for k, v in state.items()}, strict=True, assign=True)
+    live = dict(base.named_buffers())
+    for name, buf in list(fresh.get_base_model().named_buffers()):
+        if buf.is_meta:  # buffers a state dict leaves out (rotary frequencies): the live model's
+            owner, _, leaf = name.rpartition(".")
+            fresh.get_base_model().get_submodule(owner)._buffers[leaf] = live[name].detach().cpu().clone()
+    return fresh.merge_and_unload()
+
+
 def is_peft(model: torch.nn.Module) -> bool:
     from peft import PeftModel
 

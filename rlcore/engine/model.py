@@ -175,14 +175,12 @@ def load_policy(spec: ModelSpec, device: torch.device, *, frozen: bool = False,
 
 
 def load_critic(spec: ModelSpec, device: torch.device) -> SequenceModel:
-    """The value model at ``spec.path`` (a fresh value head on a causal-LM folder) wrapped for training, with a LoRA
-    adapter (fresh, or the one at ``path`` training on) when ``spec.lora`` is on."""
-    if spec.continues_adapter:
-        module = lora.load_adapter(load_value_model(spec.base, **_load_kwargs(spec)), spec.path, trainable=True)
-    else:
-        module = load_value_model(spec.path, **_load_kwargs(spec))
-        if spec.lora.on:
-            module = lora.add_adapter(module, spec.lora, kind="value", key="critic.lora", seed=spec.lora.seed)
+    """The value model at ``spec.path`` (a fresh value head on a causal-LM folder; an adapter folder merged into its
+    base) wrapped for training, with a fresh LoRA adapter when ``spec.lora`` is on (its head trains fully). A critic
+    never continues an adapter: it saves merged folders (:func:`save_pretrained` with ``merge``)."""
+    module = load_value_model(spec.path, **_load_kwargs(spec))
+    if spec.lora.on:
+        module = lora.add_adapter(module, spec.lora, kind="value", key="critic.lora", seed=spec.lora.seed)
     return wrap_for_training(spec, module.to(device), device)
 
 
@@ -200,11 +198,20 @@ def load_rollout_model(spec: ModelSpec, device: torch.device) -> torch.nn.Module
 
 
 def save_pretrained(model: SequenceModel, path: str | Path, *, rank: int, tokenizer=None,
-                    base: str | Path | None = None) -> None:
+                    base: str | Path | None = None, merge: bool = False) -> None:
     """Write a Hugging Face folder (safetensors + config, and the tokenizer if given) of the float32
     weights from rank 0; a model with a LoRA adapter writes an adapter folder over ``base`` instead (only the
-    trained tensors are gathered). A collective: every rank calls it."""
+    trained tensors are gathered), or with ``merge`` a full folder of its weights with the adapter merged in.
+    A collective: every rank calls it."""
     adapter = lora.is_peft(model.module)
+    if adapter and merge:
+        state = model.strategy.checkpoint_state_dict(model.module)
+        if rank == 0:
+            merged = lora.merged_copy(model.module, state)
+            merged.save_pretrained(Path(path), safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(Path(path))
+        return
     if adapter:
         state = model.strategy.trainable_state_dict(model.module, compute_dtype=False)
     else:

@@ -59,7 +59,8 @@ def check_model(cfg: Config, model_dir: str | Path, stage: str) -> None:
 
     from rlcore.engine import footprint, lora
 
-    roles = {"sft": {"sft": Path(model_dir)}, "ppo": {"actor": Path(model_dir), "critic": Path(model_dir) / "critic"}}
+    # (a critic never continues an adapter: it starts a fresh one on its merged folder)
+    roles = {"sft": {"sft": Path(model_dir)}, "ppo": {"actor": Path(model_dir), "critic": None}}
     shape = footprint.model_shape(model_dir)
     for role, folder in roles[stage].items():
         settings = getattr(cfg, role).lora
@@ -67,7 +68,7 @@ def check_model(cfg: Config, model_dir: str | Path, stage: str) -> None:
             continue
         spec = LoraSpec(rank=settings.rank, alpha=settings.alpha, dropout=settings.dropout,
                         target_modules=settings.target_modules)
-        if lora.is_adapter(folder):
+        if folder is not None and lora.is_adapter(folder):
             lora.check_continues(spec, folder, f"{role}.lora")
         elif not isinstance(settings.target_modules, str):
             unknown = sorted(set(settings.target_modules) - shape.linear_names)

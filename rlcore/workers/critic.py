@@ -94,6 +94,7 @@ class CriticWorker(TrainedModelState, RankWorker):
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
-        """Write the value model's folder (with LoRA an adapter folder, its head included) from rank 0."""
-        save_pretrained(self.critic, path, rank=self.rank, base=self.model_spec.base)
+        """Write the value model's folder from rank 0 (with LoRA, its adapter merged in: the next round's critic starts
+        from it, with a fresh adapter)."""
+        save_pretrained(self.critic, path, rank=self.rank, merge=True)
         return path

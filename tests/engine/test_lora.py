@@ -206,7 +206,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, lora_sp
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5)
 
 
-def test_a_lora_critic_trains_its_value_head_fully_and_its_folder_restores_it(tiny_model_dir, tmp_path):
+def test_a_lora_critic_trains_its_value_head_fully_and_its_merged_folder_restores_it(tiny_model_dir, tmp_path):
     spec = ModelSpec(str(tiny_model_dir), lora=RANK4)
     critic = load_critic(spec, torch.device("cpu"))
     trainable = {n for n, p in critic.module.named_parameters() if p.requires_grad}
@@ -218,7 +218,8 @@ def test_a_lora_critic_trains_its_value_head_fully_and_its_folder_restores_it(ti
                 p.add_(0.1 * torch.randn_like(p))
     from rlcore.engine.model import save_pretrained
 
-    save_pretrained(critic, tmp_path / "critic", rank=0, base=tiny_model_dir)
+    save_pretrained(critic, tmp_path / "critic", rank=0, merge=True)  # as the critic worker saves it
+    assert (tmp_path / "critic" / "model.safetensors").is_file() and not lora.is_adapter(tmp_path / "critic")
     ids = torch.randint(7, 50, (2, 9))
     mask = torch.ones_like(ids)
     with torch.no_grad():
