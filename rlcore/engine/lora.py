@@ -155,9 +155,7 @@ def _quiet() -> Iterator[None]:
 
 def merged(model: torch.nn.Module) -> torch.nn.Module:
     """A plain model with the active adapter merged into the base weights (``model`` itself if it has none)."""
-    from peft import PeftModel
-
-    return model.merge_and_unload() if isinstance(model, PeftModel) else model
+    return model.merge_and_unload() if is_peft(model) else model
 
 
 def hf_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -191,6 +189,11 @@ def merged_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch
 
 
 def is_peft(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a peft model (without importing peft where it was never imported: then none is)."""
+    import sys
+
+    if "peft" not in sys.modules:
+        return False
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
