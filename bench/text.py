@@ -31,7 +31,7 @@ DIFFERENCES = """\
   grad-norm clip 1.0. TRL uses its default `adamw_torch_fused`; rlcore `torch.optim.AdamW(foreach=True)`.
 - **Generation.** rlcore: its static-cache engine (`rollout.engine: static`: a preallocated KV cache,
   each distinct prompt prefilled once, finished rows compacted out of the batch, inverse-CDF sampling)
-  on a copy of the weights refreshed after every update.
+  reading the trainer's own float32 weights (no copy, no sync: `ddp`, float32), each sync checked on a probe.
   TRL: `model.generate(do_sample=True)` on the training model. Both stop at EOS or max length;
   TRL's `top_k=0` and rlcore's `top_k: 0` both mean no top-k filter.
 - **Padding and repeats.** rlcore's forwards are packed (`model.packed_forward`): no padding token,
@@ -41,7 +41,11 @@ DIFFERENCES = """\
 - **Prompt length.** TRL 1.x has no `max_prompt_length`; every prompt here is shorter than
   rlcore's limit, so neither truncates.
 - **Entropy.** Both compute the entropy in the training forward (for logging; coefficient 0);
-  rlcore keeps it off the autograd graph when its coefficient is 0."""
+  rlcore keeps it off the autograd graph when its coefficient is 0.
+- **LoRA** (configuration `lora`): both train peft adapters of the same rank, alpha and target modules at the
+  same learning rate, and both take the reference from the model with its adapter disabled.
+- **Reward.** The loss, its aggregation, the KL term, the advantages and the sampler are the same computation
+  (section "Reward at the default configuration" below: `bench/reward_gap.py`)."""
 
 
 def kv_table(d: dict[str, Any], head: tuple[str, str] = ("key", "value")) -> list[str]:
@@ -228,9 +232,11 @@ def cost_rows(info: dict) -> list[str]:
     trained = shape.lora_params[(cfg.actor.lora.rank, cfg.actor.lora.target_modules)] if lora else shape.params
     sh = info["shared"]
     trl_logits = 3 * 4.0 * sh["completions_per_step"] * sh["max_response_length"] * shape.vocab
+    kv = 2 * 4.0 * shape.layers * shape.kv_width * sh["completions_per_step"] * (
+        sh["max_prompt_length"] + sh["max_response_length"])  # transformers' dynamic cache of the whole batch
     trl = {"weights": 4.0 * shape.params, "gradients": 4.0 * trained, "AdamW": 8.0 * trained,
-           "reference": 0.0 if lora else 4.0 * shape.params, "rollout copy": 0.0,
-           "logits (x3: logits, log-softmax, gradient)": trl_logits}
+           "AdamW step": 4.0 * trained, "reference": 0.0 if lora else 4.0 * shape.params, "KV cache": kv,
+           "rollout copy": 0.0, "logits (x3: logits, log-softmax, gradient)": trl_logits}
     ours_logits = 3 * 4.0 * min(cfg.actor.micro_batch_size, sh["completions_per_step"] // cfg.resources.n_workers) \
         * sh["max_response_length"] * shape.vocab
     ours = {**{k: v for k, v in ours.items() if k not in ("activations", "runtime")},
