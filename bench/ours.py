@@ -40,12 +40,30 @@ def running_runner():
 def step_record(step: int, m: dict[str, float], wall: float) -> dict:
     """Token counts are recovered from rlcore's own rates: rate x the time it divides by."""
     phases = {k.removeprefix("timing_s/"): v for k, v in m.items() if k.startswith("timing_s/")}
-    return {
+    # each phase's peak resident memory on the largest rank (rlcore.engine.peak_memory)
+    memory = {k.removeprefix("perf/peak_mem_").removesuffix("_mib"): v for k, v in m.items()
+              if k.startswith("perf/peak_mem_")}
+    return {"memory_mib": memory,
         "step": step, "wall_s": wall, "gen_s": m["timing_s/gen"], "reward": m["rollout/acc"],
         "rollout_tokens": round(m["perf/gen_tokens_per_s"] * m["timing_s/gen"]),
         "train_tokens": round(m["perf/tokens_per_s"] * m["timing_s/step"]),
         "phases": phases, "kl": m.get("actor/kl_ref"), "response_length": m["rollout/response_length"],
     }
+
+
+def _rss_mib(worker) -> float:
+    """Runs inside a worker rank: its resident memory now (MiB)."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def rank_baselines(runner) -> list[float]:
+    """Each rank's resident memory after set-up (models loaded, before any step)."""
+    import ray
+
+    return ray.get([w.__ray_call__.remote(_rss_mib) for w in runner.actor.workers])
 
 
 def _noop(worker) -> None:
@@ -108,6 +126,7 @@ def main() -> None:
     t0 = time.perf_counter()
     with running_runner() as runner:
         wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),
+                  rank_rss_mib=rank_baselines(runner), controller_rss_mib=_rss_mib(None),
                   resources=runner.cfg.resources.model_dump(mode="json"),
                   packed_forward=runner.cfg.model.packed_forward, balance_batch=runner.cfg.ppo.balance_batch,
                   engine=runner.cfg.rollout.engine)

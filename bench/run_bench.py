@@ -36,20 +36,29 @@ from bench.monitor import LoadMeter, MemoryMonitor
 from bench.prepare import ensure_prepared
 from bench.profile import profile_ours, pyspy_available
 from bench.sections import write_keeping_sections
-from bench.settings import (BENCH_DIR, CONFIGS, FIXTURE_SET_ENV, REPO_ROOT, SET_ENV, WORK_DIR, paths, rl_config,
-                            shared)
+from bench.settings import (BENCH_DIR, CONFIGS, FIXTURE_SET_ENV, REPO_ROOT, RUN_SIZES, SET_ENV, WORK_DIR, paths,
+                            rl_config, shared)
 from bench.text import render
 
 QUIET_WAIT_PER_BLOCK_S = 15.0
+DEFAULT_SIZES = {"steps": 20, "warmup": 2, "block": 4, "profile_steps": 10}
 FWD_ONLY_PASSES = 1  # the reference forward; both skip the old-log-prob forward with one pass per step
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--steps", type=int, default=20, help="measured RL steps per system (after warm-up)")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up steps per system, not measured")
-    p.add_argument("--block", type=int, default=4, help="steps a system runs before the other takes its turn")
-    p.add_argument("--profile-steps", type=int, default=10, help="extra steps of ours run under py-spy")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"measured RL steps per system (after warm-up; default {DEFAULT_SIZES['steps']}, fewer for the "
+                        "configurations of settings.RUN_SIZES)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"warm-up steps per system, not measured (default {DEFAULT_SIZES['warmup']})")
+    p.add_argument("--block", type=int, default=None,
+                   help=f"steps a system runs before the other takes its turn (default {DEFAULT_SIZES['block']})")
+    p.add_argument("--profile-steps", type=int, default=None,
+                   help=f"extra steps of ours run under py-spy (default {DEFAULT_SIZES['profile_steps']})")
+    p.add_argument("--memory-steps", type=int, default=2,
+                   help="steps of TRL with one rank's batch in one process, for the per-rank memory comparison "
+                        "(0: skip it)")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--quiet-wait", type=float, default=120.0,
                    help="total seconds the run may wait, before blocks, for other processes to go quiet")
@@ -137,7 +146,7 @@ def describe_run(args: argparse.Namespace) -> dict:
             "model_shape": model_shape(paths()["sft"]),
             "params": count_params(paths()["sft"]), "prepare": prepared, "args": vars(args),
             "ours_overrides": parse_sets(args.ours_set),
-            "fixture": str(paths()["sft"].relative_to(REPO_ROOT))}
+            "fixture": str(paths()["sft"].relative_to(REPO_ROOT)), "fixture_path": str(paths()["sft"])}
     idle = LoadMeter([])
     idle.start()
     info["peak_flops"] = machine.matmul_flops()
@@ -162,6 +171,26 @@ def start_children(info: dict, total: int, mem: MemoryMonitor, kids: dict[str, C
         mem.add(name, kids[name].pid)
         info[f"{name}_ready"] = kids[name].expect("ready")
         info["setup_s"][name] = info[f"{name}_ready"]["setup_s"]
+
+
+def trl_per_rank_memory(steps: int) -> dict | None:
+    """TRL with one of our ranks' batch (train_batch_size / n_workers prompts) in one process, ``steps`` steps after a
+    warm-up one: its peak memory per phase (the larger over the steps) and after set-up, for the per-rank memory
+    comparison. None when skipped or when it fails (the rest of the report stands)."""
+    if steps <= 0:
+        return None
+    child = Child("trl_rank", "bench.trl_side", env={"BENCH_TOTAL_STEPS": str(steps + 1), "BENCH_TRL_PER_RANK": "1"})
+    try:
+        ready = child.expect("ready")
+        records = child.run(steps + 1)
+    except (ChildError, OSError) as err:
+        print(f"bench: TRL per-rank memory run failed, reporting without it: {err}", file=sys.stderr)
+        return None
+    finally:
+        child.close()
+    phases = {k for r in records for k in r.get("memory_mib", {})}
+    return {"ready_rss_mib": ready["rss_mib"],
+            "memory_mib": {k: max(r["memory_mib"].get(k, 0.0) for r in records) for k in phases}}
 
 
 def profile_and_probe(ours: Child, steps: int) -> dict | None:
@@ -194,6 +223,7 @@ def run(args: argparse.Namespace) -> dict:
         for c in kids.values():
             c.close()
         mem.stop()
+    info["trl_per_rank"] = trl_per_rank_memory(args.memory_steps)
     n = info["params"]["matmul"]
     used, info["clean_only"] = report.choose_steps(measured)
     info["summary"] = {name: report.summarize(measured[name], used[name], warm[name] + measured[name], n,
@@ -205,6 +235,12 @@ def run(args: argparse.Namespace) -> dict:
                 records={n: warm[n] + measured[n] for n in kids}, measured=measured, total_steps=total,
                 wall_s=time.perf_counter() - started)
     return info
+
+
+def sized(args: argparse.Namespace, name: str) -> argparse.Namespace:
+    """``args`` with the run sizes the command line left out taken from the configuration's (or the defaults)."""
+    sizes = {**DEFAULT_SIZES, **RUN_SIZES.get(name, {})}
+    return argparse.Namespace(**{**vars(args), **{k: v for k, v in sizes.items() if getattr(args, k) is None}})
 
 
 def configure(name: str, args: argparse.Namespace) -> dict:
@@ -222,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     infos = []
     for name in args.configs.split(","):
         config = configure(name.strip(), args)
-        info = run(args)
+        info = run(sized(args, name.strip()))
         info["config"] = config
         infos.append(info)
         (WORK_DIR / f"last_run-{config['name']}.json").write_text(json.dumps(info, indent=1, default=str))

@@ -29,7 +29,9 @@ OVERRIDES: dict[str, Any] = {
     "tracking.enabled": False,
     "ppo.train_batch_size": 32,  # the benchmark's step: 32 prompts x rollout.n responses, whatever the recipe uses
 }
-RL_SEED = 1234  # prompt order and sampling seed of the RL phase (both systems take the same prompt order)
+# prompt order and sampling seed of the RL phase (both systems take the same prompt order); bench.reward_gap runs
+# other seeds through BENCH_RL_SEED
+RL_SEED = int(os.environ.get("BENCH_RL_SEED") or 1234)
 # The SFT checkpoint is a fixture (both systems start from it), not what is measured: its length is
 # pinned so a first run (which builds it) stays within the 15-minute budget whatever params.yaml says.
 FIXTURE_OVERRIDES: dict[str, Any] = {"sft.steps": 1000}
@@ -45,13 +47,25 @@ DATA_KEYS = ("seed", "task")
 # tokens per step, from a practically untrained model (one SFT step at lr 1e-6) whose answers mostly run to
 # the limit (78% of them; 5 or 20 SFT steps at the recipe's lr already teach the arithmetic answers' early EOS:
 # 3-4 tokens). The generation-bound regime of long reasoning answers; its rewards are ~0 for both systems.
+# long: answers that run to their limit with a larger batch: an 8.4M-parameter Llama (hidden 256, 8 layers), 32 prompts
+# x 8 = 256 responses of up to 50 tokens per step, the practically untrained fixture of realistic (answers run to the
+# limit): the update-bound regime (its figures in docs/results/memory.md and the long section below).
+# lora: the default configuration with both systems training rank-16 LoRA adapters (peft) at the LoRA recipe's
+# learning rate (examples/lora.yaml); the reference is the model with its adapter disabled in both.
 CONFIGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "default": ({}, {}),
     "realistic": ({"model.tiny.hidden_size": 256, "model.tiny.num_layers": 6, "model.tiny.num_heads": 4,
                    "model.tiny.intermediate_size": 1024, "task.max_response_length": 32,
                    "ppo.train_batch_size": 16, "rollout.n": 8},
                   {"sft.steps": 1, "sft.lr": 1e-6}),
+    "long": ({"model.tiny.hidden_size": 256, "model.tiny.num_layers": 8, "model.tiny.num_heads": 4,
+              "model.tiny.intermediate_size": 1024, "task.max_response_length": 50,
+              "ppo.train_batch_size": 32, "rollout.n": 8},
+             {"sft.steps": 1, "sft.lr": 1e-6}),
+    "lora": ({"actor.lora.rank": 16, "actor.lora.alpha": 32.0, "actor.lr": 1e-3}, {}),
 }
+# Steps each configuration runs when the command line does not say (a long step takes ~10 s per system).
+RUN_SIZES: dict[str, dict[str, int]] = {"long": {"steps": 8, "warmup": 1, "block": 2, "profile_steps": 3}}
 SET_ENV, FIXTURE_SET_ENV = "BENCH_SET", "BENCH_FIXTURE_SET"
 
 

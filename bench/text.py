@@ -31,7 +31,7 @@ DIFFERENCES = """\
   grad-norm clip 1.0. TRL uses its default `adamw_torch_fused`; rlcore `torch.optim.AdamW(foreach=True)`.
 - **Generation.** rlcore: its static-cache engine (`rollout.engine: static`: a preallocated KV cache,
   each distinct prompt prefilled once, finished rows compacted out of the batch, inverse-CDF sampling)
-  on a copy of the weights refreshed after every update.
+  reading the trainer's own float32 weights (no copy, no sync: `ddp`, float32), each sync checked on a probe.
   TRL: `model.generate(do_sample=True)` on the training model. Both stop at EOS or max length;
   TRL's `top_k=0` and rlcore's `top_k: 0` both mean no top-k filter.
 - **Padding and repeats.** rlcore's forwards are packed (`model.packed_forward`): no padding token,
@@ -41,7 +41,11 @@ DIFFERENCES = """\
 - **Prompt length.** TRL 1.x has no `max_prompt_length`; every prompt here is shorter than
   rlcore's limit, so neither truncates.
 - **Entropy.** Both compute the entropy in the training forward (for logging; coefficient 0);
-  rlcore keeps it off the autograd graph when its coefficient is 0."""
+  rlcore keeps it off the autograd graph when its coefficient is 0.
+- **LoRA** (configuration `lora`): both train peft adapters of the same rank, alpha and target modules at the
+  same learning rate, and both take the reference from the model with its adapter disabled.
+- **Reward.** The loss, its aggregation, the KL term, the advantages and the sampler are the same computation
+  (section "Reward at the default configuration" below: `bench/reward_gap.py`)."""
 
 
 def kv_table(d: dict[str, Any], head: tuple[str, str] = ("key", "value")) -> list[str]:
@@ -174,6 +178,84 @@ def results_section(info: dict) -> list[str]:
             "", steps_note(info), "", flop_note, ""]
 
 
+PHASES = (("gen", "generation (weight sync + sampling)"), ("ref", "reference forward"),
+          ("update", "update (policy forward, backward, AdamW)"))
+
+
+def phase_peaks(records: list[dict]) -> dict[str, float]:
+    """The largest peak of each phase over the steps (ours: already the largest rank's)."""
+    keys = {k for r in records for k in r.get("memory_mib", {})}
+    return {k: max(r.get("memory_mib", {}).get(k, 0.0) for r in records) for k in keys}
+
+
+def memory_section(info: dict) -> list[str]:
+    """Peak memory per phase of one rlcore rank against TRL's one process, with one rank's batch and the whole batch;
+    then what costs what (rlcore.engine.footprint's formulas) against the measured figures."""
+    ours, trl = phase_peaks(info["measured"]["ours"]), phase_peaks(info["measured"]["trl"])
+    rank = info.get("trl_per_rank")
+    sh, workers = info["shared"], info["ours_ready"]["resources"]["n_workers"]
+    per_rank = sh["completions_per_step"] // workers
+    head = (f"| phase | ours: largest of {workers} ranks ({per_rank} completions each) | TRL, {per_rank} completions "
+            f"in one process | TRL, {sh['completions_per_step']} completions |")
+    lines = ["## Memory per phase", "",
+             "Each process's peak resident memory during each phase (`VmHWM`, reset at the phase's start through "
+             "`/proc/self/clear_refs`: `rlcore.engine.peak_memory`; largest over the measured steps). A rank of ours "
+             "is compared with TRL running the same per-rank batch in one process (a separate TRL run of "
+             f"{info['args'].get('memory_steps', 0)} steps after a warm-up one).", "", head, "|---|---|---|---|"]
+    after_setup = [max(info["ours_ready"].get("rank_rss_mib") or [float("nan")]),
+                   rank["ready_rss_mib"] if rank else float("nan"), info["trl_ready"].get("rss_mib", float("nan"))]
+    lines.append("| after set-up, before any step | " + " | ".join(f"{v:,.0f} MiB" for v in after_setup) + " |")
+    rank_mem = rank["memory_mib"] if rank else {}
+    for key, label in PHASES:
+        lines.append(f"| {label} | {ours.get(key, float('nan')):,.0f} MiB | {rank_mem.get(key, float('nan')):,.0f} MiB "
+                     f"| {trl.get(key, float('nan')):,.0f} MiB |")
+    peak = [max(d.values()) if d else float("nan") for d in (ours, rank_mem, trl)]
+    lines.append("| **peak of the step** | " + " | ".join(f"**{v:,.0f} MiB**" for v in peak) + " |")
+    if rank:
+        verdict = "yes" if peak[0] <= peak[1] else "**no**"
+        lines += ["", f"Each rlcore rank's peak at or under TRL's for the same per-rank batch: {verdict} "
+                  f"({peak[0]:,.0f} vs {peak[1]:,.0f} MiB). The controller process of ours held "
+                  f"{info['ours_ready'].get('controller_rss_mib', float('nan')):,.0f} MiB after set-up."]
+    return lines + ["", *cost_rows(info), ""]
+
+
+def cost_rows(info: dict) -> list[str]:
+    """What costs what, per process: the model-related bytes by the formulas of rlcore.engine.footprint (the
+    same ones ``rlcore diagnose`` warns with), the rest of each process measured."""
+    from bench.settings import rl_config
+    from rlcore.engine import footprint
+
+    cfg = rl_config(info.get("ours_overrides") or {})
+    shape = footprint.model_shape(info["fixture_path"], [(cfg.actor.lora.rank, cfg.actor.lora.target_modules)])
+    ours = footprint.estimates(cfg, info["fixture_path"], "ppo")[0].parts
+    lora = cfg.actor.lora.rank > 0
+    trained = shape.lora_params[(cfg.actor.lora.rank, cfg.actor.lora.target_modules)] if lora else shape.params
+    sh = info["shared"]
+    trl_logits = 3 * 4.0 * sh["completions_per_step"] * sh["max_response_length"] * shape.vocab
+    kv = 2 * 4.0 * shape.layers * shape.kv_width * sh["completions_per_step"] * (
+        sh["max_prompt_length"] + sh["max_response_length"])  # transformers' dynamic cache of the whole batch
+    trl = {"weights": 4.0 * shape.params, "gradients": 4.0 * trained, "AdamW": 8.0 * trained,
+           "AdamW step": 4.0 * trained, "reference": 0.0 if lora else 4.0 * shape.params, "KV cache": kv,
+           "rollout copy": 0.0, "logits (x3: logits, log-softmax, gradient)": trl_logits}
+    ours_logits = 3 * 4.0 * min(cfg.actor.micro_batch_size, sh["completions_per_step"] // cfg.resources.n_workers) \
+        * sh["max_response_length"] * shape.vocab
+    ours = {**{k: v for k, v in ours.items() if k not in ("activations", "runtime")},
+            "logits (x3: logits, log-softmax, gradient)": ours_logits}
+    mib = lambda v: f"{v / 2**20:,.1f} MiB"  # noqa: E731
+    lines = [f"What costs what, per process ({shape.params / 1e6:.2f}M parameters, {trained / 1e6:.3f}M of them "
+             f"trained{', LoRA' if lora else ''}; model bytes by `rlcore.engine.footprint`'s formulas, the "
+             "process after set-up measured):", "", "| item | ours, one rank | TRL, one process |", "|---|---|---|"]
+    for key in dict.fromkeys([*ours, *trl]):
+        lines.append(f"| {key} | {mib(ours.get(key, 0.0))} | {mib(trl.get(key, 0.0))} |")
+    setup = [max(info["ours_ready"].get("rank_rss_mib") or [float("nan")]), info["trl_ready"].get("rss_mib", float("nan"))]
+    model_bytes = [sum(v for k, v in d.items() if k in ("weights", "reference", "rollout copy")) / 2**20
+                   for d in (ours, trl)]
+    lines.append("| runtime: the process after set-up less its model copies (Python, torch, transformers; ours: "
+                 "Ray's core worker; TRL: trl, datasets, accelerate) | "
+                 + " | ".join(f"{s - m:,.0f} MiB" for s, m in zip(setup, model_bytes)) + " |")
+    return lines
+
+
 def reproduce_section(info: dict) -> list[str]:
     return ["## How to reproduce", "",
             "```", "make bench                       # installs the `bench` extra (TRL), then runs the default",
@@ -228,7 +310,7 @@ def render_one(info: dict) -> str:
         f"Ran in {info['wall_s']:.0f} s (setup: ours {info['setup_s']['ours']:.0f} s, TRL {info['setup_s']['trl']:.0f} s, "
         "not in the step times).",
         "", headline(info["summary"]), "", *experiment_note(info),
-        *results_section(info), *generation_section(info),
+        *results_section(info), *memory_section(info), *generation_section(info),
         "## Where the time goes", "", *where_time_goes(info), "",
         "## Machine", "", *kv_table(info["machine"]), "",
         "## Versions", "", *kv_table(info["versions"], ("package", "version")), "",

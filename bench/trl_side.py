@@ -30,6 +30,40 @@ from bench import wire  # noqa: E402
 from bench.settings import RL_SEED, WORK_DIR, paths, rl_config  # noqa: E402
 
 TRL_THREADS = 2
+# BENCH_TRL_PER_RANK=1: the batch of one of rlcore's ranks (train_batch_size / resources.n_workers prompts) in this one
+# process: what each rank's peak memory is compared with
+PER_RANK_ENV = "BENCH_TRL_PER_RANK"
+
+
+def prompts_per_step(cfg) -> int:
+    if os.environ.get(PER_RANK_ENV) == "1":
+        return cfg.ppo.train_batch_size // cfg.resources.n_workers
+    return cfg.ppo.train_batch_size
+
+
+class PeakRSS:
+    """This process's peak resident memory per phase: ``VmHWM``, reset to the current RSS by writing 5 to
+    ``/proc/self/clear_refs`` at the phase's start (as rlcore's workers measure theirs: rlcore.engine.peak_memory)."""
+
+    def __init__(self):
+        self.peaks: dict[str, float] = {}
+
+    def start(self) -> None:
+        from rlcore.engine import peak_memory
+
+        peak_memory.reset(torch.device("cpu"))
+
+    def stop(self, name: str) -> None:
+        from rlcore.engine import peak_memory
+
+        self.peaks[name] = max(self.peaks.get(name, 0.0), peak_memory.peak_bytes(torch.device("cpu")) / 2**20)
+
+
+def rss_mib() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def prompt_rows(total_steps: int) -> list[dict]:
@@ -40,7 +74,7 @@ def prompt_rows(total_steps: int) -> list[dict]:
     cfg = rl_config()
     df = read_rows(paths()["rl_data"])
     sampler = PromptSampler(len(df), RL_SEED)
-    order = [i for _ in range(total_steps) for i in sampler.take(cfg.ppo.train_batch_size)]
+    order = [i for _ in range(total_steps) for i in sampler.take(prompts_per_step(cfg))]
     return [{"prompt": list(df["prompt"].iloc[i]), "ground_truth": df["reward_model"].iloc[i]["ground_truth"]}
             for i in order]
 
@@ -49,7 +83,7 @@ def grpo_config(total_steps: int):
     from trl import GRPOConfig
 
     cfg = rl_config()
-    a, per_step = cfg.actor, cfg.ppo.train_batch_size * cfg.rollout.n
+    a, per_step = cfg.actor, prompts_per_step(cfg) * cfg.rollout.n
     return GRPOConfig(
         output_dir=str(WORK_DIR / "trl_out"), use_cpu=True, bf16=False, fp16=False, use_vllm=False,
         gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
@@ -80,7 +114,9 @@ def make_trainer(total_steps: int, pacer):
     class TimedGRPOTrainer(GRPOTrainer):
         def _generate(self, prompts):
             start = time.perf_counter()
+            pacer.memory.start()
             out = super()._generate(prompts)
+            pacer.memory.stop("gen")  # (TRL scores after its reference forward: the scoring is in "update")
             pacer.add("gen", time.perf_counter() - start)
             prompt_ids, completion_ids = out[0], out[1]
             pacer.count("rollout_tokens", sum(len(c) for c in completion_ids))
@@ -95,15 +131,33 @@ def make_trainer(total_steps: int, pacer):
 
         def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
             start = time.perf_counter()
+            grad = torch.is_grad_enabled()
+            if not grad:  # the reference (with LoRA: the model with its adapter disabled) or old log-probs
+                pacer.memory.start()
             out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-            name = "ref" if model is self.ref_model else ("policy_fwd" if torch.is_grad_enabled() else "old_log_prob")
+            name = "ref" if not grad and (model is self.ref_model or self.ref_model is None) else (
+                "policy_fwd" if grad else "old_log_prob")
             pacer.add(name, time.perf_counter() - start)
+            if not grad:
+                pacer.memory.stop(name)
+                pacer.memory.start()  # the update: from here to the step's end (policy forward, backward, AdamW)
             return out
 
-    p = paths()
+    p, cfg = paths(), rl_config()
     return TimedGRPOTrainer(model=str(p["sft"]), reward_funcs=[reward], args=grpo_config(total_steps),
                             train_dataset=Dataset.from_list(prompt_rows(total_steps)),
-                            processing_class=load_tokenizer(p["sft"]), callbacks=[pacer])
+                            processing_class=load_tokenizer(p["sft"]), callbacks=[pacer],
+                            peft_config=lora_config(cfg))
+
+
+def lora_config(cfg):
+    """rlcore's actor.lora as peft's LoraConfig for TRL (None: full fine-tuning), so both train the same adapters."""
+    if not cfg.actor.lora.rank:
+        return None
+    from rlcore.engine.lora import LoraSpec, peft_config
+
+    lo = cfg.actor.lora
+    return peft_config(LoraSpec(rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, target_modules=lo.target_modules))
 
 
 def make_pacer():
@@ -115,6 +169,7 @@ def make_pacer():
         def __init__(self):
             self.left, self.step, self.start = 0, 0, 0.0
             self.phases, self.counts, self.rewards = defaultdict(float), defaultdict(int), []
+            self.memory = PeakRSS()
 
         def add(self, name: str, seconds: float) -> None:
             self.phases[name] += seconds
@@ -133,10 +188,13 @@ def make_pacer():
 
         def on_step_end(self, args, state, control, **kwargs):
             wall = time.perf_counter() - self.start
+            self.memory.stop("update")
             wire.emit("step", step=self.step, wall_s=wall, gen_s=self.phases["gen"],
                       reward=sum(self.rewards) / max(len(self.rewards), 1), phases=dict(self.phases, step=wall),
-                      rollout_tokens=self.counts["rollout_tokens"], train_tokens=self.counts["train_tokens"])
+                      rollout_tokens=self.counts["rollout_tokens"], train_tokens=self.counts["train_tokens"],
+                      memory_mib=dict(self.memory.peaks))
             self.phases, self.counts, self.rewards = defaultdict(float), defaultdict(int), []
+            self.memory = PeakRSS()
             self.step, self.left = self.step + 1, self.left - 1
             if self.left <= 0:
                 self.wait(control)
@@ -152,7 +210,8 @@ def main() -> None:
     t0 = time.perf_counter()
     pacer = make_pacer()
     trainer = make_trainer(total_steps=int(os.environ.get("BENCH_TOTAL_STEPS", "1000")), pacer=pacer)
-    wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid())
+    wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), rss_mib=rss_mib(),
+              per_rank=os.environ.get(PER_RANK_ENV) == "1")
     verb, k = wire.next_command()
     if verb == "run":
         pacer.left, pacer.start = k, time.perf_counter()

@@ -186,6 +186,39 @@ class TaskConfig(_Section):
         return self
 
 
+class LoraSettings(_Section):
+    rank: int = Field(0, ge=0)
+    """LoRA rank (peft adapters on the target modules; the base weights stay frozen). 0 = off: every parameter
+    trains. With it on, the reference log-probs come from the same model with the adapter disabled (no second
+    copy), step checkpoints hold the adapters only, and the saved model folder is an adapter folder over the
+    base (rlcore export merges it into a plain Hugging Face folder)."""
+    alpha: float = Field(32.0, gt=0)
+    """The adapter's update is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during updates (log-prob forwards and the rollout run without it)."""
+    target_modules: str | tuple[str, ...] = "all-linear"
+    """Modules that get adapters: 'all-linear' (every linear layer but the output head) or a list of module
+    names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj for Llama/Qwen2)."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, v: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        if isinstance(v, str) and v != "all-linear":
+            raise ValueError("expected 'all-linear' or a list of module names")
+        if not isinstance(v, str) and (not v or not all(name.strip() for name in v)):
+            raise ValueError("expected 'all-linear' or a non-empty list of module names")
+        return v
+
+
+class OffloadSettings(_Section):
+    params: bool = False
+    """GPU runs with resources.strategy fsdp: keep parameters, gradients and the optimizer state in CPU memory
+    between uses (FSDP2's CPUOffloadPolicy; the optimizer steps on the CPU). Slower; fits larger models."""
+    optimizer: bool = False
+    """GPU runs: move the AdamW state to CPU memory after each optimizer step and back before the next, so
+    generation and log-prob forwards have that memory (verl's optimizer offload)."""
+
+
 class ResourcesConfig(_Section):
     n_workers: int = Field(2, ge=1)
     """Ranks of each worker group (the data-parallel world size)."""
@@ -213,6 +246,8 @@ class ResourcesConfig(_Section):
     """The same for the frozen reference model, which has no backward to free them. False gathers it on
     its first forward and keeps a full copy on every rank from then on (no more all-gathers); True
     re-gathers it block by block in every forward and holds only a shard."""
+    offload: OffloadSettings = OffloadSettings()
+    """GPU memory moved to the CPU (GPU runs only; a CPU run refuses it)."""
 
     @field_validator("strategy")
     @classmethod
@@ -226,6 +261,13 @@ class ResourcesConfig(_Section):
                 sharding = ", ".join(map(repr, names.SHARDED_STRATEGIES))
                 raise ValueError(f"resources.{key} is true but resources.strategy is {self.strategy!r}; "
                                  f"it only applies to a sharding strategy ({sharding})")
+        for key in ("params", "optimizer"):
+            if getattr(self.offload, key) and not self.use_gpu:
+                raise ValueError(f"resources.offload.{key} is true but resources.use_gpu is false: offload moves GPU "
+                                 "memory to the CPU, and a CPU run has none to move (set it to false)")
+        if self.offload.params and self.strategy not in names.SHARDED_STRATEGIES:
+            raise ValueError(f"resources.offload.params is true but resources.strategy is {self.strategy!r}; it is "
+                             f"FSDP2's CPU offload: set resources.strategy: fsdp")
         return self
 
 
@@ -252,6 +294,11 @@ class SFTConfig(_Section):
     save_every: int = Field(200, ge=0)
     """Step checkpoint every N steps (rlcore.trainer.checkpoint); a re-run after a crash resumes from the last
     one. 0 = off."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations during backward instead of keeping them from the forward:
+    the same gradients, less activation memory, about one more forward of compute per update."""
+    lora: LoraSettings = LoraSettings()
+    """LoRA adapters (rank 0 = off: full fine-tuning)."""
 
 
 class CheckpointConfig(_Section):
@@ -565,6 +612,11 @@ class ActorConfig(_Section):
     off_policy: OffPolicyConfig = OffPolicyConfig()
     """Correction of the mismatch between the policy that sampled (rollout engine, older versions in async mode)
     and the one being trained."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations during backward instead of keeping them from the forward:
+    the same gradients, less activation memory, about one more forward of compute per update."""
+    lora: LoraSettings = LoraSettings()
+    """LoRA adapters (rank 0 = off: full fine-tuning)."""
 
     @field_validator("policy_loss")
     @classmethod
@@ -601,6 +653,11 @@ class CriticConfig(_Section):
     """As actor.max_nonfinite_steps, for the critic's optimizer steps (``critic/nonfinite_steps``)."""
     micro_batch_size: int = Field(256, ge=1)
     """Sequences per value forward and per forward/backward on one rank."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations during backward instead of keeping them from the forward:
+    the same gradients, less activation memory, about one more forward of compute per update."""
+    lora: LoraSettings = LoraSettings()
+    """LoRA adapters on the value model (rank 0 = off); its value head always trains fully."""
 
 
 class DAPOConfig(_Section):

@@ -30,7 +30,10 @@ def run(args: argparse.Namespace) -> int:
     from rlcore.errors import ConfigError
 
     cfg = config_from(args)
-    require_file(f"{args.model}/config.json", "model folder (config.json)")
+    from pathlib import Path
+
+    if not (Path(args.model) / "adapter_config.json").is_file():  # a LoRA adapter folder loads over its base
+        require_file(f"{args.model}/config.json", "model folder (config.json)")
     require_file(args.data, "prompts file")
     if args.temperature is not None and args.temperature < 0:
         raise ConfigError(f"--temperature {args.temperature}: expected >= 0 (0 = greedy)")

@@ -93,9 +93,11 @@ def listen(host: str, port: int) -> socket.socket:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from(args)
     model = args.model or cfg.model.path
-    if model != "tiny" and not (Path(model) / "config.json").is_file():
+    if model != "tiny" and not (Path(model) / "config.json").is_file() \
+            and not (Path(model) / "adapter_config.json").is_file():
         what = "--model" if args.model else "params model.path"
-        raise InputNotFound(f"{what} {model!r}: expected a local Hugging Face model folder with config.json")
+        raise InputNotFound(f"{what} {model!r}: expected a local Hugging Face model folder with config.json (or a LoRA "
+                            "adapter folder)")
     if args.max_n > args.max_batch_size:
         raise ConfigError(f"--max-n {args.max_n} is more than --max-batch-size {args.max_batch_size}: "
                           f"one request's completions must fit one engine call")

@@ -4,7 +4,7 @@ Each check is a small function ``fn(ctx) -> Check`` registered in :data:`CHECKS`
 the report lists them (the order of the imports below): Python (:mod:`.python`), installed package
 versions (:mod:`.packages`), torch with CUDA, devices and NCCL (:mod:`.torch_check`), Ray
 (:mod:`.ray_check`), DVC (:mod:`.dvc_check`), MLflow (:mod:`.mlflow_check`), disk space (:mod:`.disk`),
-the model folder (:mod:`.model`). A :class:`Check` is ``ok``, ``warn`` (works, but something deserves a
+the model folder (:mod:`.model`), whether the model, its copies and optimizer fit in memory (:mod:`.memory`). A :class:`Check` is ``ok``, ``warn`` (works, but something deserves a
 look) or ``fail`` (a stage would not run); warn and fail always say what to do.
 
 Checks only look: none creates an MLflow run or a store, changes the DVC pipeline or leaves a Ray
@@ -27,6 +27,7 @@ from rlcore.diagnose import (  # noqa: F401
     mlflow_check,
     disk,
     model,
+    memory,
 )
 # isort: on
 from rlcore.diagnose.base import (

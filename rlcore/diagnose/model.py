@@ -33,6 +33,8 @@ def check_model(ctx: Context) -> Check:
     if not folder.is_dir():
         return Check("model", "fail", f"model.path {path!r}: no such folder ({folder})",
                      f"point model.path at {what}; nothing is downloaded at run time")
+    if (folder / "adapter_config.json").is_file():
+        return _check_adapter(path, folder)
     missing = []
     if not (folder / "config.json").is_file():
         missing.append("config.json")
@@ -54,3 +56,18 @@ def check_model(ctx: Context) -> Check:
     return Check("model", "ok", f"{folder}: {arch}, weights, tokenizer, chat template")
 
 
+
+
+def _check_adapter(path: str, folder: Path) -> Check:
+    """A LoRA adapter folder: its weights, and its base model folder (resolved relative to it)."""
+    from rlcore.engine.lora import adapter_base  # reads json only (no torch)
+    from rlcore.errors import UserError
+
+    if not (folder / "adapter_model.safetensors").is_file():
+        return Check("model", "fail", f"model.path {path!r}: {folder} has adapter_config.json but no "
+                     "adapter_model.safetensors", "point model.path at a complete adapter folder")
+    try:
+        base = adapter_base(folder)
+    except (UserError, ValueError, OSError) as err:
+        return Check("model", "fail", str(err), "keep the adapter's base model folder where the adapter names it")
+    return Check("model", "ok", f"{folder}: LoRA adapter over {base}")

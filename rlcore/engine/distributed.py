@@ -23,9 +23,10 @@ def free_port() -> int:
 
 
 def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, use_gpu: bool,
-                       timeout_s: float = 600.0) -> torch.device:
+                       timeout_s: float = 600.0, cpu_collectives: bool = False) -> torch.device:
     """Join the group (gloo on CPU, nccl on GPU) at ``master_addr:master_port`` (rank 0's node, as Ray
-    reports it) and return this rank's device."""
+    reports it) and return this rank's device. ``cpu_collectives`` (a GPU group whose tensors may live in CPU
+    memory: FSDP2's CPU offload) adds gloo for CPU tensors beside nccl for GPU ones."""
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
                       RANK=str(rank), WORLD_SIZE=str(world_size))
     if use_gpu:
@@ -34,8 +35,8 @@ def init_process_group(rank: int, world_size: int, master_addr: str, master_port
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_gpu else "gloo", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        backend = ("cpu:gloo,cuda:nccl" if cpu_collectives else "nccl") if use_gpu else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     return device
 
 

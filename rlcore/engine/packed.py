@@ -160,16 +160,22 @@ def _distinct_in_order(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rank[inverse], first[order]
 
 
+# Score matrices (q_len x k_len) from which the fused CPU kernel beats the arithmetic spelled out. CPU seconds of one
+# forward + backward of 128 blocks x 4 heads (1 thread, medians of 9): 6 x 22: 11.6 ms spelled out / 15.5 fused;
+# 32 x 48: 25.3 / 18.5; 50 x 66 (the long-answer bench): 90 / 64; 100 x 116: 301 / 158.
+FUSED_CPU_MIN_SCORES = 1024
+
+
 def _block_attention(q, k, v, allowed, scale):
     """Softmax attention of ``[blocks, heads, q_len, d]`` queries over ``[blocks, heads, k_len, d]``
     keys/values where ``allowed`` (``[blocks, 1, q_len, k_len]``).
 
-    On a GPU, the fused kernel of ``scaled_dot_product_attention`` (masked). On the CPU, plain
-    matmuls and a softmax written out: at these sizes (a few dozen keys) ATen's softmax kernels and
-    the fused CPU attention kernel are several times slower than the same arithmetic spelled out
-    (``make bench`` profiles; ``tests/engine/test_packed.py`` checks the result).
+    On a GPU, and on the CPU for long blocks (``FUSED_CPU_MIN_SCORES``), the fused kernel of
+    ``scaled_dot_product_attention`` (masked). On the CPU for short ones, plain matmuls and a softmax written
+    out: at a few dozen keys ATen's softmax kernels and the fused CPU attention kernel are slower than the same
+    arithmetic spelled out (``make bench`` profiles; ``tests/engine/test_packed.py`` checks the result).
     """
-    if q.device.type != "cpu":
+    if q.device.type != "cpu" or q.shape[-2] * k.shape[-2] >= FUSED_CPU_MIN_SCORES:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))

@@ -18,6 +18,8 @@ autocast) and its forward; workers hold these.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -158,6 +160,17 @@ class SequenceModel:
         with self.strategy.autocast():
             values = self.forward.response_values(self.module, input_ids, attention_mask, response_len)
         return values.float()
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """``module`` in eval mode inside (no dropout: a LoRA adapter's), back in its own mode after."""
+    training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(training)
 
 
 def local_model(module: torch.nn.Module) -> SequenceModel:

@@ -8,6 +8,9 @@
   the ranks; every forward all-gathers each block, backward reduce-scatters its gradients. The
   model need not fit on one rank.
 
+``fsdp`` can keep parameters, gradients and optimizer state in CPU memory between uses (``resources.offload.params``:
+FSDP2's ``CPUOffloadPolicy``; GPU runs only).
+
 Both take an optional compute dtype (``model.dtype`` bfloat16/float16): the weights, gradients,
 optimizer state and checkpoints stay float32 and the forward computes in the lower precision
 (``Replicated`` through ``torch.autocast`` around each forward, ``Sharded`` through FSDP2's
@@ -24,7 +27,7 @@ from typing import ClassVar, ContextManager, Protocol
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlcore.engine.distributed import coalesced, world_size
@@ -52,14 +55,32 @@ class Strategy(Protocol):
     def checkpoint_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Every parameter and buffer unsharded, in its stored (float32) dtype: what a checkpoint saves."""
 
+    def trainable_state_dict(self, model: torch.nn.Module, *, compute_dtype: bool) -> dict[str, torch.Tensor]:
+        """The parameters that train (LoRA: the adapters), unsharded, in the compute dtype (``compute_dtype``: what a
+        rollout engine loads) or their stored one. A collective under sharding strategies."""
+
 
 STRATEGIES: Registry[type[Strategy]] = Registry("training strategy")
 
 
-def make_strategy(name: str, device: torch.device, compute_dtype: torch.dtype | None = None) -> Strategy:
+def make_strategy(name: str, device: torch.device, compute_dtype: torch.dtype | None = None, *,
+                  offload: bool = False) -> Strategy:
     """The strategy registered as ``name`` for models on ``device`` computing in ``compute_dtype``
-    (None = the parameters' own dtype)."""
-    return STRATEGIES.get(name)(device=device, compute_dtype=compute_dtype)
+    (None = the parameters' own dtype); ``offload``: parameters in CPU memory between uses (sharding strategies)."""
+    cls = STRATEGIES.get(name)
+    if offload:
+        if not cls.shards:
+            raise ValueError(f"parameter offload needs a sharding strategy, not {name!r}")
+        return cls(device=device, compute_dtype=compute_dtype, offload=True)
+    return cls(device=device, compute_dtype=compute_dtype)
+
+
+def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return t.to(dtype) if dtype is not None and t.is_floating_point() else t
 
 
 @STRATEGIES.register("ddp")
@@ -107,6 +128,10 @@ class Replicated:
     def checkpoint_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in model.state_dict().items()}
 
+    def trainable_state_dict(self, model: torch.nn.Module, *, compute_dtype: bool) -> dict[str, torch.Tensor]:
+        dtype = self.compute_dtype if compute_dtype else None
+        return {name: _cast(p.detach(), dtype) for name, p in _trainable(model)}
+
 
 @STRATEGIES.register("fsdp")
 @dataclass(frozen=True)
@@ -115,6 +140,8 @@ class Sharded:
 
     device: torch.device
     compute_dtype: torch.dtype | None = None
+    offload: bool = False
+    """Shards of parameters and gradients (and so the optimizer state) live in CPU memory (``CPUOffloadPolicy``)."""
     shards: ClassVar[bool] = True
 
     def wrap(self, model: torch.nn.Module, *, reshard_after_forward: bool = False) -> torch.nn.Module:
@@ -124,11 +151,13 @@ class Sharded:
         mesh = init_device_mesh(self.device.type, (world_size(),))
         mp = (MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
               if self.compute_dtype is not None else MixedPrecisionPolicy())
+        offload = CPUOffloadPolicy() if self.offload else OffloadPolicy()
         block_names = set(getattr(model, "_no_split_modules", None) or [])
         for module in model.modules():
             if type(module).__name__ in block_names:
-                fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+                fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
+                            offload_policy=offload)
+        fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
         return model
 
     def autocast(self) -> ContextManager[object]:
@@ -155,3 +184,9 @@ class Sharded:
     def checkpoint_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The float32 master weights gathered: a collective, one per parameter."""
         return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in model.state_dict().items()}
+
+    def trainable_state_dict(self, model: torch.nn.Module, *, compute_dtype: bool) -> dict[str, torch.Tensor]:
+        """One all-gather per trainable parameter (LoRA: small), not the whole model's."""
+        dtype = self.compute_dtype if compute_dtype else None
+        return {name: _cast((p.full_tensor() if isinstance(p, DTensor) else p).detach(), dtype).to(self.device)
+                for name, p in _trainable(model)}

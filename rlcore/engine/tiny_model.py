@@ -49,24 +49,39 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_model(tokenizer, *, arch: str, hidden_size: int, num_layers: int, num_heads: int,
-                     intermediate_size: int, max_position_embeddings: int, seed: int):
-    """A randomly initialised decoder (Llama or Qwen2 config) sized for CPU training."""
-    config = AutoConfig.for_model(
+                     intermediate_size: int, max_position_embeddings: int, seed: int, num_kv_heads: int | None = None,
+                     vocab_size: int | None = None, tie_word_embeddings: bool = False, rope_theta: float | None = None):
+    """A randomly initialised decoder (Llama or Qwen2 config) sized for CPU training; ``vocab_size`` larger than the
+    tokenizer's gives a real model's embedding and output sizes (the extra ids are never produced by the tokenizer),
+    ``num_kv_heads`` grouped-query attention."""
+    config = tiny_config(tokenizer, arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                         intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
+                         num_kv_heads=num_kv_heads, vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings,
+                         rope_theta=rope_theta)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def tiny_config(tokenizer, *, arch: str, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int,
+                max_position_embeddings: int, num_kv_heads: int | None = None, vocab_size: int | None = None,
+                tie_word_embeddings: bool = False, rope_theta: float | None = None):
+    """The Hugging Face config of :func:`build_tiny_model`."""
+    extra = {} if rope_theta is None else {"rope_theta": rope_theta}
+    return AutoConfig.for_model(
         arch,
-        vocab_size=len(tokenizer),
+        vocab_size=max(vocab_size or 0, len(tokenizer)),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
+        **extra,
     )
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def materialize_tiny(cache_root: Path, *, seed: int, **shape) -> Path:

@@ -10,11 +10,33 @@ gloo broadcast between the same two actors took 2.6 ms and 231 ms.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from rlcore.protocol import Batch
+
 Packed = dict[str, tuple[np.ndarray, str, tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class WeightsPayload:
+    """One published policy version: its weights as a rollout engine loads them (every tensor, or a LoRA model's
+    adapters only), their fingerprint, and the sync-check probe with the trainer's log-probs of it under these
+    weights (``rlcore.engine.sync_check``), which a generator compares with its engine's after loading them."""
+
+    state: Packed
+    fingerprint: tuple[float, float]
+    """``rlcore.engine.sync_check.fingerprint`` of the tensors of ``state``."""
+    probe: Batch
+    probe_log_probs: torch.Tensor
+    dtype: str
+    """The compute dtype (it sets the check's tolerance)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(data.nbytes for data, _, _ in self.state.values())
 
 
 def pack_state(state: dict[str, torch.Tensor]) -> Packed:

@@ -27,9 +27,9 @@ def _hf_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int)
 
 @ENGINES.register("static")
 def _static_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int) -> RolloutEngine:
-    from rlcore.rollout.static import StaticRolloutEngine, unsupported_reason
+    from rlcore.rollout.static import StaticRolloutEngine, adapter_reason, unsupported_reason
 
-    reason = unsupported_reason(model.config)
+    reason = unsupported_reason(model.config) or adapter_reason(model)
     if reason:
         print(f"rollout.engine static: {reason}; generating with hf", file=sys.stderr, flush=True)
         return _hf_engine(model, spec, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
@@ -37,9 +37,21 @@ def _static_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: 
                                cuda_graphs=spec.cuda_graphs)
 
 
+def reads_weights_in_place(model, spec: EngineSpec) -> bool:
+    """Whether the engine ``spec`` names, over ``model``, only reads its tensors (never calls its forward or changes its
+    mode): then it can run on the very model a trainer updates, with no copy and no sync (the static engine, where it
+    supports the model)."""
+    if spec.name != "static":
+        return False
+    from rlcore.rollout.static import adapter_reason, unsupported_reason
+
+    return unsupported_reason(model.config) is None and adapter_reason(model) is None
+
+
 def make_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int) -> RolloutEngine:
     """The engine ``spec`` names, over ``model`` (a plain causal LM on its device, in its compute dtype)."""
     return ENGINES.get(spec.name)(model, spec, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
 
-__all__ = ["ENGINES", "EngineSpec", "RolloutEngine", "SamplingParams", "engine_spec", "make_engine"]
+__all__ = ["ENGINES", "EngineSpec", "RolloutEngine", "SamplingParams", "engine_spec", "make_engine",
+           "reads_weights_in_place"]

@@ -38,8 +38,17 @@ def engine_spec(rollout: RolloutConfig) -> EngineSpec:
 
 
 class RolloutEngine(Protocol):
+    model: torch.nn.Module
+    """The module whose tensors the engine computes with (the weight-sync check reads them back)."""
+
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Take the trainer's current (unsharded) weights before generating."""
+
+    def log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor
+                  ) -> torch.Tensor:
+        """Log-probs ``[batch, response_len]`` (float32, temperature 1) of given ``responses`` after left-padded
+        prompts ``[batch, prompt_len]``, computed the way generation computes them (any value after a response's
+        end). The weight-sync check compares them with the trainer's (``rlcore.engine.sync_check``)."""
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
                  generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
@@ -49,3 +58,17 @@ class RolloutEngine(Protocol):
         ``response_mask`` (1 up to and including EOS) and ``log_probs`` of the sampled
         tokens under ``softmax(logits / temperature)``.
         """
+
+
+def load_into(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy ``state_dict`` into ``model``'s own tensors (so compiled steps and CUDA graphs keep reading them): all of
+    them, or only some (a LoRA model's adapters). A key the model lacks is a bug: ValueError naming it."""
+    from rlcore.engine.lora import is_adapter_key
+
+    result = model.load_state_dict(state_dict, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"rollout engine: weights for tensors the model lacks: {result.unexpected_keys[:3]}")
+    adapters_only = bool(state_dict) and all(is_adapter_key(k) for k in state_dict)
+    missing = [k for k in result.missing_keys if not adapters_only or is_adapter_key(k)]
+    if missing:
+        raise ValueError(f"rollout engine: no weights given for {missing[:3]} ({len(missing)} tensors)")

@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from rlcore.engine.sequence import position_ids, trim_left_padding
-from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.base import SamplingParams, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
 
 
@@ -25,7 +25,16 @@ class HFRolloutEngine:
         self.pad_token_id = pad_token_id
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self.model.load_state_dict(state_dict)
+        load_into(self.model, state_dict)
+
+    @torch.inference_mode()
+    def log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor
+                  ) -> torch.Tensor:
+        ids = torch.cat([input_ids, responses], dim=1)
+        mask = torch.cat([attention_mask, torch.ones_like(responses, dtype=attention_mask.dtype)], dim=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False)
+        logits = out.logits[:, input_ids.shape[1] - 1 : -1].float()
+        return logits.log_softmax(-1).gather(-1, responses[..., None]).squeeze(-1)
 
     @torch.inference_mode()  # no autograd bookkeeping at all (a few % of each small decode op on a CPU)
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,

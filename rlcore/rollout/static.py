@@ -30,10 +30,28 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.base import SamplingParams, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+# the modules a LoRA adapter may sit on for this engine (peft's 'all-linear' on Llama/Qwen2 is exactly these)
+LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+
+
+def adapter_reason(model) -> str | None:
+    """Why this engine cannot run the adapters of a peft ``model`` (None: it can, or there are none)."""
+    from rlcore.engine.lora import is_peft
+
+    if not is_peft(model):
+        return None
+    targets = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if hasattr(m, "lora_A")}
+    if targets - LORA_MODULES:
+        return f"LoRA on {', '.join(sorted(targets - LORA_MODULES))} (only on {', '.join(sorted(LORA_MODULES))})"
+    if any(len(m.active_adapters) != 1 for m in model.modules() if hasattr(m, "lora_A")):
+        return "more than one active LoRA adapter"
+    return None
 
 
 def unsupported_reason(config) -> str | None:
@@ -65,23 +83,44 @@ def bucket_of(n: int, sizes: list[int]) -> int:
 
 
 @dataclass
+class _Linear:
+    """A projection's weight and bias and, for a LoRA layer, its adapter: ``x W^T + b + s (x A^T) B^T``, peft's
+    unmerged forward (so a weight sync moves only A and B, copied into these very tensors)."""
+
+    w: torch.Tensor
+    b: torch.Tensor | None = None
+    lora_a: torch.Tensor | None = None  # [rank, in]
+    lora_b: torch.Tensor | None = None  # [out, rank]
+    scale: float = 1.0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.w, self.b)
+        if self.lora_a is None:
+            return y
+        return y + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scale
+
+
+def _linear_of(module) -> _Linear:
+    """The :class:`_Linear` of an ``nn.Linear`` or of a peft LoRA layer over one (its one active adapter)."""
+    base = getattr(module, "base_layer", None)
+    if base is None:
+        return _Linear(module.weight, module.bias)
+    (name,) = module.active_adapters
+    return _Linear(base.weight, base.bias, module.lora_A[name].weight, module.lora_B[name].weight,
+                   float(module.scaling[name]))
+
+
+@dataclass
 class _Layer:
     ln1: torch.Tensor
-    q_w: torch.Tensor
-    q_b: torch.Tensor | None
-    k_w: torch.Tensor
-    k_b: torch.Tensor | None
-    v_w: torch.Tensor
-    v_b: torch.Tensor | None
-    o_w: torch.Tensor
-    o_b: torch.Tensor | None
+    q: _Linear
+    k: _Linear
+    v: _Linear
+    o: _Linear
     ln2: torch.Tensor
-    gate_w: torch.Tensor
-    up_w: torch.Tensor
-    down_w: torch.Tensor
-    gate_b: torch.Tensor | None
-    up_b: torch.Tensor | None
-    down_b: torch.Tensor | None
+    gate: _Linear
+    up: _Linear
+    down: _Linear
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -118,10 +157,9 @@ class Decoder:
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(_Layer(
-                layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
-                a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias, layer.post_attention_layernorm.weight,
-                m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight, m.gate_proj.bias, m.up_proj.bias,
-                m.down_proj.bias))
+                layer.input_layernorm.weight, _linear_of(a.q_proj), _linear_of(a.k_proj), _linear_of(a.v_proj),
+                _linear_of(a.o_proj), layer.post_attention_layernorm.weight, _linear_of(m.gate_proj),
+                _linear_of(m.up_proj), _linear_of(m.down_proj)))
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq
         self.attention_scaling = float(getattr(rotary, "attention_scaling", 1.0))
@@ -156,25 +194,24 @@ class Decoder:
     def _attention_block(self, x, lay: _Layer, cos, sin):
         b, t, _ = x.shape
         h = _rms_norm(x, lay.ln1, self.eps)
-        q = F.linear(h, lay.q_w, lay.q_b).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = F.linear(h, lay.k_w, lay.k_b).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = F.linear(h, lay.v_w, lay.v_b).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = lay.q(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = lay.k(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = lay.v(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
     def _finish_layer(self, x, attn, lay: _Layer):
         b, _, t, _ = attn.shape
-        x = x + F.linear(attn.transpose(1, 2).reshape(b, t, -1), lay.o_w, lay.o_b)
+        x = x + lay.o(attn.transpose(1, 2).reshape(b, t, -1))
         h = _rms_norm(x, lay.ln2, self.eps)
-        return x + F.linear(F.silu(F.linear(h, lay.gate_w, lay.gate_b)) * F.linear(h, lay.up_w, lay.up_b),
-                            lay.down_w, lay.down_b)
+        return x + lay.down(F.silu(lay.gate(h)) * lay.up(h))
 
     def _attend(self, q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                               enable_gqa=self.n_kv != self.n_heads)
 
-    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, list, list]:
-        """Right-padded prompts ``ids [p, t]`` of ``lengths``: the logits after each prompt's last token
-        ``[p, vocab]`` (float32) and every layer's keys and values ``[p, kv_heads, t, head_dim]``."""
+    def _hidden(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, list, list]:
+        """Right-padded sequences ``ids [p, t]`` of ``lengths``: the last layer's outputs ``[p, t, hidden]`` and every
+        layer's keys and values ``[p, kv_heads, t, head_dim]``."""
         p, t = ids.shape
         cos, sin = self.rope_tables(t)
         cos, sin = cos[None, None], sin[None, None]
@@ -188,8 +225,20 @@ class Decoder:
             keys.append(k)
             values.append(v)
             x = self._finish_layer(x, self._attend(q, k, v, mask), lay)
-        last = x[torch.arange(p, device=ids.device), lengths - 1]
+        return x, keys, values
+
+    def prefill(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, list, list]:
+        """Right-padded prompts ``ids [p, t]`` of ``lengths``: the logits after each prompt's last token
+        ``[p, vocab]`` (float32) and every layer's keys and values ``[p, kv_heads, t, head_dim]``."""
+        x, keys, values = self._hidden(ids, lengths)
+        last = x[torch.arange(ids.shape[0], device=ids.device), lengths - 1]
         return F.linear(_rms_norm(last, self.norm, self.eps), self.lm_head).float(), keys, values
+
+    def logits(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Right-padded sequences ``ids [p, t]`` of ``lengths``: the next-token logits at every position
+        ``[p, t, vocab]`` (float32; any value past a sequence's end)."""
+        x, _, _ = self._hidden(ids, lengths)
+        return F.linear(_rms_norm(x, self.norm, self.eps), self.lm_head).float()
 
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, k_cache: list[torch.Tensor],
                v_cache: list[torch.Tensor], attend: int | None = None) -> torch.Tensor:
@@ -259,11 +308,14 @@ class StaticRolloutEngine:
 
     def __init__(self, model, *, eos_token_id: int, pad_token_id: int, compile: bool = False,
                  cuda_graphs: bool = True):
-        reason = unsupported_reason(model.config)
+        """``model``: an HF causal LM, or a peft model over one (its adapters run unmerged). Only its tensors are read
+        (never its forward), so it may be the very model a trainer updates in place: generation then always runs
+        the current weights with no copy (``rlcore.workers.rollout.make_trainer_engine``)."""
+        reason = unsupported_reason(model.config) or adapter_reason(model)
         if reason:
             raise ValueError(f"static rollout engine: {reason}")
-        self.model = model.eval()
-        self.decoder = Decoder(self.model)
+        self.model = model
+        self.decoder = Decoder(model.get_base_model() if hasattr(model, "get_base_model") else model)
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.use_graphs = cuda_graphs and self.decoder.device.type == "cuda"
@@ -277,7 +329,22 @@ class StaticRolloutEngine:
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         # load_state_dict copies into the existing tensors: compiled steps and graphs keep reading them
-        self.model.load_state_dict(state_dict)
+        load_into(self.model, state_dict)
+
+    @torch.inference_mode()
+    def log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor
+                  ) -> torch.Tensor:
+        """The decoder's own forward over (prompt ; response), right-aligned as the prefill runs it."""
+        width, resp_len = input_ids.shape[1], responses.shape[1]
+        lengths = attention_mask.long().sum(-1)
+        cols = torch.arange(width + resp_len, device=input_ids.device)
+        src = (width - lengths)[:, None] + cols[None, :]  # left-padded prompt, then the response: shift left
+        full = torch.cat([input_ids, responses], dim=1)
+        ids = full.gather(1, src.clamp(max=width + resp_len - 1))
+        logits = self.decoder.logits(ids, lengths + resp_len)
+        at = (lengths - 1)[:, None] + torch.arange(resp_len, device=input_ids.device)[None, :]  # predicts token j
+        picked = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
+        return picked.log_softmax(-1).gather(-1, responses[..., None]).squeeze(-1)
 
     def _ensure_cache(self, slots: int, length: int) -> None:
         """A cache of at least ``slots`` rows and ``length`` positions. A longer one than needed is kept

@@ -59,7 +59,8 @@ def start_generators(cfg: Config, init_dir: str) -> GeneratorPool[GeneratorWorke
     r, a = cfg.rollout, cfg.ppo.async_
     return GeneratorPool(GeneratorWorker, r.n_workers, r.cpus_per_worker, cfg.resources.use_gpu,
                          queue_size=a.queue_size, max_restarts=a.max_generator_restarts, timeout_s=cfg.ray.timeout_s,
-                         placement=cfg.resources.placement, model=model_spec(cfg, init_dir), engine=engine_spec(cfg.rollout),
+                         placement=cfg.resources.placement, model=model_spec(cfg, init_dir, "actor"),
+                         engine=engine_spec(cfg.rollout),
                          shards=cfg.resources.n_workers, seed=cfg.seed)
 
 

@@ -62,8 +62,11 @@ def chat_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:
 
 
 def model_context(model_dir: str | Path) -> int:
-    """The longest sequence the model at ``model_dir`` accepts (its ``max_position_embeddings``)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    """The longest sequence the model at ``model_dir`` accepts (its ``max_position_embeddings``; an adapter folder's
+    base's)."""
+    from rlcore.engine.lora import architecture_folder
+
+    config = json.loads((architecture_folder(model_dir) / "config.json").read_text())
     return int(config.get("max_position_embeddings") or config.get("n_positions") or 2048)
 
 

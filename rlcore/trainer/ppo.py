@@ -28,7 +28,7 @@ from rlcore.registry import Registry
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.trainer.async_ppo import running_async_round
 from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.common import StepLog, start_pool, stop_if_diverged
+from rlcore.trainer.common import StepLog, check_model, start_pool, stop_if_diverged
 from rlcore.trainer.generation import reward_scorer
 from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner, running_sync_round
 from rlcore.viewer import RolloutsFile, rollouts_frame, write_page
@@ -93,6 +93,7 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     rows = read_reward_rows(data_path, cfg.reward)
     reward_scorer(cfg, rows, data_path)  # each reward function called once, before Ray starts
     prompts = prompt_batch(rows, tokenizer, cfg.task.max_prompt_length, data_path)
+    check_model(cfg, init_dir, "ppo")
     every = cfg.ppo.val_every if val_path else 0
     val = Batch()
     if val_path and every:

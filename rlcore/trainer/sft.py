@@ -16,7 +16,7 @@ from rlcore.data.schema import read_rows
 from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
 from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.common import StepLog, model_spec, start_pool, stop_if_diverged
+from rlcore.trainer.common import StepLog, check_model, model_spec, start_pool, stop_if_diverged
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.sft import SFTStepSpec, SFTWorker
 
@@ -62,8 +62,10 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
     after ``sft.max_nonfinite_steps`` in a row the loop raises :class:`~rlcore.errors.TrainingDiverged` once
     that step is logged."""
     data = sft_batch(read_rows(data_path), tokenizer, cfg, data_path)
+    check_model(cfg, base_model, "sft")
     s = cfg.sft
-    optim = OptimSpec(lr=s.lr, weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, total_steps=s.steps)
+    optim = OptimSpec(lr=s.lr, weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, total_steps=s.steps,
+                      offload=cfg.resources.offload.optimizer)
     step_spec = SFTStepSpec(micro_batch_size=max(1, min(s.micro_batch_size, s.batch_size // cfg.resources.n_workers)),
                             grad_clip=s.grad_clip)
     log = StepLog(tracker, plot_csv)
@@ -82,7 +84,7 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
 
     with start_pool(cfg) as pool:
         group = WorkerGroup(SFTWorker, pool, name="sft", timeout_s=cfg.ray.timeout_s,
-                            model=model_spec(cfg, base_model), optim=optim, seed=cfg.seed)
+                            model=model_spec(cfg, base_model, "sft"), optim=optim, seed=cfg.seed)
         try:
             group.call(SFTWorker.init_model)
             if resume is not None:

@@ -1,10 +1,14 @@
 """The colocated actor / rollout / reference worker of a PPO round (one rank).
 
 * actor: the policy with its optimizer, replicated or FSDP2-sharded (``resources.strategy``,
-  ``rlcore.engine.strategy``);
-* rollout: a rollout engine over an unsharded copy of the policy; it takes the actor's full
-  weights before the first generation after every update;
-* ref: the frozen initial policy, wrapped like the actor, for KL terms (optional).
+  ``rlcore.engine.strategy``), every parameter trained or a LoRA adapter (``actor.lora``);
+* rollout: a rollout engine over an unsharded copy of the policy; it takes the actor's weights (with LoRA:
+  the adapters' only) before the first generation after every update, and a probe batch checks each sync
+  (``rlcore.engine.sync_check``). Where the engine can run on the actor's own tensors (a replicated float32
+  policy, the static engine) there is no copy and nothing to sync;
+* ref: the frozen initial policy, wrapped like the actor, for KL terms (optional). With LoRA there is no
+  second model: the reference is the actor with its adapter disabled (or switched to a frozen copy of the
+  adapter the round started from, ``rlcore.engine.lora``).
 
 Every method takes a Batch of tensors and a typed, frozen settings object, and returns a Batch
 or :data:`~rlcore.protocol.Metrics`.
@@ -33,17 +37,18 @@ from rlcore.algos.off_policy import (
     off_policy_metrics,
 )
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
-from rlcore.engine import distributed
+from rlcore.engine import distributed, peak_memory, sync_check
+from rlcore.engine.lora import reference_weights
 from rlcore.engine.model import ModelSpec, load_policy, load_tokenizer, save_pretrained
-from rlcore.engine.sequence import SequenceModel, sequences
-from rlcore.engine.weights import pack_state
+from rlcore.engine.sequence import SequenceModel, eval_mode, sequences
+from rlcore.engine.weights import WeightsPayload, pack_state
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.rollout.base import EngineSpec
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
 from rlcore.workers.rank import RankWorker
-from rlcore.workers.rollout import GenerateSpec, generate_on, make_engine
+from rlcore.workers.rollout import GenerateSpec, generate_on, make_trainer_engine
 from rlcore.workers.state import TrainedModelState
 
 
@@ -119,38 +124,74 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         self.mismatch: dict[str, float] | None = None  # accumulated by update_actor's first mini-batch
         self.off_stats: dict[str, float] | None = None  # off-policy weights' statistics of an update (OffPolicySpec)
         self.fused_kl = {"kl_ref_sum": 0.0, "kl_ref_tokens": 0.0}  # actor/kl_ref's sums, from the update's forward
+        self.peaks: Metrics = {}  # perf/peak_mem_*_mib of the phases since the last update (reported by it)
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.tokenizer = load_tokenizer(self.model_spec.path)
-        self.actor = load_policy(self.model_spec, self.device)
+        lora = self.model_spec.lora.on
+        # with LoRA the reference is the actor itself (adapter disabled, or a frozen copy of the starting adapter)
+        self.actor = load_policy(self.model_spec, self.device, with_reference=self.with_ref and lora)
         self.opt, self.sched = make_optimizer(self.actor.module, self.optim_spec)
-        self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
-        self.ref = load_policy(self.model_spec, self.device, frozen=True) if self.with_ref else None
+        self.engine, self.engine_shares = make_trainer_engine(self.engine_spec, self.model_spec, self.device,
+                                                              self.actor.module, shards=self.actor.strategy.shards)
+        self.ref = load_policy(self.model_spec, self.device, frozen=True) if self.with_ref and not lora else None
+        self.probe = sync_check.probe_batch(self.tokenizer, self.actor.module.config.max_position_embeddings)
+        self.syncs = 0
 
     # ---------------------------------------------------------------- rollout
+    def _rollout_state(self) -> dict[str, torch.Tensor]:
+        """What the rollout engine loads after an update: every weight, or with LoRA the adapters only (unsharded,
+        in the compute dtype). A collective under fsdp."""
+        strategy, module = self.actor.strategy, self.actor.module
+        if self.model_spec.lora.on:
+            return strategy.trainable_state_dict(module, compute_dtype=True)
+        return strategy.rollout_state_dict(module)
+
+    def probe_log_probs(self) -> torch.Tensor:
+        """The actor's log-probs of the sync-check probe batch (a collective under fsdp)."""
+        return self._log_probs(self.actor, self.probe, LogProbSpec(len(self.probe)), with_entropy=False)["log_probs"]
+
+    def _sync_rollout(self) -> None:
+        """Give the engine the policy's weights (unless it reads the actor's own) and check that it now computes the
+        trainer's log-probs (``rlcore.engine.sync_check``); every rank on the same call (collectives under fsdp)."""
+        self.syncs += 1
+        if not self.engine_shares:
+            state = self._rollout_state()
+            self.engine.load_weights(state)
+            sync_check.check_loaded(self.engine.model, state, sync_check.fingerprint(state.values()),
+                                    what=f"rank {self.rank}, weight sync {self.syncs}")
+        sync_check.check(sync_check.engine_log_probs(self.engine, self.probe, self.device), self.probe_log_probs(),
+                         dtype=self.model_spec.dtype, what=f"rank {self.rank}, weight sync {self.syncs}")
+        self.rollout_stale = False
+
     @register(Dispatch.DP_COMPUTE)
     def generate(self, batch: Batch, spec: GenerateSpec) -> Batch:
         """Sample responses for ``prompts``/``prompt_mask`` with the current policy."""
-        if self.rollout_stale:  # a collective under fsdp: every rank reaches it on the same call
-            self.engine.load_weights(self.actor.strategy.rollout_state_dict(self.actor.module))
-            self.rollout_stale = False
-        return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)
+        with peak_memory.phase(self.peaks, "gen", self.device):
+            if self.rollout_stale:  # a collective under fsdp: every rank reaches it on the same call
+                self._sync_rollout()
+            return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)
 
     @register(Dispatch.ONE_TO_ALL)
     def rollout_weights(self) -> list | None:
-        """The policy's weights as a rollout engine loads them (unsharded, compute dtype), put into the Ray object
-        store by rank 0 as raw bytes (:func:`~rlcore.engine.weights.pack_state`): ``[ref]`` there (a list, so the reference travels unresolved; the object lives while
-        this rank does and someone holds the reference), None on the other ranks. A collective under fsdp."""
+        """The policy's weights as a rollout engine loads them (unsharded, compute dtype; with LoRA the adapters only),
+        with the sync-check probe and the trainer's log-probs of it, put into the Ray object store by rank 0 as raw
+        bytes (:class:`~rlcore.engine.weights.WeightsPayload`): ``[ref]`` there (a list, so the reference travels
+        unresolved; the object lives while this rank does and someone holds the reference), None on the other
+        ranks. A collective under fsdp."""
         import ray  # a worker only ever runs this inside Ray
 
-        state = self.actor.strategy.rollout_state_dict(self.actor.module)
-        return [ray.put(pack_state(state))] if self.rank == 0 else None
+        state, probe_lp = self._rollout_state(), self.probe_log_probs()
+        if self.rank != 0:
+            return None
+        return [ray.put(WeightsPayload(pack_state(state), sync_check.fingerprint(state.values()), self.probe, probe_lp,
+                                       self.model_spec.dtype))]
 
     # -------------------------------------------------------------- log-probs
     def _log_probs(self, model: SequenceModel, batch: Batch, spec: LogProbSpec, with_entropy: bool) -> Batch:
         logps, extra = [], []
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(model.module):  # no dropout (LoRA's) outside the update
             for part in batch.split(spec.micro_batch_size):
                 ids, mask = sequences(part)
                 args = (ids.to(self.device), mask.to(self.device), part["responses"].to(self.device))
@@ -170,7 +211,8 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
     def compute_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:
         """``old_log_probs`` of the responses under the actor (a training forward; the update computes the
         entropy it logs itself), and ``sum_pi_squared`` with ``spec.sum_pi_squared``."""
-        out = self._log_probs(self.actor, batch, spec, with_entropy=False)
+        with peak_memory.phase(self.peaks, "old_log_prob", self.device):
+            out = self._log_probs(self.actor, batch, spec, with_entropy=False)
         renamed = {"old_log_probs": out["log_probs"]}
         if spec.sum_pi_squared:
             renamed["sum_pi_squared"] = out["sum_pi_squared"]
@@ -179,9 +221,16 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
     @register(Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:
         """``ref_log_probs`` of the responses under the frozen reference."""
-        if self.ref is None:
+        with peak_memory.phase(self.peaks, "ref", self.device):
+            return self._ref_log_probs(batch, spec)
+
+    def _ref_log_probs(self, batch: Batch, spec: LogProbSpec) -> Batch:
+        if self.ref is not None:
+            return Batch({"ref_log_probs": self._log_probs(self.ref, batch, spec, with_entropy=False)["log_probs"]})
+        if not (self.with_ref and self.model_spec.lora.on):
             raise RuntimeError("compute_ref_log_prob: this worker group was started without a reference model")
-        return Batch({"ref_log_probs": self._log_probs(self.ref, batch, spec, with_entropy=False)["log_probs"]})
+        with reference_weights(self.actor.module):
+            return Batch({"ref_log_probs": self._log_probs(self.actor, batch, spec, with_entropy=False)["log_probs"]})
 
     # ---------------------------------------------------------------- update
     def _actor_loss(self, part: Batch, spec: ActorUpdateSpec, scale: AggScale) -> MicroResult:
@@ -285,13 +334,16 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
                 mismatch_metrics.update(self._mismatch_metrics())
                 self.mismatch = None
             lr = self.sched.get_last_lr()[0]
-            norm, skipped = clipped_step(self.actor, self.opt, self.sched, spec.grad_clip, loss)
+            norm, skipped = clipped_step(self.actor, self.opt, self.sched, spec.grad_clip, loss,
+                                         offload=self.optim_spec.offload)
             return {"actor/grad_norm": norm, "actor/lr": lr, "actor/nonfinite_steps": float(skipped)}
 
-        rows = minibatch_updates(
-            batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size, micro_batch_size=spec.micro_batch_size,
-            generator=torch.Generator().manual_seed(spec.seed * 7919 + self.rank), device=self.device,
-            micro_loss=lambda part, scale: self._actor_loss(part, spec, scale), optimizer_step=optimizer_step)
+        with peak_memory.phase(self.peaks, "update", self.device):
+            rows = minibatch_updates(
+                batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size,
+                micro_batch_size=spec.micro_batch_size,
+                generator=torch.Generator().manual_seed(spec.seed * 7919 + self.rank), device=self.device,
+                micro_loss=lambda part, scale: self._actor_loss(part, spec, scale), optimizer_step=optimizer_step)
         self.rollout_stale = True
         if "old_log_probs" not in batch and "ref_log_probs" in batch:
             extra.update(self.fused_kl)
@@ -304,13 +356,16 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
             metrics.update(off_policy_metrics(merged))
         if "kl_ref_sum" in metrics:
             metrics["actor/kl_ref"] = metrics.pop("kl_ref_sum") / max(metrics.pop("kl_ref_tokens"), 1.0)
+        # the largest rank's peak of each phase since the last update (every rank ran the same phases)
+        metrics.update({k: distributed.all_reduce_max(v, self.device) for k, v in sorted(self.peaks.items())})
+        self.peaks = {}
         return metrics
 
     # ------------------------------------------------------------ checkpoints
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
-        """Write a Hugging Face folder (weights + tokenizer) from rank 0."""
-        save_pretrained(self.actor, path, rank=self.rank, tokenizer=self.tokenizer)
+        """Write a Hugging Face folder (weights + tokenizer; with LoRA an adapter folder over the base) from rank 0."""
+        save_pretrained(self.actor, path, rank=self.rank, tokenizer=self.tokenizer, base=self.model_spec.base)
         return path
 
     def state_loaded(self) -> None:

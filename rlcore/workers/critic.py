@@ -1,4 +1,5 @@
-"""The critic worker (one rank): a value model for GAE, FSDP2-sharded or replicated like the actor."""
+"""The critic worker (one rank): a value model for GAE, FSDP2-sharded or replicated like the actor, every parameter
+trained or a LoRA adapter and the value head (``critic.lora``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rlcore.algos.losses import AggScale, value_loss
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed
 from rlcore.engine.model import ModelSpec, load_critic, save_pretrained
-from rlcore.engine.sequence import sequences
+from rlcore.engine.sequence import eval_mode, sequences
 from rlcore.protocol import Batch, Metrics
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
@@ -59,7 +60,7 @@ class CriticWorker(TrainedModelState, RankWorker):
     def compute_values(self, batch: Batch, spec: ValuesSpec) -> Batch:
         """``values`` ``[batch, response_len]`` of the states before each response token (0 at padding)."""
         values = []
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(self.critic.module):
             for part in batch.split(spec.micro_batch_size):
                 ids, mask = sequences(part)
                 v = self.critic.response_values(ids.to(self.device), mask.to(self.device), part["responses"].shape[1])
@@ -81,7 +82,8 @@ class CriticWorker(TrainedModelState, RankWorker):
     def update_critic(self, batch: Batch, spec: CriticUpdateSpec) -> Metrics:
         """Clipped value regression on ``returns``, in mini-batches of this rank's shard."""
         def optimizer_step(loss: float) -> Metrics:
-            norm, skipped = clipped_step(self.critic, self.opt, self.sched, spec.grad_clip, loss)
+            norm, skipped = clipped_step(self.critic, self.opt, self.sched, spec.grad_clip, loss,
+                                         offload=self.optim_spec.offload)
             return {"critic/grad_norm": norm, "critic/nonfinite_steps": float(skipped)}
 
         rows = minibatch_updates(
@@ -92,5 +94,7 @@ class CriticWorker(TrainedModelState, RankWorker):
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
-        save_pretrained(self.critic, path, rank=self.rank)
+        """Write the value model's folder from rank 0 (with LoRA, its adapter merged in: the next round's critic starts
+        from it, with a fresh adapter)."""
+        save_pretrained(self.critic, path, rank=self.rank, merge=True)
         return path

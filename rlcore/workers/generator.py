@@ -18,7 +18,8 @@ import torch
 from rlcore.controller.async_rollout import Rollout, WorkItem
 from rlcore.controller.decorator import RankPlacement
 from rlcore.engine.model import ModelSpec
-from rlcore.engine.weights import unpack_state
+from rlcore.engine import sync_check
+from rlcore.engine.weights import WeightsPayload, unpack_state
 from rlcore.rollout import EngineSpec
 from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import GenerateSpec, generate_sharded, make_engine
@@ -40,12 +41,25 @@ class GeneratorWorker(RankWorker):
         return os.getpid()
 
     def _pull_weights(self) -> None:
-        """Load the newest published policy if it is newer than the one held (one whole object: never torn)."""
+        """Load the newest published policy if it is newer than the one held (one whole object: never torn) and
+        check that the engine now computes the trainer's log-probs of the probe."""
         newer = ray.get(self.weights.newer_than.remote(self.version))
         if newer is not None:
             version, (ref,) = newer
-            self.engine.load_weights(unpack_state(ray.get(ref)))
-            self.version = version
+            self.load(ray.get(ref), version)
+        if self.version < 0:
+            raise sync_check.RolloutOutOfSync(f"generator {self.index}: asked to generate before any policy version "
+                                              "was published (it would sample from the round's initial weights)")
+
+    def load(self, payload: WeightsPayload, version: int) -> None:
+        """Take a published version's weights and check them with its probe."""
+        state = unpack_state(payload.state)
+        self.engine.load_weights(state)
+        sync_check.check_loaded(self.engine.model, state, payload.fingerprint,
+                                what=f"generator {self.index}, policy version {version}")
+        sync_check.check(sync_check.engine_log_probs(self.engine, payload.probe, self.device), payload.probe_log_probs,
+                         dtype=payload.dtype, what=f"generator {self.index}, policy version {version}")
+        self.version = version
 
     def generate_item(self, item: WorkItem, spec: GenerateSpec) -> float:
         """Generate ``item`` with the newest policy and put it into the queue (blocking while it is full);

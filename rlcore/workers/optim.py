@@ -23,15 +23,18 @@ class OptimSpec:
     total_steps: int | None = None
     """None: constant after warm-up; else cosine decay to ``min_lr_ratio * lr`` at ``total_steps``."""
     min_lr_ratio: float = 0.1
+    offload: bool = False
+    """The AdamW state lives in CPU memory between optimizer steps (``resources.offload.optimizer``; GPU runs)."""
 
 
 def make_optimizer(model: torch.nn.Module, spec: OptimSpec):
-    """AdamW with linear warm-up, then constant (total_steps None) or cosine decay to min_lr_ratio.
+    """AdamW over the parameters that train (all of them, or a LoRA adapter's) with linear warm-up, then constant
+    (total_steps None) or cosine decay to min_lr_ratio.
 
     foreach: the multi-tensor update, which torch leaves off on CPU (one tensor at a time there).
     """
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.999),
-                            foreach=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.999), foreach=True)
 
     def factor(step: int) -> float:
         if step < spec.warmup_steps:
@@ -44,7 +47,8 @@ def make_optimizer(model: torch.nn.Module, spec: OptimSpec):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def clipped_step(model: SequenceModel, opt, sched, grad_clip: float, loss: float) -> tuple[float, bool]:
+def clipped_step(model: SequenceModel, opt, sched, grad_clip: float, loss: float, *,
+                 offload: bool = False) -> tuple[float, bool]:
     """Average gradients over ranks (as the model's strategy does it), clip the global grad norm and step;
     return ``(grad norm, skipped)``. A collective.
 
@@ -54,18 +58,34 @@ def clipped_step(model: SequenceModel, opt, sched, grad_clip: float, loss: float
     exactly as before (a skipped step leaves no trace; the schedule counts applied steps, as Megatron's
     does). The gradients were averaged over the ranks before the norm (ddp: one all-reduce; fsdp: the
     reduce-scatter of backward, and the norm is a reduction over every shard), so a NaN on any rank reaches
-    every rank's norm: every rank takes the same decision."""
+    every rank's norm: every rank takes the same decision. ``offload``: the optimizer state lives on the CPU
+    outside the step (:func:`move_optimizer_state`)."""
     model.strategy.reduce_gradients(model.module)
-    norm = torch.nn.utils.clip_grad_norm_(model.module.parameters(), grad_clip)
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.module.parameters() if p.requires_grad], grad_clip)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     norm = float(norm)
     skipped = not (math.isfinite(norm) and math.isfinite(loss))
     if not skipped:
+        if offload:  # the state comes to the parameters' device for the step only
+            move_optimizer_state(opt, None)
         opt.step()
+        if offload:
+            move_optimizer_state(opt, torch.device("cpu"))
         sched.step()
     opt.zero_grad(set_to_none=True)
     return norm, skipped
+
+
+def move_optimizer_state(opt, device: torch.device | None) -> None:
+    """Move every tensor of the optimizer's state to ``device`` (None: each to its parameter's device), keeping the
+    step counts where AdamW keeps them: the optimizer offload's round trip."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state.get(p)
+            for key, value in (state or {}).items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(p.device if device is None else device, non_blocking=True)
 
 
 def update_metrics(rows: list[Metrics], prefix: str) -> Metrics:

@@ -28,5 +28,7 @@ class RankWorker:
         return ray.util.get_node_ip_address(), distributed.free_port()
 
     def init_distributed(self, master_addr: str, master_port: int, use_gpu: bool, timeout_s: float) -> None:
+        # a worker whose trained model is offloaded to the CPU (resources.offload.params) gathers CPU tensors too
+        offload = bool(getattr(getattr(self, "model_spec", None), "offload_params", False))
         self.device = distributed.init_process_group(self.rank, self.world_size, master_addr, master_port,
-                                                     use_gpu, timeout_s)
+                                                     use_gpu, timeout_s, cpu_collectives=offload)

@@ -13,7 +13,7 @@ import torch
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
 from rlcore.protocol import Batch
-from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams
+from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams, reads_weights_in_place
 from rlcore.rollout import make_engine as build_engine
 from rlcore.workers.rank import RankWorker
 
@@ -28,10 +28,24 @@ class GenerateSpec:
 
 
 def make_engine(spec: EngineSpec, model: ModelSpec, device: torch.device) -> RolloutEngine:
-    """The rollout engine ``spec`` names over a plain copy of the model at ``model.path``."""
+    """The rollout engine ``spec`` names over a plain copy of the model at ``model.path`` (with LoRA on, its adapter
+    layers unmerged: ``load_rollout_model``)."""
     tok = load_tokenizer(model.path)
     return build_engine(load_rollout_model(model, device), spec, eos_token_id=tok.eos_token_id,
                         pad_token_id=tok.pad_token_id)
+
+
+def make_trainer_engine(spec: EngineSpec, model: ModelSpec, device: torch.device, trainer: torch.nn.Module,
+                        *, shards: bool) -> tuple[RolloutEngine, bool]:
+    """The rollout engine of a worker that also trains ``trainer`` (the unwrapped module), and whether it runs on
+    the trainer's own tensors. It does where that costs nothing: a replicated (not sharded) model whose weights are
+    already in the compute dtype, and an engine that only reads tensors (``reads_weights_in_place``). Then there is
+    no rollout copy (one model's memory less per rank) and no weight sync; otherwise a copy that takes the
+    trainer's weights after every update (only the adapters' with LoRA)."""
+    if not shards and model.compute_dtype is None and reads_weights_in_place(trainer, spec):
+        tok = load_tokenizer(model.path)
+        return build_engine(trainer, spec, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id), True
+    return make_engine(spec, model, device), False
 
 
 def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank: int,

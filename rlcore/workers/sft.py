@@ -56,11 +56,12 @@ class SFTWorker(TrainedModelState, RankWorker):
             total += float(nll_sum.detach())
         lr = self.sched.get_last_lr()[0]
         loss = distributed.all_reduce_sum(total, self.device) / global_tokens  # non-finite if any rank's is
-        grad_norm, skipped = clipped_step(self.model, self.opt, self.sched, spec.grad_clip, loss)
+        grad_norm, skipped = clipped_step(self.model, self.opt, self.sched, spec.grad_clip, loss,
+                                         offload=self.optim_spec.offload)
         return {"sft/loss": loss, "sft/grad_norm": grad_norm, "sft/lr": lr, "sft/nonfinite_steps": float(skipped)}
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, path: str) -> str:
-        """Write a Hugging Face folder (weights + tokenizer) from rank 0."""
-        save_pretrained(self.model, path, rank=self.rank, tokenizer=self.tokenizer)
+        """Write a Hugging Face folder (weights + tokenizer; with LoRA an adapter folder over the base) from rank 0."""
+        save_pretrained(self.model, path, rank=self.rank, tokenizer=self.tokenizer, base=self.model_spec.base)
         return path

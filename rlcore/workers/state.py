@@ -4,8 +4,10 @@ A checkpoint folder (``rlcore.trainer.checkpoint``) holds, per trained model ``n
 
 * ``{name}.pt``: the model's parameters and buffers, the optimizer state and the learning-rate schedule,
   unsharded (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict``), written by rank 0: one
-  file whatever the strategy (ddp replicas or fsdp shards) and the rank count, keyed by parameter name;
-* ``{name}.rng{rank}.pt``: each rank's torch RNG state.
+  file whatever the strategy (ddp replicas or fsdp shards) and the rank count, keyed by parameter name. A model
+  trained with LoRA saves its trained tensors only (the adapters; a value model's head too): the frozen base is
+  the model folder the stage started from;
+* ``{name}.rng{rank}.pt``: each rank's torch RNG state, the CPU generator's and, on a GPU, the CUDA one's.
 
 Every rank reads the same ``{name}.pt`` back and keeps its own share (all of it under ddp, its shards under
 fsdp), so the folder must be on a path every rank reaches (one machine, or a shared filesystem on a
@@ -42,11 +44,39 @@ def save_training_state(folder: str | Path, name: str, model: SequenceModel, opt
     """Write ``model``'s weights, ``opt`` and ``sched`` (rank 0) and this rank's RNG into ``folder``.
     A collective under sharding strategies: every rank calls it."""
     folder = Path(folder)
-    model_sd, optim_sd = get_state_dict(model.module, opt,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    frozen = _has_frozen(model)  # LoRA: the base stays as loaded; the adapters are the training state
+    model_sd, optim_sd = get_state_dict(model.module, opt, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=frozen))
     if rank == 0:
-        atomic_save({"model": model_sd, "optim": optim_sd, "sched": sched.state_dict()}, folder / f"{name}.pt")
-    atomic_save({"torch": torch.get_rng_state()}, folder / f"{name}.rng{rank}.pt")
+        state = {"model": model_sd, "optim": optim_sd, "sched": sched.state_dict(), "trained_only": frozen}
+        peft_config = getattr(model.module, "peft_config", None)
+        if peft_config:  # what `rlcore export` needs to put the adapters back on the base
+            state["adapter_config"] = peft_config["default"].to_dict()
+        atomic_save(state, folder / f"{name}.pt")
+    atomic_save(rng_state(), folder / f"{name}.rng{rank}.pt")
+
+
+def _has_frozen(model: SequenceModel) -> bool:
+    return any(not p.requires_grad for p in model.module.parameters())
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch RNG states: the CPU generator's, and every CUDA device's where CUDA is initialised."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], where: Path) -> None:
+    """Restore :func:`rng_state`; a checkpoint written on a GPU and read without one (or the reverse) is refused."""
+    torch.set_rng_state(state["torch"])
+    has_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if "cuda" in state and has_cuda:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    elif "cuda" in state or has_cuda:
+        raise ValueError(f"{where}: written {'with' if 'cuda' in state else 'without'} CUDA, read "
+                         f"{'with' if has_cuda else 'without'} it: resume with the resources.use_gpu it was written with")
 
 
 def load_training_state(folder: str | Path, name: str, model: SequenceModel, opt, sched, *, rank: int) -> None:
@@ -54,11 +84,15 @@ def load_training_state(folder: str | Path, name: str, model: SequenceModel, opt
     the weights and optimizer state load under any strategy). A collective under sharding strategies."""
     folder = Path(folder)
     state = torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=False)
+    trained_only = state.get("trained_only", False)
+    if trained_only != _has_frozen(model):
+        raise ValueError(f"{folder / f'{name}.pt'}: saved {'with' if trained_only else 'without'} LoRA, loaded into a "
+                         f"model {'without' if trained_only else 'with'} it")
     set_state_dict(model.module, opt, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=StateDictOptions(full_state_dict=True))
+                   options=StateDictOptions(full_state_dict=True, strict=not trained_only))
     sched.load_state_dict(state["sched"])
-    rng = torch.load(folder / f"{name}.rng{rank}.pt", map_location="cpu", weights_only=False)
-    torch.set_rng_state(rng["torch"])
+    path = folder / f"{name}.rng{rank}.pt"
+    set_rng_state(torch.load(path, map_location="cpu", weights_only=False), path)
 
 
 class TrainedModelState:

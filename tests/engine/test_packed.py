@@ -173,6 +173,31 @@ def test_gradients_equal_the_padded_forward(models, pool):
         torch.testing.assert_close(grads[1][name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_long_response_blocks_take_the_fused_kernel_and_still_equal_the_padded_forward(models, monkeypatch):
+    """Responses of 40 tokens: the response block's scores (40 x 46) pass ``FUSED_CPU_MIN_SCORES``, so its attention
+    runs the fused kernel while the prompt block's stays spelled out; log-probs and gradients are the padded
+    forward's."""
+    plain, fast = models
+    ids, mask, responses, rmask = grpo_batch(n_prompts=2, n=3, seed=4, response_len=40)
+    weights = torch.randn(rmask.shape, generator=torch.Generator().manual_seed(3)) * rmask
+    fused = []
+    real_sdpa = F.scaled_dot_product_attention
+    grads = []
+    for model in (plain, fast):
+        if model is fast:
+            monkeypatch.setattr(packed.F, "scaled_dot_product_attention",
+                                lambda q, *a, **kw: (fused.append(q.shape[-2]), real_sdpa(q, *a, **kw))[1])
+        model.zero_grad(set_to_none=True)
+        lp, _ = local_model(model).response_log_probs(ids, mask, responses)
+        (lp * weights).sum().backward()
+        grads.append((lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert fused and set(fused) == {40}  # the response blocks, in every layer; not the prompts' 6 x 6
+    real = rmask.bool()
+    torch.testing.assert_close(grads[1][0][real], grads[0][0][real], atol=1e-5, rtol=1e-5)
+    for name, g in grads[0][1].items():
+        torch.testing.assert_close(grads[1][1][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("name", ["padded", "packed"])
 def test_each_forward_of_the_fast_model_equals_the_plain_hugging_face_forward(models, name, monkeypatch):
     """The reference is a plain HF model (transformers' own sdpa) through the padded forward. The model
