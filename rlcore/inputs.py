@@ -1,11 +1,12 @@
-"""The pipeline's inputs from outside the repository's code, recorded by content: data files, reward files.
+"""The pipeline's inputs from outside the repository's code, recorded by content: data files, reward files, tool files.
 
 DVC can only depend on paths written in ``dvc.yaml``, and the files a user configures (``task.file``,
 ``reward.functions``) live in ``params.yaml``. So ``dvc.yaml`` has one small stage per configured file
-(``task_file@<split>``, ``reward_file@<i>``: a ``foreach`` over the params list, none when it is empty)
+(``task_file@<split>``, ``reward_file@<i>``, ``tool_file@<i>``: a ``foreach`` over the params list, none when it is
+empty)
 whose only dependency is that file and whose only output is a manifest, ``{"path", "sha256"}``, in a
 folder the consuming stages depend on (``inputs/task`` for prepare; ``inputs/reward`` for score, the PPO
-rounds and evaluate). Editing a file re-runs its manifest stage, which changes the folder, which re-runs
+rounds and evaluate; ``inputs/tools`` for those and SFT). Editing a file re-runs its manifest stage, which changes the folder, which re-runs
 exactly the stages that read the file; the others stay cached.
 
 A consuming stage checks, before anything heavy starts, that each file it is about to read still has the
@@ -97,3 +98,12 @@ def recorded_reward_inputs(reward, folder: str | Path) -> dict[str, dict[str, st
                                     "add it to rm.models, or give a local Hugging Face folder)")
             out["model"] = {"path": path, "sha256": sha256_of(path)}
     return out
+
+
+def recorded_tool_inputs(agent, folder: str | Path) -> dict[str, dict[str, str]]:
+    """``{name: {"path", "sha256"}}`` of each tool file of ``rollout.agent.tools`` (with loop ``tool``), checked
+    against its manifest ``tool_<name>`` in ``folder``: what the stages that generate (and SFT, whose prompts show
+    the tools' schemas) log to MLflow."""
+    if agent.loop != "tool":
+        return {}
+    return {t.name: {"path": t.path, "sha256": recorded_sha256(folder, f"tool_{t.name}", t.path)} for t in agent.tools}

@@ -43,7 +43,7 @@ from rlcore.rollout.base import EngineSpec
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
 from rlcore.workers.rank import RankWorker
-from rlcore.workers.rollout import GenerateSpec, generate_on, make_engine
+from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_on, make_engine
 from rlcore.workers.state import TrainedModelState
 
 
@@ -126,6 +126,7 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         self.actor = load_policy(self.model_spec, self.device)
         self.opt, self.sched = make_optimizer(self.actor.module, self.optim_spec)
         self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
+        self.agents = AgentRunners(self.model_spec.path)
         self.ref = load_policy(self.model_spec, self.device, frozen=True) if self.with_ref else None
 
     # ---------------------------------------------------------------- rollout
@@ -135,7 +136,7 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         if self.rollout_stale:  # a collective under fsdp: every rank reaches it on the same call
             self.engine.load_weights(self.actor.strategy.rollout_state_dict(self.actor.module))
             self.rollout_stale = False
-        return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)
+        return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device, agents=self.agents)
 
     @register(Dispatch.ONE_TO_ALL)
     def rollout_weights(self) -> list | None:
