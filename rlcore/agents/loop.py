@@ -48,7 +48,8 @@ class Trajectory:
     """One row's turns after the prompt and its counts."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
-    """``{"role": "assistant" | "tool" | "user", "content"}`` in order (tool messages carry ``name``)."""
+    """``{"role": "assistant" | "tool" | "user", "content"}`` in order (tool messages carry ``name``): the turns
+    the trajectory's tokens hold (an observation that did not fit, or an environment's last, is not among them)."""
     tool_calls: int = 0
     """Calls the loop answered (errors included)."""
     errors: Counter = field(default_factory=Counter)
@@ -93,7 +94,7 @@ class AgentRuntime:
 
     def __init__(self, spec: AgentSpec, tokenizer):
         self.spec, self.tok = spec, tokenizer
-        self.parse = PARSERS.get(spec.parser)
+        self.parse = PARSERS.get(spec.parser).parse
         self.pool = ToolPool(spec)
         try:
             self.functions, self.environment = tool_kinds(self.pool.describe())
@@ -184,12 +185,12 @@ class AgentRuntime:
             else:
                 traj.tool_calls += 1
                 messages.append({"role": "tool", "name": call.name, "content": res.text})
-        traj.messages.extend(messages)
-        if self.environment is not None and (results[0][1].done or not messages[0]["content"]):
+        if self.environment is not None and results[0][1].done:
             return self._stop(t, r, traj, ANSWER)
         ids = self.template.observation_ids(messages)
         if len(ids) + 1 > t.room(r):  # the observation and one more token must fit
             return self._stop(t, r, traj, BUDGET)
+        traj.messages.extend(messages)  # the turns the trajectory's tokens hold
         t.append(r, ids)
         return None
 

@@ -35,7 +35,15 @@ class ParsedTurn:
     calls: list[ToolCall] = field(default_factory=list)
 
 
-Parser = Callable[[str], ParsedTurn]
+@dataclass(frozen=True)
+class Parser:
+    """A call format: ``parse`` a turn's text, and ``format`` calls as the model writes them (how ``rlcore serve``
+    shows a conversation's earlier calls to a chat template that does not render ``tool_calls`` itself)."""
+
+    parse: Callable[[str], ParsedTurn]
+    format: Callable[[list[ToolCall]], str]
+
+
 PARSERS: Registry[Parser] = Registry("tool-call parser")
 
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -64,7 +72,6 @@ def read_call(payload: str) -> ToolCall:
     return ToolCall(name, args)
 
 
-@PARSERS.register("hermes")
 def hermes(text: str) -> ParsedTurn:
     """``<tool_call>{json}</tool_call>`` blocks (module docstring)."""
     calls = [read_call(m.group(1).strip()) for m in _HERMES_BLOCK.finditer(text)]
@@ -73,3 +80,11 @@ def hermes(text: str) -> ParsedTurn:
         calls.append(ToolCall("", {}, "<tool_call> is not closed by </tool_call>"))
         rest = rest[: rest.index(_HERMES_OPEN)]
     return ParsedTurn(rest.strip(), calls)
+
+
+def hermes_format(calls: list[ToolCall]) -> str:
+    return "".join(f"<tool_call>{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}</tool_call>"
+                   for c in calls)
+
+
+PARSERS.add("hermes", Parser(hermes, hermes_format))

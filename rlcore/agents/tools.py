@@ -5,9 +5,9 @@ observation with an error kind, never an exception in the worker or a hang.
     future = pool.call("calculator", {"expression": "37*85"})
     result = future.result()                   # ToolResult(text="3145", error=None)
 
-The pool has ``spec.processes`` slots, each a thread that owns one tool process and runs its jobs in order. A call
-goes to the slot with the fewest jobs waiting; an environment's requests go to the slot its key names, so its
-state stays in one process. The call's timeout runs from the moment the request reaches the process: past it, the
+The pool has ``spec.processes`` slots, each a thread that owns one tool process and runs one job at a time. A call
+waits in the pool's queue for the first free slot (so no call waits behind a slow one while a process is free); an
+environment's requests go to the slot its key names, so its state stays in one process. The call's timeout runs from the moment the request reaches the process: past it, the
 process group is SIGKILLed (a Python loop, C code, a ``sleep``, the tool's own children) and the next job starts
 a fresh process. Error kinds (:data:`ERROR_KINDS`): ``timeout``; ``exited`` (the process died: ``os._exit``, a
 crash, the memory limit hit in C); ``raised`` (the tool raised, ``MemoryError`` included); ``bad_arguments`` (they
@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import queue
 import select
 import signal
 import subprocess
@@ -32,6 +31,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -130,26 +130,33 @@ class _Job:
 
 
 class _Slot:
-    """A thread that owns one tool process (started on the first job, and again after a kill or a death)."""
+    """A thread that owns one tool process (started on the first job, and again after a kill or a death); it runs
+    the jobs addressed to it first, then the pool's shared ones."""
 
     def __init__(self, pool: ToolPool, index: int):
         self.pool, self.index = pool, index
-        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self.waiting = 0
+        self.own: deque[_Job] = deque()
         self.process: _Process | None = None
         # the thread that starts a process must outlive it: PR_SET_PDEATHSIG fires when that thread ends
         self.thread = threading.Thread(target=self._serve, name=f"rlcore-tool-{index}", daemon=True)
         self.thread.start()
 
+    def _next(self) -> _Job | None:
+        with self.pool.ready:
+            while not (self.own or self.pool.shared or self.pool.closed):
+                self.pool.ready.wait()
+            if self.pool.closed:
+                return None
+            return self.own.popleft() if self.own else self.pool.shared.popleft()
+
     def _serve(self) -> None:
-        while (job := self.jobs.get()) is not None:
+        while (job := self._next()) is not None:
             try:
                 result = self._execute(job.request, job.timeout_s)
             except BaseException as err:  # noqa: BLE001 - a bug here must not leave the loop waiting forever
                 job.future.set_exception(err)
             else:
                 job.future.set_result(result)
-            self.waiting -= 1
         self.stop()
 
     def _start(self) -> str | None:
@@ -210,15 +217,21 @@ class ToolPool:
         self.tool_list = [t.as_dict() for t in spec.tools]
         self.network: str | None = None  # "namespace" or "python", once a process has started
         self.starts = 0  # processes started (the first ones, and after every kill or death)
+        self.ready = threading.Condition()
+        self.shared: deque[_Job] = deque()
+        self.closed = False
         self.slots = [_Slot(self, i) for i in range(max(1, spec.processes))]
         _POOLS.add(self)
 
     def submit(self, request: dict, *, slot: int | None = None, timeout_s: float | None = None) -> Future:
-        """Run ``request`` on ``slot`` (default: the least busy); a future of the process's reply dict."""
-        s = self.slots[slot % len(self.slots)] if slot is not None else min(self.slots, key=lambda x: x.waiting)
+        """Run ``request`` on ``slot``, or on the first free one; a future of the process's reply dict."""
         future: Future = Future()
-        s.waiting += 1
-        s.jobs.put(_Job(request, self.spec.timeout_s if timeout_s is None else timeout_s, future))
+        job = _Job(request, self.spec.timeout_s if timeout_s is None else timeout_s, future)
+        with self.ready:
+            if self.closed:
+                raise RuntimeError("the tool pool is closed")
+            (self.slots[slot % len(self.slots)].own if slot is not None else self.shared).append(job)
+            self.ready.notify_all()
         return future
 
     def call(self, name: str, args: dict[str, Any]) -> Future:
@@ -250,12 +263,19 @@ class ToolPool:
         return ToolResult(text, None, reply.get("reward"), bool(reply.get("done")))
 
     def close(self) -> None:
-        """Stop every slot's thread and kill its process (also at exit)."""
+        """Stop every slot's thread and kill its process (also at exit); jobs not started fail."""
+        with self.ready:
+            self.closed = True
+            left = list(self.shared) + [j for s in self.slots for j in s.own]
+            self.shared.clear()
+            for s in self.slots:
+                s.own.clear()
+            self.ready.notify_all()
+        for job in left:
+            job.future.set_exception(RuntimeError("the tool pool was closed"))
         for s in self.slots:
-            s.jobs.put(None)
-        for s in self.slots:
+            s.stop()  # a job still running ends at once (its pipe closes)
             s.thread.join(timeout=5)
-            s.stop()
 
 
 def _then(future: Future, fn) -> Future:
