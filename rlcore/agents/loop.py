@@ -29,7 +29,7 @@ comes back as a user message, and the final ``reward()`` plus the per-step rewar
 from __future__ import annotations
 
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -114,9 +114,9 @@ class AgentRuntime:
         environment's ``reset`` gets)."""
         t = engine.open_rows(input_ids, attention_mask, params, budget=params.max_new_tokens, generator=generator)
         trajs = [Trajectory() for _ in range(len(t))]
-        if self.environment is not None:
+        if self.environment is not None:  # every row's own instance, before its first turn
             for r in range(len(t)):
-                reset = self.pool.environment("reset", r, name=self.environment, row=(rows or [{}] * len(t))[r])
+                reset = self.pool.environment("reset", r, name=self.environment, row=rows[r] if rows else {})
                 trajs[r].waiting.append((None, reset))
             self._collect(t, trajs, block=True, resets=True)
         while t.active():
@@ -163,7 +163,7 @@ class AgentRuntime:
         call returns (no row has anything to decode)."""
         pending = [f for traj in trajs for _, f in traj.waiting if not f.done()]
         if block and pending:
-            wait(pending, return_when=FIRST_COMPLETED if not resets else "ALL_COMPLETED")
+            wait(pending, return_when=ALL_COMPLETED if resets else FIRST_COMPLETED)
         for r, traj in enumerate(trajs):
             if traj.waiting and all(f.done() for _, f in traj.waiting):
                 results = [(call, f.result()) for call, f in traj.waiting]

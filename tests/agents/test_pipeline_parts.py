@@ -128,3 +128,21 @@ def test_generate_writes_each_trajectory():
     assert record["response_tokens"] == [4, 6] and record["response_logprobs"] == [-2.0, -3.0]
     assert record["tool_calls"] == [1, 0] and record["trajectories"][0][1] == {"name": "f", "role": "tool",
                                                                                  "content": "e"}
+
+
+def test_the_calculator_recipe_is_a_valid_params_file_whose_tool_exists():
+    import yaml
+
+    cfg = parse_config(yaml.safe_load((REPO_ROOT / "examples" / "calculator.yaml").read_text()))
+    assert cfg.task.name == "calculator" and cfg.rollout.agent.loop == "tool"
+    (tool,) = cfg.rollout.agent.tools
+    assert (REPO_ROOT / tool.path).resolve() == CALCULATOR.resolve()
+    # a trajectory of the demonstrator's fits the budget: prompt + call + observation + answer
+    tok = build_char_tokenizer()
+    from rlcore.data.calculator import demonstration
+
+    ids, _ = TurnTemplate(tok).conversation_ids(demonstration(99, 99, use_tool=True, slip=False))
+    assert len(ids) <= cfg.task.max_response_length
+    prompt = tok.apply_chat_template([{"role": "user", "content": "99*99"}], add_generation_prompt=True, tokenize=False)
+    assert len(tok(prompt, add_special_tokens=False)["input_ids"]) <= cfg.task.max_prompt_length
+    assert cfg.task.max_prompt_length + cfg.task.max_response_length <= cfg.model.tiny.max_position_embeddings
