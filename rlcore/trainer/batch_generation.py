@@ -111,7 +111,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
                                       context=model_context(model_dir), max_new_tokens=settings.max_new_tokens,
                                       source=data_path, tools=tool_schemas(cfg.rollout.agent))
     # the row fields an environment's reset reads, where the rows have them (the pipeline's row schema)
-    fields = {k: [r.get(k) for r in rows] for k in ROW_FIELDS if all(k in r for r in rows)}
+    fields: dict[str, Any] = {k: [r.get(k) for r in rows] for k in ROW_FIELDS if all(k in r for r in rows)}
     if "reward_model" in rows[0] and all(isinstance(r.get("reward_model"), dict) for r in rows):
         fields["ground_truth"] = [r["reward_model"].get("ground_truth") for r in rows]
     prompts = Batch({"prompts": ids, "prompt_mask": mask}, fields)

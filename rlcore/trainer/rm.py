@@ -19,8 +19,8 @@ from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import encode_prompts, encode_responses
 from rlcore.data.pairs import read_pairs
-from rlcore.errors import DataError
 from rlcore.engine.sequence import response_attention
+from rlcore.errors import DataError
 from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
 from rlcore.trainer.checkpoint import write_error

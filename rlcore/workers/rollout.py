@@ -7,6 +7,7 @@ rollout copy it refreshes with the actor's weights after every update.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from rlcore.protocol import Batch
 from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams
 from rlcore.rollout import make_engine as build_engine
 from rlcore.workers.rank import RankWorker
+
+if TYPE_CHECKING:
+    from rlcore.agents.loop import AgentRuntime
 
 
 @dataclass(frozen=True)
@@ -38,12 +42,12 @@ class AgentRunners:
     def __init__(self, model_path: str):
         self.model_path = model_path
         self.spec: AgentSpec | None = None
-        self.runtime = None
+        self.runtime: AgentRuntime | None = None
 
-    def get(self, spec: AgentSpec):
+    def get(self, spec: AgentSpec) -> AgentRuntime:
         from rlcore.agents.loop import AgentRuntime
 
-        if spec != self.spec:
+        if spec != self.spec or self.runtime is None:
             self.close()
             self.runtime, self.spec = AgentRuntime(spec, load_tokenizer(self.model_path)), spec
         return self.runtime
