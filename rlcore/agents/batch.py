@@ -68,7 +68,7 @@ def agent_metrics(batch: Batch, prefix: str = "agent") -> dict[str, float]:
     """A tool-loop batch's ``{prefix}/tool_calls_per_sample``, ``turns`` (means per sample), ``tool_errors`` (the
     batch's count) and ``tool_errors/<kind>`` for every kind, ``truncated`` (the share of samples cut by the budget or
     max_turns) and ``truncated_budget``/``truncated_max_turns``, ``observation_tokens`` (per sample), and an
-    environment's ``env_reward_mean``; nothing for a single-turn batch."""
+    environment's ``env_reward_mean`` and ``turn_reward_mean`` (its steps' rewards); nothing for a single-turn batch."""
     if "agent_turns" not in batch:
         return {}
     stops = list(batch["agent_stop"])
@@ -85,4 +85,7 @@ def agent_metrics(batch: Batch, prefix: str = "agent") -> dict[str, float]:
     env = [r for r in batch["agent_env_reward"] if r is not None]
     if env:
         m["env_reward_mean"] = float(np.mean(env))
+    turn_rewards = [x for rs in batch["agent_turn_rewards"] for x in rs]
+    if turn_rewards:
+        m["turn_reward_mean"] = float(np.mean(turn_rewards))
     return {f"{prefix}/{k}": v for k, v in m.items()}

@@ -96,6 +96,7 @@ def check_step(m: dict, batch, tok) -> None:
         assert batch["response_mask"][r].tolist() == [1, 1] + [0] * len(obs) + [1, 1] + [0] * (24 - n)
         assert batch["response_attention_mask"][r].tolist() == [1] * n + [0] * (24 - n)
     assert m["agent/turns"] == 2.0 and m["agent/truncated"] == 0.0 and m["agent/env_reward_mean"] == 2.0
+    assert m["agent/turn_reward_mean"] == 0.5  # Counter.step returns (observation, 0.5, done)
     assert m["agent/observation_tokens"] == len(obs) and m["agent/tool_errors"] == 0.0
     assert m["rollout/acc"] == 1.0 and m["rollout/response_length"] == n
     # only the model's tokens: near-certain, so the entropy is ~0 and the rollout matches the trainer
