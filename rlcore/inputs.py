@@ -100,10 +100,19 @@ def recorded_reward_inputs(reward, folder: str | Path) -> dict[str, dict[str, st
     return out
 
 
-def recorded_tool_inputs(agent, folder: str | Path) -> dict[str, dict[str, str]]:
+def recorded_tool_inputs(agent, folder: str | Path | None) -> dict[str, dict[str, str]]:
     """``{name: {"path", "sha256"}}`` of each tool file of ``rollout.agent.tools`` (with loop ``tool``), checked
     against its manifest ``tool_<name>`` in ``folder``: what the stages that generate (and SFT, whose prompts show
-    the tools' schemas) log to MLflow."""
+    the tools' schemas) log to MLflow. Without ``folder`` (a stage run by hand, outside DVC) each file is hashed as
+    it is."""
     if agent.loop != "tool":
         return {}
-    return {t.name: {"path": t.path, "sha256": recorded_sha256(folder, f"tool_{t.name}", t.path)} for t in agent.tools}
+    out = {}
+    for t in agent.tools:
+        if folder is not None:
+            out[t.name] = {"path": t.path, "sha256": recorded_sha256(folder, f"tool_{t.name}", t.path)}
+        elif not Path(t.path).is_file():
+            raise InputNotFound(f"rollout.agent.tools: tool file {t.path} not found")
+        else:
+            out[t.name] = {"path": t.path, "sha256": sha256_of(t.path)}
+    return out

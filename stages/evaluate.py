@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--data", required=True)
     p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
-    p.add_argument("--tools", required=True, help="folder of the tool files' manifests (rlcore.inputs)")
+    p.add_argument("--tools", default=None,
+                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--sft", required=True)
     p.add_argument("--final", required=True)
     p.add_argument("--samples", required=True, help="CSV of sample prompts, responses and rewards")

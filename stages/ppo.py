@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
-    p.add_argument("--tools", required=True, help="folder of the tool files' manifests (rlcore.inputs)")
+    p.add_argument("--tools", default=None,
+                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
     p.add_argument("--val-data", default=None, help="held-out prompts for ppo.val_every (reported only)")

@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
-    p.add_argument("--tools", required=True, help="folder of the tool files' manifests (rlcore.inputs)")
+    p.add_argument("--tools", default=None,
+                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     with stage_errors("score"):

@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
-    p.add_argument("--tools", required=True, help="folder of the tool files' manifests (rlcore.inputs)")
+    p.add_argument("--tools", default=None,
+                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     args = p.parse_args(argv)
     with stage_errors("sft"):
         cfg, params = stage_config(args.params, PARAMS, "sft")
