@@ -11,8 +11,9 @@ rollout of the same total tokens, on the same rows, model and CPU threads.
 The model is a random tiny decoder (as in ``model.tiny``; ``--hidden``/``--layers`` for a bigger one), greedy. Where a
 turn ends is forced (EOS at the turn's last token, never before it) on top of the engine's real logits, so both runs
 compute the same forwards over the same number of tokens and only the loop's own work differs: turn ends, parsing,
-tool calls, observations as chunked prefills. Runs alternate (single, multi, single, ...) and each reports its median
-over ``--repeats``.
+tool calls, observations as chunked prefills. The multi-turn rollout runs twice: as by default, and with
+``rollout.agent.deterministic`` (observations fed token by token inside the decode steps, fixed step shapes). Runs
+alternate (single, multi, deterministic, single, ...) and each reports its median over ``--repeats``.
 
     .venv/bin/python -m bench.agent_cost [--rows 256] [--turns 4] [--turn-tokens 24] [--repeats 5]
 """
@@ -20,6 +21,7 @@ over ``--repeats``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -43,21 +45,19 @@ if PARSER not in PARSERS:  # every turn is one call of ping (the bench's turns a
 
 
 class ForcedTurns:
-    """The static engine's rows with each turn's end forced: EOS at the turn's ``length``-th token, never before."""
+    """The static engine's rows with each turn's end forced: EOS at the turn's ``length``-th token, never before
+    (the token a row samples next goes to column ``col``; its turn began at ``turn_start``)."""
 
-    def __init__(self, inner, length: int, eos: int):
-        self.inner, self.length, self.eos = inner, length, eos
-        self.pos: list[int] = []
+    def __init__(self, inner, length: int, eos: int, trajectories):
+        self.inner, self.length, self.eos, self.t = inner, length, eos, trajectories
 
     def force(self, rows: list[int], logits: torch.Tensor) -> torch.Tensor:
-        last = torch.tensor([self.pos[r] == self.length - 1 for r in rows])
+        last = torch.tensor([self.t.col[r] - self.t.turn_start[r] == self.length - 1 for r in rows])
         logits = logits.clone()  # the engine's are inference tensors
         logits[:, self.eos] = torch.where(last, 1e9, -1e9)
         return logits
 
     def forward(self, rows: list[int], pending: list[list[int]]) -> torch.Tensor:
-        for r, p in zip(rows, pending):
-            self.pos[r] = 0 if len(p) > 1 else self.pos[r] + 1  # an observation starts the next turn
         return self.force(rows, self.inner.forward(rows, pending))
 
     def release(self, row: int) -> None:
@@ -70,10 +70,10 @@ class ForcedEngine:
     def __init__(self, engine: StaticRolloutEngine, length: int):
         self.engine, self.length = engine, length
 
-    def open_rows(self, input_ids, attention_mask, params, *, budget, generator=None):
-        t = self.engine.open_rows(input_ids, attention_mask, params, budget=budget, generator=generator)
-        forced = ForcedTurns(t.model, self.length, self.engine.eos_token_id)
-        forced.pos = [0] * len(t)
+    def open_rows(self, input_ids, attention_mask, params, *, budget, generator=None, deterministic=False):
+        t = self.engine.open_rows(input_ids, attention_mask, params, budget=budget, generator=generator,
+                                  deterministic=deterministic)
+        forced = ForcedTurns(t.model, self.length, self.engine.eos_token_id, t)
         t.model = forced
         t.logits = forced.force(list(range(len(t))), t.logits)
         return t
@@ -90,8 +90,9 @@ def measure(args) -> dict:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         model, tok = build(args.hidden, args.layers, Path(tmp))
-    runtime = AgentRuntime(AgentSpec(tools=(ToolRef(TOOLS, "ping"),), parser=PARSER, max_turns=args.turns,
-                                     processes=2), tok)
+    spec = AgentSpec(tools=(ToolRef(TOOLS, "ping"),), parser=PARSER, max_turns=args.turns, processes=2)
+    runtime = AgentRuntime(spec, tok)
+    exact = AgentRuntime(dataclasses.replace(spec, deterministic=True), tok)
     obs = len(runtime.template.observation_ids([{"role": "tool", "name": "ping", "content": "k"}]))
     total = args.turns * args.turn_tokens + (args.turns - 1) * obs
     prompt = tok.apply_chat_template([{"role": "user", "content": "12*34"}], add_generation_prompt=True, tokenize=False)
@@ -101,28 +102,29 @@ def measure(args) -> dict:
                          args.turn_tokens)
     single = StaticRolloutEngine(model, eos_token_id=-1, pad_token_id=tok.pad_token_id)  # every row runs T tokens
     params = SamplingParams(max_new_tokens=total, greedy=True)
-    times: dict[str, list[float]] = {"single": [], "multi": []}
-    tokens = {}
+    times: dict[str, list[float]] = {"single": [], "multi": [], "deterministic": []}
+    tokens, calls = {}, {}
     try:
-        for _ in range(args.repeats + 1):  # the first round warms both up and is not counted
+        for _ in range(args.repeats + 1):  # the first round warms everything up and is not counted
             start = time.perf_counter()
             out = single.generate(ids, mask, params)
             times["single"].append(time.perf_counter() - start)
             tokens["single"] = int(out["response_mask"].sum())
-            start = time.perf_counter()
-            result, trajs = runtime.run(multi, ids, mask, params)
-            times["multi"].append(time.perf_counter() - start)
-            tokens["multi"] = int(result["attention"].sum())
-            calls = sum(t.tool_calls for t in trajs)
+            for name, rt in (("multi", runtime), ("deterministic", exact)):
+                start = time.perf_counter()
+                result, trajs = rt.run(multi, ids, mask, params)
+                times[name].append(time.perf_counter() - start)
+                tokens[name] = int(result["attention"].sum())
+                calls[name] = sum(t.tool_calls for t in trajs)
     finally:
         runtime.close()
+        exact.close()
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
     return {"rows": args.rows, "hidden": args.hidden, "layers": args.layers, "turns": args.turns,
             "turn_tokens": args.turn_tokens, "observation_tokens": obs, "tokens_per_row": total,
-            "single_tokens": tokens["single"], "multi_tokens": tokens["multi"], "tool_calls": calls,
-            "single_s": med["single"], "multi_s": med["multi"], "ratio": med["multi"] / med["single"],
-            "extends": multi.engine.stats["extends"] // (args.repeats + 1),
-            "threads": torch.get_num_threads()}
+            "tokens": tokens, "tool_calls": calls, "single_s": med["single"], "multi_s": med["multi"],
+            "deterministic_s": med["deterministic"], "ratio": med["multi"] / med["single"],
+            "deterministic_ratio": med["deterministic"] / med["single"], "threads": torch.get_num_threads()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,10 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     r = measure(args)
     print(json.dumps(r))
-    assert r["single_tokens"] == r["multi_tokens"], "the two runs must generate the same number of tokens"
+    assert len(set(r["tokens"].values())) == 1, "every run must generate the same number of tokens"
     print(f"{args.rows} rows x {r['tokens_per_row']} tokens ({args.turns} turns of {args.turn_tokens}, "
-          f"{args.turns - 1} observations of {r['observation_tokens']}; {r['tool_calls']} tool calls): single-turn "
-          f"{r['single_s']:.3f} s, multi-turn {r['multi_s']:.3f} s, ratio {r['ratio']:.2f}")
+          f"{args.turns - 1} observations of {r['observation_tokens']}; {r['tool_calls']['multi']} tool calls): "
+          f"single-turn {r['single_s']:.3f} s, multi-turn {r['multi_s']:.3f} s (ratio {r['ratio']:.2f}), "
+          f"deterministic {r['deterministic_s']:.3f} s (ratio {r['deterministic_ratio']:.2f})")
 
 
 if __name__ == "__main__":

@@ -297,6 +297,11 @@ class AgentConfig(_Section):
     """Address-space limit of each tool process in MiB (resource.setrlimit RLIMIT_AS; 0 = none)."""
     processes: int = Field(2, ge=1)
     """Tool processes per generating worker (calls of different rows run in parallel)."""
+    deterministic: bool = False
+    """true: each trajectory's numbers are independent of when the other rows' tools answer (observations fed one
+    token per decode step, every step over all rows and the whole KV cache; static engine), so a run repeats
+    exactly. false: observations prefilled in one chunk and finished rows dropped from the steps: faster, and runs
+    agree up to float rounding (docs/how-to/tools.md)."""
 
     @field_validator("loop")
     @classmethod

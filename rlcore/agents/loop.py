@@ -112,7 +112,8 @@ class AgentRuntime:
         """Every row's trajectory (module docstring): the tensors of :meth:`Trajectories.result` and each row's
         :class:`Trajectory`. ``rows``: each row's ``data_source``, ``ground_truth`` and ``extra_info`` (what an
         environment's ``reset`` gets)."""
-        t = engine.open_rows(input_ids, attention_mask, params, budget=params.max_new_tokens, generator=generator)
+        t = engine.open_rows(input_ids, attention_mask, params, budget=params.max_new_tokens, generator=generator,
+                             deterministic=self.spec.deterministic)
         trajs = [Trajectory() for _ in range(len(t))]
         if self.environment is not None:  # every row's own instance, before its first turn
             for r in range(len(t)):

@@ -198,9 +198,10 @@ class Sandbox:
         sys.stdout = capture
         try:
             return self._run(op, req, capture)
+        except _BadArguments as err:
+            return {"ok": False, "error": "bad_arguments", "text": str(err)}
         except BaseException as err:  # noqa: BLE001 - every failure of user code is an observation
-            kind = "bad_arguments" if isinstance(err, _BadArguments) else "raised"
-            return {"ok": False, "error": kind, "text": _one_line(err), "trace": traceback.format_exc(limit=-4)}
+            return {"ok": False, "error": "raised", "text": _one_line(err), "trace": traceback.format_exc(limit=-4)}
         finally:
             sys.stdout = sys.__stdout__
 
@@ -214,9 +215,10 @@ class Sandbox:
         if op == "call":
             fn = self._target(req["name"])
             try:
-                inspect.signature(fn).bind(**req["args"])
+                signature = inspect.signature(fn)
+                signature.bind(**req["args"])
             except TypeError as err:
-                raise _BadArguments(str(err)) from None
+                raise _BadArguments(f"arguments do not fit {req['name']}{signature}: {err}") from None
             except ValueError:  # no signature (a C function): the call will tell
                 pass
             value = fn(**req["args"])

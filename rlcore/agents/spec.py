@@ -38,6 +38,8 @@ class AgentSpec:
     """Address-space limit of each tool process (0 = none)."""
     processes: int = 2
     """Tool processes per generating worker: calls of different rows run in parallel."""
+    deterministic: bool = False
+    """Rows' numbers independent of when tools answer (``rlcore.rollout.turns``): runs repeat exactly."""
 
     def key(self) -> tuple[Any, ...]:
         """What a worker's tool processes depend on (a new key: new processes)."""
@@ -50,4 +52,4 @@ def tool_spec(agent: Any, root: str | Path = ".") -> AgentSpec:
     tools = tuple(ToolRef(str((Path(root) / t.path).resolve()), t.name) for t in agent.tools)
     return AgentSpec(tools=tools, parser=agent.parser, max_turns=agent.max_turns,
                      max_tool_response_chars=agent.max_tool_response_chars, timeout_s=agent.timeout_s,
-                     memory_mb=agent.memory_mb, processes=agent.processes)
+                     memory_mb=agent.memory_mb, processes=agent.processes, deterministic=agent.deterministic)

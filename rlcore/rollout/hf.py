@@ -29,9 +29,11 @@ class HFRolloutEngine:
         self.model.load_state_dict(state_dict)
 
     def open_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
-                  budget: int, generator: torch.Generator | None = None) -> Trajectories:
+                  budget: int, generator: torch.Generator | None = None, deterministic: bool = False) -> Trajectories:
         """Rows that generate turn by turn (:mod:`rlcore.rollout.turns`) over one dynamic KV cache (see
-        :class:`_HFRows`); ``budget``: response columns per row."""
+        :class:`_HFRows`); ``budget``: response columns per row. ``deterministic``: observations fed token by token
+        (the cache still grows with every forward, so a row's numbers can still vary in their last bits with the
+        others' schedule: the static engine is the deterministic one)."""
         with torch.inference_mode():
             input_ids, attention_mask = trim_left_padding(input_ids, attention_mask)
             cache = DynamicCache()
@@ -42,7 +44,7 @@ class HFRolloutEngine:
             logits = out.logits[row_of, -1].float()
         rows = _HFRows(self.model, cache, attention_mask, self.pad_token_id)
         return Trajectories(rows, logits, params, budget=budget, eos_token_id=self.eos_token_id,
-                            pad_token_id=self.pad_token_id, generator=generator)
+                            pad_token_id=self.pad_token_id, generator=generator, token_by_token=deterministic)
 
     @torch.inference_mode()  # no autograd bookkeeping at all (a few % of each small decode op on a CPU)
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,

@@ -345,10 +345,12 @@ class StaticRolloutEngine:
         return self.graphs[size](tokens, pos)
 
     def open_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
-                  budget: int, generator: torch.Generator | None = None) -> Trajectories:
+                  budget: int, generator: torch.Generator | None = None, deterministic: bool = False) -> Trajectories:
         """Rows that generate turn by turn (:mod:`rlcore.rollout.turns`) from left-padded prompts, each continuing
         from its own KV cache slot: an observation is prefilled there, and only its tokens, while the other
-        rows decode. ``budget``: response columns per row (model and observation tokens together)."""
+        rows decode. ``budget``: response columns per row (model and observation tokens together).
+        ``deterministic``: observations fed token by token in the decode steps, every step over all slots and the
+        whole cache, so a row's numbers never depend on the others' (``rlcore.rollout.turns``)."""
         batch = input_ids.shape[0]
         lengths = attention_mask.long().sum(-1)
         if batch == 0 or int(lengths.min()) < 1:
@@ -362,9 +364,9 @@ class StaticRolloutEngine:
             # one index past the longest trajectory: slots that sit a decode step out write there
             self._ensure_cache(size, max_len + budget + 1)
             logits = self._prefill_rows(input_ids, lengths)
-        rows = _StaticRows(self, lengths, size)
+        rows = _StaticRows(self, lengths, size, fixed_shape=deterministic)
         return Trajectories(rows, logits, params, budget=budget, eos_token_id=self.eos_token_id,
-                            pad_token_id=self.pad_token_id, generator=generator)
+                            pad_token_id=self.pad_token_id, generator=generator, token_by_token=deterministic)
 
     def _prefill_rows(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Prefill each distinct left-padded prompt once into cache slots ``0..batch-1``; each row's logits."""
@@ -470,10 +472,12 @@ class _StaticRows:
     first ``size`` slots (the other slots, waiting for a tool or finished, run a pad token at the cache's last
     index, which no row uses) and the rows with an observation pending as one chunked prefill of only those
     tokens (:meth:`Decoder.extend`). Once a quarter of the slots belong to finished rows (eager), or the live rows
-    fit a smaller bucket (CUDA graphs), the live rows' caches move to the front slots."""
+    fit a smaller bucket (CUDA graphs), the live rows' caches move to the front slots. With ``fixed_shape`` every
+    decode step runs all the slots over the whole cache and nothing moves (so the step's shapes, and each row's
+    numbers, never depend on the other rows)."""
 
-    def __init__(self, engine: StaticRolloutEngine, lengths: torch.Tensor, size: int):
-        self.engine, self.size = engine, size
+    def __init__(self, engine: StaticRolloutEngine, lengths: torch.Tensor, size: int, fixed_shape: bool = False):
+        self.engine, self.size, self.fixed_shape = engine, size, fixed_shape
         self.batch = len(lengths)
         self.pos = lengths.clone()  # [batch] where each row's next token goes (its tokens in the cache)
         self.slot = torch.arange(self.batch, device=lengths.device)  # [batch] each row's cache slot
@@ -497,7 +501,8 @@ class _StaticRows:
             step_pos = torch.full((self.size,), last_index, dtype=torch.long, device=device)
             tokens[slots] = torch.tensor([pending[i][0] for i in one], device=device)
             step_pos[slots] = pos
-            out[one] = e._step(self.size, tokens, step_pos, attend=int(pos.max()) + 1)[slots]
+            attend = last_index + 1 if self.fixed_shape else int(pos.max()) + 1
+            out[one] = e._step(self.size, tokens, step_pos, attend=attend)[slots]
             e.stats["decode_steps"] += 1
             e.stats["decode_rows"] += self.size
         if many:
@@ -517,7 +522,7 @@ class _StaticRows:
         """Move the live rows' caches to the front slots when the engine's rule says the batch should shrink."""
         n = len(self.live)
         target = self.engine._target_size(max(n, 1), self.size, self.batch)
-        if target >= self.size or n == 0:
+        if target >= self.size or n == 0 or self.fixed_shape:
             return
         live = torch.tensor(sorted(self.live), device=self.pos.device)
         old, upto = self.slot[live], int(self.pos[live].max())

@@ -18,6 +18,13 @@ Sampling is a function of each row alone: the row's token at response column ``c
 ``u[row, c]``, all drawn from the call's generator up front (``u`` ``[batch, budget]``). So a row's tokens do not
 depend on when its tools answered or on which other rows shared its forward passes, and engines that compute the
 same logits give the same tokens.
+
+The logits themselves can differ in their last bits with the company a row keeps: an observation prefilled with
+others of a different size, a decode step over a different set of rows. Those depend on when tools answer, so two
+runs agree up to float rounding (and a rare token where two were all but tied). With ``token_by_token`` (params
+``rollout.agent.deterministic``) an observation is fed one token per step, inside the same decode steps as the
+other rows, and the engine keeps every step's shape fixed (the static engine: all slots, attention over the whole
+cache, no compaction): each row's numbers are then those of its own tokens alone, and runs repeat exactly.
 """
 
 from __future__ import annotations
@@ -46,9 +53,10 @@ class Trajectories:
     ``[batch, vocab]``: the prompts' next-token logits, from the engine's prefill."""
 
     def __init__(self, model: RowModel, logits: torch.Tensor, params: SamplingParams, *, budget: int, eos_token_id: int,
-                 pad_token_id: int, generator: torch.Generator | None = None):
+                 pad_token_id: int, generator: torch.Generator | None = None, token_by_token: bool = False):
         batch, device = logits.shape[0], logits.device
         self.model, self.params, self.budget, self.eos = model, params, budget, eos_token_id
+        self.token_by_token = token_by_token
         self.responses = torch.full((batch, budget), pad_token_id, dtype=torch.long, device=device)
         self.response_mask = torch.zeros((batch, budget), dtype=torch.long, device=device)
         self.attention = torch.zeros((batch, budget), dtype=torch.long, device=device)
@@ -76,13 +84,19 @@ class Trajectories:
         """One token for every running row (after feeding the model what they have pending); returns the rows
         whose turn ended with it: at EOS, or with the budget used up. Those wait for :meth:`append` or
         :meth:`finish`."""
-        rows = self.running()
+        running = self.running()
+        if not running:
+            return []
+        fed = [r for r in running if self.pending[r]]
+        if fed:
+            take = 1 if self.token_by_token else None
+            self.logits[fed] = self.model.forward(fed, [self.pending[r][:take] for r in fed]).float()
+            for r in fed:
+                self.pending[r] = self.pending[r][1:] if take else []
+            self.stats["forwards"] += 1
+        rows = [r for r in running if not self.pending[r]]  # (token by token: rows still reading an observation wait)
         if not rows:
             return []
-        fed = [r for r in rows if self.pending[r]]
-        if fed:
-            self.logits[fed] = self.model.forward(fed, [self.pending[r] for r in fed]).float()
-            self.stats["forwards"] += 1
         index = torch.tensor(rows, device=self.logits.device)
         cols = torch.tensor([self.col[r] for r in rows], device=self.logits.device)
         tokens, logp = self._sample(self.logits[index], index, cols)

@@ -49,7 +49,9 @@ class ScriptedEngine:
         self.tok, self.script = tokenizer, script
         self.rows: ScriptedRows | None = None
 
-    def open_rows(self, input_ids, attention_mask, params: SamplingParams, *, budget: int, generator=None):
+    def open_rows(self, input_ids, attention_mask, params: SamplingParams, *, budget: int, generator=None,
+                  deterministic: bool = False):
+        assert not deterministic, "the script reads an observation as one pending run"
         self.rows = ScriptedRows(self.tok, self.script)
         logits = torch.stack([self.rows.next_logits(r) for r in range(len(self.script))])
         return Trajectories(self.rows, logits, params, budget=budget, eos_token_id=self.tok.eos_token_id,

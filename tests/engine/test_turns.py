@@ -92,3 +92,40 @@ def test_an_observation_that_leaves_no_room_is_refused(llama):
     t.state[0] = 1  # as if its turn had ended
     with pytest.raises(ValueError, match="leave no room"):
         t.append(0, [5, 6, 7])  # 1 token + 3 = the whole budget: nothing left for the model
+
+
+def drive_delayed(engine, ids, mask, delays, deterministic):
+    """As :func:`drive`, each row's observations handed back ``delays[r]`` steps after its turn ended (a tool that
+    takes that long), sampled."""
+    t = engine.open_rows(ids, mask, SamplingParams(max_new_tokens=BUDGET, temperature=1.0), budget=BUDGET,
+                         generator=torch.Generator().manual_seed(9), deterministic=deterministic)
+    turns, due, step = [0] * len(t), {}, 0
+    while t.active():
+        for r in t.step():
+            turns[r] += 1
+            obs = OBS[: 1 + (r + turns[r]) % 4]
+            if turns[r] < 3 and t.stopped_at_eos(r) and t.room(r) > len(obs):
+                due[r] = (step + delays[r], obs)
+            else:
+                t.finish(r)
+        for r, (when, obs) in list(due.items()):
+            if step >= when:
+                t.append(r, obs)
+                del due[r]
+        step = step + 1 if t.running() or not due else min(w for w, _ in due.values())
+    return t.result()
+
+
+def test_deterministic_rows_do_not_depend_on_when_tools_answer(llama):
+    ids, mask = left_padded(llama.config.vocab_size, [3, 7, 5, 1, 6], repeat=3)
+    eos = common_token(llama, ids, mask)
+    engine = StaticRolloutEngine(llama, eos_token_id=eos, pad_token_id=PAD)
+    prompt_now = drive_delayed(engine, ids, mask, [0] * len(ids), deterministic=True)
+    late = drive_delayed(engine, ids, mask, [(5 * r) % 7 for r in range(len(ids))], deterministic=True)
+    assert int((prompt_now["attention"] - prompt_now["response_mask"]).sum()) > 0  # observations were fed
+    for key in ("responses", "response_mask", "attention", "log_probs"):
+        assert torch.equal(prompt_now[key], late[key]), key  # bit for bit
+    assert engine.stats["extends"] == 0  # observations went through the decode steps
+    fast = drive_delayed(engine, ids, mask, [0] * len(ids), deterministic=False)
+    assert torch.equal(fast["responses"], prompt_now["responses"])  # the same trajectories, by the faster path
+    torch.testing.assert_close(fast["log_probs"], prompt_now["log_probs"], atol=1e-5, rtol=0)
