@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test docs bench bench-serve bench-async bench-reward compare-estimators compare-losses setup mlflow-ui clean
+.PHONY: run test docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
 
 # uv installs what pip would, in a quarter of the time (42 s against 2 min 55 s here). It reads no pip
 # configuration, so a local wheel folder pip is pointed at (PIP_FIND_LINKS: on these machines, torch 2.13.0's
@@ -50,6 +50,12 @@ bench-async: $(STAMP)
 # its own section of bench/RESULTS.md
 bench-reward: $(STAMP)
 	$(PY) -m bench.reward_cost
+
+# the tool loop on the static engine: a multi-turn rollout against a single-turn one of the same total tokens
+# (docs/results/agents.md)
+bench-agent: $(STAMP)
+	$(PY) -m bench.agent_cost --rows 256
+	$(PY) -m bench.agent_cost --rows 64 --hidden 256 --layers 4
 
 # Every advantage estimator, and every policy loss under GRPO, over seeds 1-3 with the default recipe: DVC
 # experiments and a report each (compare/<name>/, docs/results/compare-<name>.md; rlcore compare --help). Hours on

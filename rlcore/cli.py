@@ -96,6 +96,9 @@ class DeclaredConfig:
         self._cfg, self._sections, self._stage = cfg, frozenset(sections), stage
 
     def __getattr__(self, name: str) -> Any:
+        inner = tuple(s.split(".", 1)[1] for s in self._sections if s.startswith(f"{name}."))
+        if name not in self._sections and inner:  # a declared part of the section ("rollout.agent")
+            return DeclaredConfig(getattr(self._cfg, name), inner, self._stage)
         if name not in self._sections:
             raise AttributeError(f"stage {self._stage} reads params section {name!r}, which it does not declare "
                                  f"(declared: {', '.join(sorted(self._sections))}); add it to PARAMS and dvc.yaml")

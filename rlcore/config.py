@@ -107,8 +107,9 @@ class PairsConfig(_Section):
 
 class TaskConfig(_Section):
     name: str = "arithmetic"
-    """Task builder from rlcore.data (arithmetic: synthetic; gsm8k: local GSM8K-format files; file: your own
-    .jsonl/.parquet files, task.file and task.columns)."""
+    """Task builder from rlcore.data (arithmetic: synthetic; calculator: multiplication with a calculator tool, for
+    rollout.agent.loop tool; gsm8k: local GSM8K-format files; file: your own .jsonl/.parquet files, task.file and
+    task.columns)."""
     min_digits: int = Field(1, ge=1)
     """Fewest digits of an arithmetic operand."""
     max_digits: int = Field(2, ge=1)
@@ -129,6 +130,10 @@ class TaskConfig(_Section):
     ends with "=" and the demonstration is long_tail_length "." before the number (rewards accept the filler)."""
     long_tail_length: int = Field(24, ge=1)
     """Filler characters of a long answer before the number (needs max_response_length >= it + answer digits + 1)."""
+    sft_tool_rate: float = Field(0.5, ge=0.0, le=1.0)
+    """calculator: share of SFT problems whose demonstration calls the calculator tool (the rest answer at once)."""
+    sft_tool_error_rate: float = Field(0.0, ge=0.0, le=1.0)
+    """calculator: share of the demonstrations' calculator calls that type + for * (and answer with that result)."""
     file: dict[Literal["train", "test", "sft"], str] = {}
     """Local .jsonl/.parquet files of tasks gsm8k and file: train (RL prompts; also the SFT rows when sft is
     absent), test (held-out prompts), sft (optional: prompts with demonstrations). Each is a DVC dependency of the
@@ -309,6 +314,63 @@ class CheckpointConfig(_Section):
     """Checkpoints kept when a stage succeeds (0 = all removed); while it runs, the newest max(keep_last, 1)."""
 
 
+class ToolConfig(_Section):
+    path: str = Field(min_length=1)
+    """Python file (relative to the repository) of the tool; a DVC dependency of the stages that generate (score, the
+    PPO rounds, evaluate): dvc.yaml's tool_file stages record it by sha256."""
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """A function in that file (a tool: the model calls it by this name; its schema comes from its type hints and
+    docstring), or a class with reset(row), step(action) and reward() (an environment, the only entry then)."""
+
+
+class AgentConfig(_Section):
+    loop: str = "single_turn"
+    """How a sample is generated: single_turn (one response) or tool (model turn, tool calls, observation, next turn,
+    up to max_turns; rlcore.agents.loop). docs/how-to/tools.md."""
+    tools: list[ToolConfig] = []
+    """Loop tool: [{path, name}] tool functions, or one environment class."""
+    parser: str = "hermes"
+    """How tool calls are read from a model turn (rlcore.agents.parsers): hermes = <tool_call>{"name": ...,
+    "arguments": {...}}</tool_call>."""
+    max_turns: int = Field(4, ge=1)
+    """Model turns per trajectory; a trajectory whose last allowed turn still calls a tool stops, truncated. The
+    token budget of a whole trajectory (model and observation tokens) is task.max_response_length."""
+    max_tool_response_chars: int = Field(1024, ge=1)
+    """A tool's output longer than this is cut to it with a note, and counted as an error (agent/tool_errors)."""
+    timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    """Seconds one tool call (or environment step) may run; past them its process is killed and the call is an error
+    observation."""
+    memory_mb: int = Field(1024, ge=0)
+    """Address-space limit of each tool process in MiB (resource.setrlimit RLIMIT_AS; 0 = none)."""
+    processes: int = Field(2, ge=1)
+    """Tool processes per generating worker (calls of different rows run in parallel)."""
+    deterministic: bool = False
+    """true: each trajectory's numbers are independent of when the other rows' tools answer (observations fed one
+    token per decode step, every step over all rows and the whole KV cache; static engine), so a run repeats
+    exactly. false: observations prefilled in one chunk and finished rows dropped from the steps: faster, and runs
+    agree up to float rounding (docs/how-to/tools.md)."""
+
+    @field_validator("loop")
+    @classmethod
+    def _known_loop(cls, v: str) -> str:
+        return names.check_name("agent loop", v, names.AGENT_LOOPS)
+
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, v: str) -> str:
+        return names.check_name("tool-call parser", v, names.TOOL_PARSERS)
+
+    @model_validator(mode="after")
+    def _tools(self) -> "AgentConfig":
+        labels = [t.name for t in self.tools]
+        for i, name in enumerate(labels):
+            if name in labels[:i]:
+                raise ValueError(f"rollout.agent.tools[{i}].name {name!r} appears twice; the model calls tools by name")
+        if self.loop == "tool" and not self.tools:
+            raise ValueError("rollout.agent.loop tool needs rollout.agent.tools: [{path, name}, ...]")
+        return self
+
+
 class RolloutConfig(_Section):
     engine: str = "static"
     """Generation engine from rlcore.rollout. static: preallocated KV cache, finished rows dropped from the
@@ -335,6 +397,8 @@ class RolloutConfig(_Section):
     its own copy of the policy (sync mode generates on the trainer's ranks and ignores it)."""
     cpus_per_worker: float = Field(1.0, gt=0)
     """ppo.mode async: logical CPUs of each generator's bundle; also its torch thread count (at least 1)."""
+    agent: AgentConfig = AgentConfig()
+    """Multi-turn tool use: the loop, the tools, the limits (rlcore.agents)."""
 
     @field_validator("engine")
     @classmethod
@@ -915,8 +979,17 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
 
 
 def section_dict(cfg: Config, sections: tuple[str, ...]) -> dict[str, Any]:
-    """The chosen top-level sections as plain JSON-able data."""
-    return {s: json.loads(json.dumps(cfg.model_dump(mode="json")[s])) for s in sections}
+    """The chosen sections (top-level, or a part of one as ``rollout.agent``) as plain JSON-able data, nested as in
+    params.yaml."""
+    data = cfg.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for s in sections:
+        *parents, last = s.split(".")
+        src, dst = data, out
+        for p in parents:
+            src, dst = src[p], dst.setdefault(p, {})
+        dst[last] = json.loads(json.dumps(src[last]))
+    return out
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,11 +1,12 @@
-"""The pipeline's inputs from outside the repository's code, recorded by content: data files, reward files.
+"""The pipeline's inputs from outside the repository's code, recorded by content: data files, reward files, tool files.
 
 DVC can only depend on paths written in ``dvc.yaml``, and the files a user configures (``task.file``,
 ``reward.functions``) live in ``params.yaml``. So ``dvc.yaml`` has one small stage per configured file
-(``task_file@<split>``, ``reward_file@<i>``: a ``foreach`` over the params list, none when it is empty)
+(``task_file@<split>``, ``reward_file@<i>``, ``tool_file@<i>``: a ``foreach`` over the params list, none when it is
+empty)
 whose only dependency is that file and whose only output is a manifest, ``{"path", "sha256"}``, in a
 folder the consuming stages depend on (``inputs/task`` for prepare; ``inputs/reward`` for score, the PPO
-rounds and evaluate). Editing a file re-runs its manifest stage, which changes the folder, which re-runs
+rounds and evaluate; ``inputs/tools`` for those and SFT). Editing a file re-runs its manifest stage, which changes the folder, which re-runs
 exactly the stages that read the file; the others stay cached.
 
 A consuming stage checks, before anything heavy starts, that each file it is about to read still has the
@@ -96,4 +97,22 @@ def recorded_reward_inputs(reward, folder: str | Path) -> dict[str, dict[str, st
                 raise InputNotFound(f"reward.model.path {path!r}: not found (an rm stage writes models/rm/<name>: "
                                     "add it to rm.models, or give a local Hugging Face folder)")
             out["model"] = {"path": path, "sha256": sha256_of(path)}
+    return out
+
+
+def recorded_tool_inputs(agent, folder: str | Path | None) -> dict[str, dict[str, str]]:
+    """``{name: {"path", "sha256"}}`` of each tool file of ``rollout.agent.tools`` (with loop ``tool``), checked
+    against its manifest ``tool_<name>`` in ``folder``: what the stages that generate (and SFT, whose prompts show
+    the tools' schemas) log to MLflow. Without ``folder`` (a stage run by hand, outside DVC) each file is hashed as
+    it is."""
+    if agent.loop != "tool":
+        return {}
+    out = {}
+    for t in agent.tools:
+        if folder is not None:
+            out[t.name] = {"path": t.path, "sha256": recorded_sha256(folder, f"tool_{t.name}", t.path)}
+        elif not Path(t.path).is_file():
+            raise InputNotFound(f"rollout.agent.tools: tool file {t.path} not found")
+        else:
+            out[t.name] = {"path": t.path, "sha256": sha256_of(t.path)}
     return out

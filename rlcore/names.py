@@ -33,9 +33,13 @@ SHARDED_STRATEGIES = ("fsdp",)
 # rlcore.rollout.ENGINES
 ROLLOUT_ENGINES = ("hf", "static")
 # rlcore.data.splits.TASKS
-TASKS = ("arithmetic", "file", "gsm8k")
+TASKS = ("arithmetic", "calculator", "file", "gsm8k")
 # rlcore.trainer.ppo.ROUND_MODES
 PPO_MODES = ("async", "sync")
+# rlcore.agents.LOOPS
+AGENT_LOOPS = ("single_turn", "tool")
+# rlcore.agents.parsers.PARSERS
+TOOL_PARSERS = ("hermes",)
 
 
 def check_name(kind: str, value: str, allowed: tuple[str, ...]) -> str:

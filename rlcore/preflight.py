@@ -4,7 +4,9 @@ the reward.
 * each ``task.file`` exists and its first row turns into a pipeline row with ``task.columns``;
 * each reward function's file imports, has the function, takes verl's arguments and, called once on a sample
   row of the task (its ground truth as the answer), returns a number, None or a dict with ``score``;
-* ``reward.model`` is a Hugging Face folder, or the output of an ``rm`` stage of this params file.
+* ``reward.model`` is a Hugging Face folder, or the output of an ``rm`` stage of this params file;
+* with the tool loop, each of ``rollout.agent.tools`` imports in a tool process and is a function with a schema
+  (or the one environment class).
 
 Each problem is a one-line :class:`~rlcore.errors.UserError` naming the file, row, function or key.
 """
@@ -77,4 +79,11 @@ def check_inputs(cfg: Config) -> list[str]:
     if cfg.reward.model is not None:
         lines.append(f"reward.model: {cfg.reward.model.path}: ok")
     assert probed == len(cfg.reward.functions)
+    if cfg.rollout.agent.loop == "tool":
+        from rlcore.agents.check import tool_schemas
+
+        functions = {s["function"]["name"] for s in tool_schemas(cfg.rollout.agent) or []}
+        for t in cfg.rollout.agent.tools:
+            kind = "a function, schema from its hints and docstring" if t.name in functions else "an environment"
+            lines.append(f"tool {t.name} ({t.path}): imports in a tool process, {kind}: ok")
     return lines

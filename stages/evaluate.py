@@ -1,6 +1,6 @@
 """evaluate: greedy pass@1 and sampled pass@k on the held-out test split, SFT vs the final round.
 
-    python -m stages.evaluate --data data/processed/test.parquet --rewards inputs/reward \
+    python -m stages.evaluate --data data/processed/test.parquet --rewards inputs/reward --tools inputs/tools \
         --sft models/sft --final models/ppo/r1 --metrics metrics/eval.json --samples metrics/eval_samples.csv
 
 Its MLflow run carries every params.yaml key, so pipeline runs compare side by side.
@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--data", required=True)
     p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
+    p.add_argument("--tools", default=None,
+                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--sft", required=True)
     p.add_argument("--final", required=True)
     p.add_argument("--samples", required=True, help="CSV of sample prompts, responses and rewards")
@@ -31,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
             require_file(path, what)
         from rlcore.inputs import recorded_reward_inputs
         params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
+        from rlcore.inputs import recorded_tool_inputs
+        if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
+            params = {**params, "tool_inputs": tools}
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer
         from rlcore.pipeline_run import pipeline_params

@@ -1,6 +1,6 @@
 """ppo@<round>: one RL round (estimator, losses and KL from params.yaml) from the previous model.
 
-    python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet --rewards inputs/reward \
+    python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet --rewards inputs/reward --tools inputs/tools \
         --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv \
         --val-data data/processed/test.parquet --rollouts metrics/ppo_r1_rollouts.parquet
 """
@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--init", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
+    p.add_argument("--tools", default=None,
+                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
     p.add_argument("--val-data", default=None, help="held-out prompts for ppo.val_every (reported only)")
@@ -33,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
         require_file(args.data, "scored rl data")
         from rlcore.inputs import recorded_reward_inputs
         params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
+        from rlcore.inputs import recorded_tool_inputs
+        if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
+            params = {**params, "tool_inputs": tools}
         require_file(args.init, "initial model")
         if args.val_data and cfg.ppo.val_every:
             require_file(args.val_data, "validation data")

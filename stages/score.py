@@ -1,6 +1,6 @@
 """score: sample the SFT policy on the RL prompts, score them with the reward, filter trivial prompts.
 
-    python -m stages.score --model models/sft --data data/processed/rl_train.parquet --rewards inputs/reward \
+    python -m stages.score --model models/sft --data data/processed/rl_train.parquet --rewards inputs/reward --tools inputs/tools \
         --out data/scored/rl_train.parquet --metrics metrics/score.json
 
 ``--rewards`` holds the manifests of the reward files and reward model (dvc.yaml's reward_file and rm stages).
@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
+    p.add_argument("--tools", default=None,
+                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     with stage_errors("score"):
@@ -25,6 +27,9 @@ def main(argv: list[str] | None = None) -> None:
         require_file(args.data, "rl data")
         from rlcore.inputs import recorded_reward_inputs
         params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
+        from rlcore.inputs import recorded_tool_inputs
+        if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
+            params = {**params, "tool_inputs": tools}
         require_file(args.model, "SFT model")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer

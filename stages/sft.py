@@ -1,14 +1,17 @@
 """sft: supervised fine-tuning of the base model (built-in tiny or a local HF folder) on Ray workers (DDP or FSDP2).
 
-    python -m stages.sft --data data/processed/sft_train.parquet --out models/sft \
+    python -m stages.sft --data data/processed/sft_train.parquet --tools inputs/tools --out models/sft \
         --metrics metrics/sft.json --plots plots/sft.csv
+
+With the tool loop (``rollout.agent``), prompts show the tools' schemas to chat templates that take them, and
+multi-turn demonstrations (``extra_info.messages``) are trained on their assistant turns only.
 """
 
 from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 
-PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "sft", "checkpoint")
+PARAMS = ("seed", "ray", "tracking", "model", "task", "resources", "sft", "checkpoint", "rollout.agent")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,10 +19,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
+    p.add_argument("--tools", default=None,
+                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     args = p.parse_args(argv)
     with stage_errors("sft"):
         cfg, params = stage_config(args.params, PARAMS, "sft")
         require_file(args.data, "sft data")
+        from rlcore.inputs import recorded_tool_inputs
+        if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
+            params = {**params, "tool_inputs": tools}
         # heavy imports (torch, transformers, ray) only after the params are known to be valid
         from rlcore.engine.model import load_tokenizer, resolve_model_path
         from rlcore.pipeline_run import pipeline_params

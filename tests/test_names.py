@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlcore import names
+from rlcore.agents import LOOPS
+from rlcore.agents.parsers import PARSERS
 from rlcore.algos.advantage import ESTIMATORS
 from rlcore.algos.kl_control import KL_CONTROLLERS
 from rlcore.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
@@ -16,7 +18,8 @@ from rlcore.trainer.ppo import ROUND_MODES
 PAIRS = {
     "ADV_ESTIMATORS": ESTIMATORS, "POLICY_LOSSES": POLICY_LOSSES, "KL_ESTIMATORS": KL_ESTIMATORS,
     "LOSS_AGG_MODES": LOSS_AGG_MODES, "KL_CONTROLLERS": KL_CONTROLLERS, "STRATEGIES": STRATEGIES,
-    "ROLLOUT_ENGINES": ENGINES, "TASKS": TASKS, "PPO_MODES": ROUND_MODES,
+    "ROLLOUT_ENGINES": ENGINES, "TASKS": TASKS, "PPO_MODES": ROUND_MODES, "AGENT_LOOPS": LOOPS,
+    "TOOL_PARSERS": PARSERS,
 }
 
 
@@ -42,5 +45,5 @@ def test_sharded_strategies_are_those_whose_entry_shards():
 
 def test_check_name_lists_the_allowed_names():
     assert names.check_name("task", "gsm8k", names.TASKS) == "gsm8k"
-    with pytest.raises(ValueError, match="unknown task 'mnist'; allowed: arithmetic, file, gsm8k"):
+    with pytest.raises(ValueError, match="unknown task 'mnist'; allowed: arithmetic, calculator, file, gsm8k"):
         names.check_name("task", "mnist", names.TASKS)

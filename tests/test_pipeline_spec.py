@@ -24,11 +24,11 @@ from rlcore.config import Config
 from .conftest import REPO_ROOT
 
 # dvc.yaml stage -> the stage script it runs (python -m stages.<script>)
-SCRIPTS = {"task_file": "track", "reward_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm",
+SCRIPTS = {"task_file": "track", "reward_file": "track", "tool_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm",
            "score": "score", "ppo": "ppo", "evaluate": "evaluate"}
 STAGES = list(SCRIPTS)
 CONFIG_STAGES = [name for name in STAGES if SCRIPTS[name] != "track"]  # the stages that read params.yaml
-INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards",
+INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards", "--tools",
                "--train", "--test"}
 OUTPUT_FLAGS = {"--out", "--out-dir", "--samples", "--rollouts", "--manifest"}  # declared under outs
 NON_PATH_FLAGS = {"--round", "--name"}
@@ -66,7 +66,11 @@ def test_declared_params_are_the_sections_the_script_reads(name):
     stage = dvc_stages()[name]
     params = importlib.import_module(f"stages.{name}").PARAMS
     assert len(set(params)) == len(params)
-    assert set(params) <= set(Config.model_fields)
+    for name_ in params:  # a section, or a part of one ("rollout.agent")
+        model = Config
+        for part in name_.split("."):
+            assert part in model.model_fields, name_
+            model = model.model_fields[part].annotation
     if stage["params"] == [{"params.yaml": None}]:  # the whole file
         assert set(params) == set(Config.model_fields), "a stage declaring all of params.yaml reads all of it"
     else:

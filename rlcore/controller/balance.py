@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rlcore.engine.sequence import response_attention
 from rlcore.protocol import Batch
 
 
@@ -63,7 +64,7 @@ def group_token_costs(batch: Batch, n: int) -> np.ndarray:
     """Tokens a packed forward runs for each group of ``n`` rows: its prompt once, each distinct
     response once (``rlcore.engine.packed``); ``[groups]``."""
     groups = len(batch) // n
-    mask = batch["response_mask"].bool()
+    mask = response_attention(batch).bool()  # every token a forward runs (a trajectory's observations too)
     keyed = torch.where(mask, batch["responses"], -1)
     group_id = torch.arange(groups).repeat_interleave(n)
     distinct = torch.unique(torch.cat([group_id[:, None], keyed], 1), dim=0)  # [distinct rows, 1 + len]

@@ -26,11 +26,14 @@ def _pad(rows: list[list[int]], width: int, pad_id: int, left: bool) -> tuple[to
     return ids, mask
 
 
-def encode_prompts(tokenizer, prompts: Sequence[list[dict]], max_len: int, source: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chat-template each prompt; ``[batch, max_len]`` ids and mask, left-padded."""
+def encode_prompts(tokenizer, prompts: Sequence[list[dict]], max_len: int, source: str,
+                   tools: list[dict] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chat-template each prompt (with ``tools``, the function schemas of the tool loop, for templates that show
+    them to the model); ``[batch, max_len]`` ids and mask, left-padded."""
     rows = []
+    extra = {"tools": tools} if tools else {}
     for i, messages in enumerate(prompts):
-        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False, **extra)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > max_len:
             raise DataError(f"{source}: row {i}: prompt is {len(ids)} tokens after the chat template; "
@@ -51,9 +54,37 @@ def encode_responses(tokenizer, texts: Sequence[str], max_len: int, source: str)
     return _pad(rows, max_len, tokenizer.pad_token_id, left=False)
 
 
-def prompt_batch(df: pd.DataFrame, tokenizer, max_prompt_length: int, source: str) -> Batch:
-    """Prompt tensors plus what rewards need: data_source, ground_truth, extra_info, a group ``uid``."""
-    prompts, mask = encode_prompts(tokenizer, list(df["prompt"]), max_prompt_length, source)
+def encode_conversations(tokenizer, conversations: Sequence[list[dict]], max_len: int, source: str,
+                         tools: list[dict] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Multi-turn demonstrations (each the turns after its prompt: assistant turns with tool or user messages
+    between them) as the tool loop lays a trajectory out (:class:`rlcore.agents.template.TurnTemplate`):
+    ``[batch, max_len]`` ids, loss mask (1 on the assistant turns' tokens and their EOS) and attention mask (1 on
+    every token), right-padded."""
+    from rlcore.agents.template import TurnTemplate
+
+    turns = TurnTemplate(tokenizer, tools)
+    ids = torch.full((len(conversations), max_len), tokenizer.pad_token_id, dtype=torch.long)
+    loss = torch.zeros((len(conversations), max_len), dtype=torch.long)
+    attention = torch.zeros((len(conversations), max_len), dtype=torch.long)
+    for i, messages in enumerate(conversations):
+        try:
+            row, mask = turns.conversation_ids([{k: v for k, v in m.items() if v is not None} for m in messages])
+        except ValueError as err:
+            raise DataError(f"{source}: row {i}: extra_info.messages: {err}") from None
+        if len(row) > max_len:
+            raise DataError(f"{source}: row {i}: the demonstration's turns are {len(row)} tokens; "
+                            f"task.max_response_length is {max_len}")
+        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        loss[i, :len(row)] = torch.tensor(mask, dtype=torch.long)
+        attention[i, :len(row)] = 1
+    return ids, loss, attention
+
+
+def prompt_batch(df: pd.DataFrame, tokenizer, max_prompt_length: int, source: str,
+                 tools: list[dict] | None = None) -> Batch:
+    """Prompt tensors plus what rewards need: data_source, ground_truth, extra_info, a group ``uid``. ``tools``: the
+    tool loop's function schemas, for chat templates that show them."""
+    prompts, mask = encode_prompts(tokenizer, list(df["prompt"]), max_prompt_length, source, tools)
     return Batch(
         {"prompts": prompts, "prompt_mask": mask},
         {

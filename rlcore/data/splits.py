@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from rlcore.data.arithmetic import add_demonstrator_errors, add_long_tail, arithmetic_rows, available_problems
+from rlcore.data.calculator import with_demonstrations
 from rlcore.data.files import split_files
 from rlcore.data.gsm8k import gsm8k_rows
 from rlcore.errors import ConfigError, DataError
@@ -61,6 +62,19 @@ def _arithmetic_splits(
     ``long_tail_length`` filler characters before the number (see ``add_long_tail``).
     """
     config = {"min_digits": min_digits, "max_digits": max_digits, "ops": tuple(ops)}
+    sft, rl, test = _problem_splits(seed, n_sft, n_rl, n_test, config)
+    if sft_carry_error_rate:
+        sft, _ = add_demonstrator_errors(sft, sft_carry_error_rate, _split_seed(seed, "sft_train") + 1)
+    splits = {"sft_train": sft, "rl_train": rl, "test": test}
+    if long_tail_frac:  # after the exclusions above, which compare unmarked questions
+        for name, rows in splits.items():
+            splits[name], _ = add_long_tail(rows, long_tail_frac, long_tail_length, _split_seed(seed, name) + 2)
+    return splits
+
+
+def _problem_splits(seed: int, n_sft: int, n_rl: int, n_test: int, config: dict[str, Any]) -> tuple[list, list, list]:
+    """Arithmetic problems of ``config``: test first, then SFT and RL rows that never hold a test question (and,
+    while the problem space allows, not each other's)."""
     test = arithmetic_rows(n_test, seed=_split_seed(seed, "test"), split="test", **config)
     held_out = frozenset(r["extra_info"]["question"] for r in test)
     sft = arithmetic_rows(
@@ -73,13 +87,21 @@ def _arithmetic_splits(
     rl = arithmetic_rows(
         n_rl, seed=_split_seed(seed, "rl_train"), split="rl_train", exclude=rl_exclude, **config
     )
-    if sft_carry_error_rate:
-        sft, _ = add_demonstrator_errors(sft, sft_carry_error_rate, _split_seed(seed, "sft_train") + 1)
-    splits = {"sft_train": sft, "rl_train": rl, "test": test}
-    if long_tail_frac:  # after the exclusions above, which compare unmarked questions
-        for name, rows in splits.items():
-            splits[name], _ = add_long_tail(rows, long_tail_frac, long_tail_length, _split_seed(seed, name) + 2)
-    return splits
+    return sft, rl, test
+
+
+@TASKS.register("calculator")
+def _calculator_splits(*, seed: int, n_sft: int, n_rl: int, n_test: int, min_digits: int, max_digits: int,
+                       sft_tool_rate: float = 0.5, sft_tool_error_rate: float = 0.0) -> Splits:
+    """Multiplication problems (``"37*85"``) that need the ``calculator`` tool (``rlcore.data.calculator``): the
+    splits as the arithmetic task draws them; the SFT rows' demonstrations call the calculator on a share
+    ``sft_tool_rate`` of the problems and type ``+`` for ``*`` on a share ``sft_tool_error_rate`` of those calls
+    (``extra_info.messages``, multi-turn)."""
+    config = {"min_digits": min_digits, "max_digits": max_digits, "ops": ("*",)}
+    sft, rl, test = _problem_splits(seed, n_sft, n_rl, n_test, config)
+    sft = with_demonstrations(sft, tool_rate=sft_tool_rate, error_rate=sft_tool_error_rate,
+                              seed=_split_seed(seed, "sft_train") + 1)
+    return {"sft_train": sft, "rl_train": rl, "test": test}
 
 
 @TASKS.register("gsm8k")

@@ -48,12 +48,26 @@ def trim_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> 
     return input_ids[:, start:], attention_mask[:, start:]
 
 
+# The fields a forward over (prompt ; response) reads: ``response_attention_mask`` (1 on every token of a multi-turn
+# trajectory, observations included) comes with the tool loop's batches (rlcore.agents.batch); without it the
+# response_mask is also the attention mask.
+SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask", "response_attention_mask")
+
+
+def response_attention(batch: Batch) -> torch.Tensor:
+    """Which response tokens a forward attends to ``[batch, response_len]``: ``response_attention_mask`` when the
+    batch has one (a multi-turn trajectory, whose ``response_mask`` marks the model's own tokens only), else
+    ``response_mask``."""
+    return batch["response_attention_mask"] if "response_attention_mask" in batch else batch["response_mask"]
+
+
 def sequences(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(prompt ; response) ids and attention mask of a Batch with ``prompts``/``prompt_mask`` and
-    ``responses``/``response_mask``, ``[batch, prompt_len + response_len]``, less the prompt columns
-    that are padding in every row (``trim_left_padding``)."""
+    ``responses``/``response_mask`` (and ``response_attention_mask``: :func:`response_attention`),
+    ``[batch, prompt_len + response_len]``, less the prompt columns that are padding in every row
+    (``trim_left_padding``)."""
     ids = torch.cat([batch["prompts"], batch["responses"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], batch["response_mask"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], response_attention(batch)], dim=1)
     return trim_left_padding(ids, mask)
 
 

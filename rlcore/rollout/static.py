@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from rlcore.rollout.base import SamplingParams, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
+from rlcore.rollout.turns import Trajectories
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
@@ -278,6 +279,32 @@ class Decoder:
         return F.linear(_rms_norm(x[:, 0], self.norm, self.eps), self.lm_head).float()
 
 
+    def extend(self, ids: torch.Tensor, lengths: torch.Tensor, start: torch.Tensor, slots: torch.Tensor,
+               k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]) -> torch.Tensor:
+        """Continue rows from their caches (a chunked prefill): row ``i`` of the right-padded ``ids [p, t]`` holds
+        ``lengths[i]`` new tokens for cache slot ``slots[i]``, at positions ``start[i]`` on; their keys and values
+        are written there and they attend to the slot's cache up to themselves. Returns the logits after each row's
+        last new token ``[p, vocab]`` (float32). Padding columns write to the cache's last index, which no row
+        uses (the caller keeps it free)."""
+        p, t = ids.shape
+        last_index = k_cache[0].shape[2] - 1
+        cols = torch.arange(t, device=ids.device)
+        pos = start[:, None] + cols[None, :]  # [p, t]
+        write = torch.where(cols[None, :] < lengths[:, None], pos, last_index)
+        attend = int((start + lengths).max())
+        cos_t, sin_t = self.rope_tables(k_cache[0].shape[2])
+        cos, sin = cos_t[write][:, None], sin_t[write][:, None]  # [p, 1, t, d]
+        mask = (torch.arange(attend, device=ids.device)[None, None, :] <= pos[:, :, None])[:, None]  # [p, 1, t, len]
+        x = F.embedding(ids, self.embed)
+        for lay, kc, vc in zip(self.layers, k_cache, v_cache):
+            q, k, v = self._attention_block(x, lay, cos, sin)
+            kc[slots[:, None], :, write] = k.transpose(1, 2)
+            vc[slots[:, None], :, write] = v.transpose(1, 2)
+            x = self._finish_layer(x, self._attend(q, kc[slots, :, :attend], vc[slots, :, :attend], mask), lay)
+        last = x[torch.arange(p, device=ids.device), lengths - 1]
+        return F.linear(_rms_norm(last, self.norm, self.eps), self.lm_head).float()
+
+
 class _GraphedStep:
     """One bucket's decode step captured in a CUDA graph over static inputs and outputs."""
 
@@ -325,7 +352,7 @@ class StaticRolloutEngine:
         self.cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.graphs: dict[int, _GraphedStep] = {}
         self.graph_pool = None
-        self.stats = {"compactions": 0, "graph_captures": 0, "decode_rows": 0, "decode_steps": 0}
+        self.stats = {"compactions": 0, "graph_captures": 0, "decode_rows": 0, "decode_steps": 0, "extends": 0}
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         # load_state_dict copies into the existing tensors: compiled steps and graphs keep reading them
@@ -358,7 +385,7 @@ class StaticRolloutEngine:
         self.cache = None
         length = max(length, old_len)
         if self.decoder.max_positions <= 2 * length:
-            length = self.decoder.max_positions
+            length = max(length, self.decoder.max_positions)
         self.cache = self.decoder.new_cache(max(slots, old_slots), length)
 
     def _target_size(self, n_alive: int, size: int, batch: int) -> int:
@@ -369,10 +396,12 @@ class StaticRolloutEngine:
             return bucket_of(n_alive, buckets_for(batch))
         return n_alive if n_alive <= size * 3 // 4 else size
 
-    def _step(self, size: int, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _step(self, size: int, tokens: torch.Tensor, pos: torch.Tensor, attend: int | None = None) -> torch.Tensor:
+        """One decode step over the first ``size`` slots; eager, attention over the first ``attend`` cache indices
+        (default: up to the largest position)."""
         k_cache, v_cache = self.cache
         if not self.use_graphs:
-            attend = None if self.compiled else int(pos.max()) + 1
+            attend = None if self.compiled else (attend or int(pos.max()) + 1)
             return self.step_fn(tokens, pos, [c[:size] for c in k_cache], [c[:size] for c in v_cache], attend)
         if size not in self.graphs:
             if self.graph_pool is None:
@@ -381,6 +410,45 @@ class StaticRolloutEngine:
                                              [c[:size] for c in v_cache], self.decoder.device, self.graph_pool)
             self.stats["graph_captures"] += 1
         return self.graphs[size](tokens, pos)
+
+    def open_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
+                  budget: int, generator: torch.Generator | None = None, deterministic: bool = False) -> Trajectories:
+        """Rows that generate turn by turn (:mod:`rlcore.rollout.turns`) from left-padded prompts, each continuing
+        from its own KV cache slot: an observation is prefilled there, and only its tokens, while the other
+        rows decode. ``budget``: response columns per row (model and observation tokens together).
+        ``deterministic``: observations fed token by token in the decode steps, every step over all slots and the
+        whole cache, so a row's numbers never depend on the others' (``rlcore.rollout.turns``)."""
+        batch = input_ids.shape[0]
+        lengths = attention_mask.long().sum(-1)
+        if batch == 0 or int(lengths.min()) < 1:
+            raise ValueError("static rollout engine: every prompt needs at least one token")
+        max_len = int(lengths.max())
+        if max_len + budget > self.decoder.max_positions:
+            raise ValueError(f"static rollout engine: prompt ({max_len}) + trajectory budget ({budget}) exceed the "
+                             f"model's max_position_embeddings ({self.decoder.max_positions})")
+        size = bucket_of(batch, buckets_for(batch)) if self.use_graphs else batch
+        with torch.inference_mode():
+            # one index past the longest trajectory: slots that sit a decode step out write there
+            self._ensure_cache(size, max_len + budget + 1)
+            logits = self._prefill_rows(input_ids, lengths)
+        rows = _StaticRows(self, lengths, size, fixed_shape=deterministic)
+        return Trajectories(rows, logits, params, budget=budget, eos_token_id=self.eos_token_id,
+                            pad_token_id=self.pad_token_id, generator=generator, token_by_token=deterministic)
+
+    def _prefill_rows(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Prefill each distinct left-padded prompt once into cache slots ``0..batch-1``; each row's logits."""
+        batch, width = input_ids.shape
+        max_len = int(lengths.max())
+        cols = torch.arange(max_len, device=input_ids.device)
+        src = (width - lengths)[:, None] + cols[None, :]
+        right = torch.where(cols[None, :] < lengths[:, None], input_ids.gather(1, src.clamp(max=width - 1)),
+                            torch.zeros((), dtype=input_ids.dtype, device=input_ids.device))
+        uniq, uniq_mask, row_of = distinct_rows(right, (cols[None, :] < lengths[:, None]).long())
+        logits, keys, values = self.decoder.prefill(uniq, uniq_mask.sum(-1))
+        for kc, vc, k, v in zip(*self.cache, keys, values):
+            kc[:batch, :, :max_len] = k[row_of]
+            vc[:batch, :, :max_len] = v[row_of]
+        return logits[row_of]
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
@@ -463,3 +531,71 @@ class StaticRolloutEngine:
             self.stats["decode_steps"] += 1
             self.stats["decode_rows"] += size
         return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}
+
+
+class _StaticRows:
+    """The static engine's side of :class:`~rlcore.rollout.turns.Trajectories`: each row's KV cache slot and the
+    position its next token goes to. A forward runs the rows with one token pending as one decode step over the
+    first ``size`` slots (the other slots, waiting for a tool or finished, run a pad token at the cache's last
+    index, which no row uses) and the rows with an observation pending as one chunked prefill of only those
+    tokens (:meth:`Decoder.extend`). Once a quarter of the slots belong to finished rows (eager), or the live rows
+    fit a smaller bucket (CUDA graphs), the live rows' caches move to the front slots. With ``fixed_shape`` every
+    decode step runs all the slots over the whole cache and nothing moves (so the step's shapes, and each row's
+    numbers, never depend on the other rows)."""
+
+    def __init__(self, engine: StaticRolloutEngine, lengths: torch.Tensor, size: int, fixed_shape: bool = False):
+        self.engine, self.size, self.fixed_shape = engine, size, fixed_shape
+        self.batch = len(lengths)
+        self.pos = lengths.clone()  # [batch] where each row's next token goes (its tokens in the cache)
+        self.slot = torch.arange(self.batch, device=lengths.device)  # [batch] each row's cache slot
+        self.live = set(range(self.batch))
+
+    def release(self, row: int) -> None:
+        self.live.discard(row)
+
+    @torch.inference_mode()
+    def forward(self, rows: list[int], pending: list[list[int]]) -> torch.Tensor:
+        self._compact()
+        e, device = self.engine, self.pos.device
+        out = torch.empty((len(rows), e.decoder.lm_head.shape[0]), dtype=torch.float32, device=device)
+        one = [i for i, p in enumerate(pending) if len(p) == 1]
+        many = [i for i, p in enumerate(pending) if len(p) > 1]
+        if one:
+            index = torch.tensor([rows[i] for i in one], device=device)
+            slots, pos = self.slot[index], self.pos[index]
+            last_index = e.cache[0][0].shape[2] - 1
+            tokens = torch.full((self.size,), e.pad_token_id, dtype=torch.long, device=device)
+            step_pos = torch.full((self.size,), last_index, dtype=torch.long, device=device)
+            tokens[slots] = torch.tensor([pending[i][0] for i in one], device=device)
+            step_pos[slots] = pos
+            attend = last_index + 1 if self.fixed_shape else int(pos.max()) + 1
+            out[one] = e._step(self.size, tokens, step_pos, attend=attend)[slots]
+            e.stats["decode_steps"] += 1
+            e.stats["decode_rows"] += self.size
+        if many:
+            index = torch.tensor([rows[i] for i in many], device=device)
+            width = max(len(pending[i]) for i in many)
+            ids = torch.full((len(many), width), e.pad_token_id, dtype=torch.long, device=device)
+            for j, i in enumerate(many):
+                ids[j, :len(pending[i])] = torch.tensor(pending[i], device=device)
+            lengths = torch.tensor([len(pending[i]) for i in many], device=device)
+            out[many] = e.decoder.extend(ids, lengths, self.pos[index], self.slot[index], *e.cache)
+            e.stats["extends"] += 1
+        fed = torch.tensor([len(p) for p in pending], device=device)
+        self.pos[torch.tensor(rows, device=device)] += fed
+        return out
+
+    def _compact(self) -> None:
+        """Move the live rows' caches to the front slots when the engine's rule says the batch should shrink."""
+        n = len(self.live)
+        target = self.engine._target_size(max(n, 1), self.size, self.batch)
+        if target >= self.size or n == 0 or self.fixed_shape:
+            return
+        live = torch.tensor(sorted(self.live), device=self.pos.device)
+        old, upto = self.slot[live], int(self.pos[live].max())
+        for kc, vc in zip(*self.engine.cache):
+            kc[:n, :, :upto] = kc[old, :, :upto]
+            vc[:n, :, :upto] = vc[old, :, :upto]
+        self.slot[live] = torch.arange(n, device=self.pos.device)
+        self.size = target
+        self.engine.stats["compactions"] += 1

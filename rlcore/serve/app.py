@@ -10,7 +10,14 @@ Endpoints:
   (``tokens``, ``token_logprobs``, ``text_offset`` within the completion text; ``top_logprobs`` is null:
   the engines report no alternatives);
 * ``POST /v1/chat/completions``: ``messages`` through the tokenizer's chat template with the generation
-  prompt; ``logprobs: true`` returns ``choices[i].logprobs.content`` (``top_logprobs`` empty).
+  prompt; ``logprobs: true`` returns ``choices[i].logprobs.content`` (``top_logprobs`` empty). ``tools`` (OpenAI
+  function definitions) go to the chat template; a completion whose text holds tool calls in the format of params
+  ``rollout.agent.parser`` (hermes: ``<tool_call>{json}</tool_call>``) comes back as ``message.tool_calls`` (the
+  text outside them as ``content``, null when empty) with finish_reason ``"tool_calls"``; a call that cannot be
+  read leaves the text as it is, as vLLM does. ``tool_choice`` may be ``"auto"`` or ``"none"`` (no parsing).
+  Earlier turns may carry ``tool_calls`` (assistant) and ``tool_call_id`` (tool messages); for a chat template
+  that does not render ``tool_calls`` itself (the built-in tiny model's), they are written into the assistant's
+  text in the parser's format, as the model wrote them. The server never runs a tool: the client does.
 
 Both take ``model`` (optional: the served name, default the ``--model`` argument as given), ``n``,
 ``temperature`` (0 = greedy), ``top_p``, ``top_k`` (not OpenAI; as in vLLM, 0 or -1 = off), ``max_tokens``
@@ -22,8 +29,9 @@ at ``max_tokens``; ``usage.completion_tokens`` counts the tokens generated up to
 included. The text never includes EOS or other special tokens.
 
 Fields that would change the output and are not implemented (``stream``, ``echo``, ``best_of``,
-``suffix``, ``logit_bias``, presence and frequency penalties, ``tools``, a ``response_format`` other
-than text) are refused with a 400 rather than ignored; other unknown fields (``user``, ...) are ignored.
+``suffix``, ``logit_bias``, presence and frequency penalties, a ``tool_choice`` other than auto or none, a
+``response_format`` other than text) are refused with a 400 rather than ignored; other unknown fields (``user``,
+...) are ignored.
 
 **Limits** (the ``rlcore serve`` options, :class:`ServeOptions`), as vLLM's OpenAI server sets them where it has
 one:
@@ -53,6 +61,7 @@ internals; the traceback goes to the server's log under that id (the request fai
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -69,6 +78,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rlcore.agents.parsers import PARSERS, ToolCall
 from rlcore.config import Config
 from rlcore.serve.batcher import Batcher, Busy, Rows, Sampling
 
@@ -111,9 +121,35 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str
+    """A JSON object, as text (OpenAI's format)."""
+
+
+class ToolCallItem(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: str
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class FunctionDefinition(_Body):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 class ChatRequest(_SamplingRequest):
@@ -121,13 +157,16 @@ class ChatRequest(_SamplingRequest):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 # field -> the values that leave the output as this server makes it
 UNSUPPORTED = {"stream": (None, False), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
                "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-               "tools": (None, []), "response_format": (None, {"type": "text"})}
-FIELD_NAMES = {name for m in (CompletionRequest, ChatRequest, ChatMessage, TextPart) for name in m.model_fields}
+               "response_format": (None, {"type": "text"})}
+FIELD_NAMES = {name for m in (CompletionRequest, ChatRequest, ChatMessage, TextPart, ToolCallItem, FunctionCall,
+                              ToolDefinition, FunctionDefinition) for name in m.model_fields}
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -295,8 +334,11 @@ class ModelServer:
     """A tokenizer and a batched rollout engine: validated requests in, OpenAI response bodies out."""
 
     def __init__(self, tokenizer, engine, *, device: torch.device, context_length: int, vocab_size: int,
-                 default_max_tokens: int, options: ServeOptions, seed: int = 0):
+                 default_max_tokens: int, options: ServeOptions, seed: int = 0, tool_parser: str = "hermes"):
         self.tokenizer = tokenizer
+        self.parser = PARSERS.get(tool_parser)
+        # a template that renders an assistant's tool_calls itself gets them as data; others as the model wrote them
+        self.template_renders_calls = "tool_calls" in str(getattr(tokenizer, "chat_template", "") or "")
         self.context_length = context_length
         self.vocab_size = vocab_size
         self.default_max_tokens = default_max_tokens
@@ -318,6 +360,10 @@ class ModelServer:
     # -- validation ---------------------------------------------------------------------------------
 
     def check_request(self, req: _SamplingRequest) -> None:
+        choice = getattr(req, "tool_choice", None)
+        if choice not in (None, "auto", "none"):
+            raise APIError(400, f"tool_choice: only \"auto\" and \"none\" are supported by this server (got {choice!r})",
+                           param="tool_choice")
         if req.model is not None and req.model != self.name:
             raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{self.name}'",
                            param="model", code="model_not_found")
@@ -414,11 +460,41 @@ class ModelServer:
                                param="prompt")
         return prompts
 
-    def chat_prompt(self, req: ChatRequest) -> list[int]:
-        messages = [{"role": m.role, "content": m.content if isinstance(m.content, str) or m.content is None
-                     else "".join(part.text for part in m.content)} for m in req.messages]
+    def chat_messages(self, req: ChatRequest) -> list[dict[str, Any]]:
+        """The request's messages as the chat template takes them (module docstring: tool calls)."""
+        out = []
+        for i, m in enumerate(req.messages):
+            content = m.content if isinstance(m.content, str) or m.content is None \
+                else "".join(part.text for part in m.content)
+            message: dict[str, Any] = {"role": m.role, "content": content}
+            if m.tool_calls:
+                calls = [ToolCall(c.function.name, self._arguments(c.function.arguments,
+                                                                   f"messages.{i}.tool_calls.{j}.function.arguments"))
+                         for j, c in enumerate(m.tool_calls)]
+                if self.template_renders_calls:
+                    message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                        "name": call.name, "arguments": call.arguments}} for c, call in zip(m.tool_calls, calls)]
+                else:
+                    message["content"] = (content or "") + self.parser.format(calls)
+            message.update({k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name)) if v is not None})
+            out.append(message)
+        return out
+
+    @staticmethod
+    def _arguments(text: str, where: str) -> dict[str, Any]:
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            value = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, dict):
+            raise APIError(400, f"{where}: expected a JSON object as text, got {text[:60]!r}", param=where)
+        return value
+
+    def chat_prompt(self, req: ChatRequest) -> list[int]:
+        messages = self.chat_messages(req)
+        tools = {"tools": [t.model_dump(exclude_none=True) for t in req.tools]} if req.tools else {}
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **tools)
         except Exception as err:  # noqa: BLE001 - jinja errors, templates that raise on a role
             raise APIError(400, f"messages: the model's chat template failed on them: {err}",
                            param="messages") from None
@@ -505,11 +581,27 @@ class ModelServer:
         sampling = self.sampling(req, [prompt], max_tokens, max_tokens_param=param, prompt_param="messages")
         rows = await self.generate([prompt] * (req.n or 1), sampling, req.seed)
         outs = [self.finish(t, lp, _stops(req)) for t, lp in zip(rows.tokens, rows.log_probs)]
-        choices = [{"index": i, "message": {"role": "assistant", "content": o.text}, "finish_reason": o.finish_reason,
-                    "logprobs": self.chat_logprobs(o) if req.logprobs else None}
-                   for i, o in enumerate(outs)]
+        parse = bool(req.tools) and req.tool_choice != "none"
+        choices = []
+        for i, o in enumerate(outs):
+            message, finish = self.assistant_message(o, parse)
+            choices.append({"index": i, "message": message, "finish_reason": finish,
+                            "logprobs": self.chat_logprobs(o) if req.logprobs else None})
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.name, "choices": choices, "usage": _usage([prompt], outs)}
+
+    def assistant_message(self, out: _Output, parse: bool) -> tuple[dict[str, Any], str]:
+        """The choice's message and finish reason: with ``parse``, tool calls in the text become OpenAI
+        ``tool_calls`` (all of them readable, or the text stays as it is)."""
+        if parse:
+            turn = self.parser.parse(out.text)
+            if turn.calls and not any(c.error for c in turn.calls):
+                calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                          "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                         for c in turn.calls]
+                return ({"role": "assistant", "content": turn.content or None, "tool_calls": calls},
+                        "tool_calls" if out.finish_reason == "stop" else out.finish_reason)
+        return {"role": "assistant", "content": out.text}, out.finish_reason
 
     def model_card(self) -> dict[str, Any]:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "rlcore",
@@ -540,7 +632,7 @@ def load_server(model_dir: str | Path, cfg: Config, options: ServeOptions, devic
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return ModelServer(tokenizer, engine, device=device, context_length=model.config.max_position_embeddings,
                        vocab_size=model.config.vocab_size, default_max_tokens=cfg.task.max_response_length,
-                       options=options, seed=cfg.seed)
+                       options=options, seed=cfg.seed, tool_parser=cfg.rollout.agent.parser)
 
 
 # --------------------------------------------------------------------------------------------------- app

@@ -43,7 +43,7 @@ from rlcore.controller.worker_group import Pending
 from rlcore.protocol import Batch, Metrics
 from rlcore.rollout import engine_spec
 from rlcore.trainer.common import model_spec, timer
-from rlcore.trainer.sampling import generate_spec
+from rlcore.trainer.sampling import generate_spec, generation_input
 from rlcore.trainer.rollout_data import sample_rows
 from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner, recomputes_old_log_probs
 from rlcore.workers.actor import ActorRolloutRefWorker
@@ -100,7 +100,7 @@ class AsyncRoundRunner(RoundRunner):
         want, n = self.cfg.ppo.train_batch_size, self.cfg.rollout.n
         while len(self.outstanding) < min(self.max_staleness + 1, self.steps - step):
             rows = self.sampler.take(want)
-            item = WorkItem(self.next_item, self.prompts.select(rows).repeat(n).only("prompts", "prompt_mask"),
+            item = WorkItem(self.next_item, generation_input(self.prompts.select(rows).repeat(n), self.spec),
                             self.seed * 100003 + self.next_item * 101)  # the synchronous round's seed of that step
             self.outstanding[item.id] = (rows, item)
             self.next_item += 1
@@ -213,7 +213,7 @@ class AsyncRoundRunner(RoundRunner):
         self.next_item = a["next_item"]
         n = self.cfg.rollout.n
         for item_id, rows, seed in a["outstanding"]:
-            item = WorkItem(item_id, self.prompts.select(rows).repeat(n).only("prompts", "prompt_mask"), seed)
+            item = WorkItem(item_id, generation_input(self.prompts.select(rows).repeat(n), self.spec), seed)
             self.outstanding[item_id] = (rows, item)
             self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
 

@@ -10,6 +10,12 @@ and ``reward_model.ground_truth`` let ``eval`` score them) or plain rows of a js
 string or ``messages`` list. Every input column is kept; generation adds, per prompt, the lists
 ``responses``, ``response_tokens``, ``response_logprobs`` (summed over the response, under
 ``softmax(logits / T)``) and ``finish_reasons`` (``stop`` at EOS, ``length`` at the token limit).
+
+With the tool loop (``rollout.agent.loop: tool``) each response is a whole trajectory: ``responses`` holds its last
+assistant turn (what ``rlcore eval`` scores), ``trajectories`` every turn after the prompt (``{"role", "content",
+"name"}``: assistant turns, tool results), ``tool_calls`` the calls it made, ``response_tokens`` and
+``response_logprobs`` count the model's own tokens, and ``finish_reasons`` is ``stop`` (it answered), ``length``
+(the token budget ran out) or ``max_turns`` (it still called a tool at the last allowed turn).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from rlcore.errors import DataError
 from rlcore.rewards.generations import read_records
 
 OUTPUT_COLUMNS = ("responses", "response_tokens", "response_logprobs", "finish_reasons")
+AGENT_COLUMNS = ("trajectories", "tool_calls")  # with the tool loop, besides OUTPUT_COLUMNS
+AGENT_FINISH = {"answer": "stop", "budget": "length", "max_turns": "max_turns"}
 METADATA_KEY = b"rlcore.generate"
 
 
@@ -71,26 +79,29 @@ def model_context(model_dir: str | Path) -> int:
 
 
 def encode_for_generation(tokenizer, messages: list[list[dict[str, str]]], *, min_width: int, context: int,
-                          max_new_tokens: int, source: str):
+                          max_new_tokens: int, source: str, tools: list[dict] | None = None):
     """Left-padded prompt ids and mask, as wide as the longest prompt (at least ``min_width``, the
-    pipeline's ``task.max_prompt_length``), after checking each prompt leaves room for the response."""
+    pipeline's ``task.max_prompt_length``), after checking each prompt leaves room for the response.
+    ``tools``: the tool loop's function schemas, for chat templates that show them."""
     from rlcore.data.collate import encode_prompts
 
     longest = 0
+    extra = {"tools": tools} if tools else {}
     for i, m in enumerate(messages):
-        text = tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **extra)
         length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         if length + max_new_tokens > context:
             raise DataError(f"{source}: row {i}: prompt is {length} tokens after the chat template; with "
                             f"{max_new_tokens} new tokens that exceeds the model's context of {context}")
         longest = max(longest, length)
-    return encode_prompts(tokenizer, messages, max(min_width, longest), source)
+    return encode_prompts(tokenizer, messages, max(min_width, longest), source, tools)
 
 
 def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: GenerateSettings) -> list[dict]:
     """Input rows of ``data_path`` plus their generations (module docstring), from the model at
     ``model_dir`` on a Ray worker group of ``resources.n_workers`` ranks."""
-    from rlcore.data.collate import decode_responses
+    from rlcore.agents.batch import ROW_FIELDS
+    from rlcore.agents.check import tool_schemas
     from rlcore.engine.model import load_tokenizer
     from rlcore.protocol import Batch
     from rlcore.trainer.common import start_pool
@@ -101,8 +112,12 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     tokenizer = load_tokenizer(model_dir)
     ids, mask = encode_for_generation(tokenizer, messages, min_width=cfg.task.max_prompt_length,
                                       context=model_context(model_dir), max_new_tokens=settings.max_new_tokens,
-                                      source=data_path)
-    prompts = Batch({"prompts": ids, "prompt_mask": mask})
+                                      source=data_path, tools=tool_schemas(cfg.rollout.agent))
+    # the row fields an environment's reset reads, where the rows have them (the pipeline's row schema)
+    fields: dict[str, Any] = {k: [r.get(k) for r in rows] for k in ROW_FIELDS if all(k in r for r in rows)}
+    if "reward_model" in rows[0] and all(isinstance(r.get("reward_model"), dict) for r in rows):
+        fields["ground_truth"] = [r["reward_model"].get("ground_truth") for r in rows]
+    prompts = Batch({"prompts": ids, "prompt_mask": mask}, fields)
     greedy = settings.temperature == 0
     with start_pool(cfg) as pool:
         group = rollout_group(cfg, pool, model_dir)
@@ -112,19 +127,31 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
                                 max_new_tokens=settings.max_new_tokens)
         finally:
             group.shutdown()
+    return generation_records(rows, gen, tokenizer, settings.n)
+
+
+def generation_records(rows: list[dict], gen, tokenizer, n: int) -> list[dict]:
+    """Each input row plus its ``n`` generations (module docstring) from the generated Batch ``gen``."""
+    from rlcore.trainer.generation import response_texts
+
     resp_mask = gen["response_mask"]
-    texts = decode_responses(tokenizer, gen["responses"], resp_mask)
+    texts = response_texts(tokenizer, gen)
     lengths = resp_mask.sum(-1)
     logps = (gen["rollout_log_probs"] * resp_mask).sum(-1)
-    last = gen["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
-    stopped = (lengths > 0) & (last == tokenizer.eos_token_id)
-    n = settings.n
+    if "agent_stop" in gen:
+        finish = [AGENT_FINISH[s] for s in gen["agent_stop"]]
+    else:
+        last = gen["responses"].gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+        finish = ["stop" if s else "length" for s in ((lengths > 0) & (last == tokenizer.eos_token_id)).tolist()]
     out = []
     for i, row in enumerate(rows):
         part = slice(i * n, (i + 1) * n)
-        out.append({**row, "responses": texts[part], "response_tokens": lengths[part].tolist(),
-                    "response_logprobs": logps[part].tolist(),
-                    "finish_reasons": ["stop" if s else "length" for s in stopped[part].tolist()]})
+        record = {**row, "responses": texts[part], "response_tokens": lengths[part].tolist(),
+                  "response_logprobs": logps[part].tolist(), "finish_reasons": finish[part]}
+        if "agent_messages" in gen:
+            record["trajectories"] = [[{"name": None, **m} for m in t] for t in gen["agent_messages"][part]]
+            record["tool_calls"] = gen["agent_tool_calls"][part].tolist()
+        out.append(record)
     return out
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlcore.agents.batch import agent_metrics, transcript
+from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
 from rlcore.data.collate import decode_responses, prompt_batch
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.generations import pass_at_k
 from rlcore.rewards.scoring import RewardScorer
+from rlcore.engine.sequence import response_attention
 from rlcore.trainer.common import start_pool
 from rlcore.trainer.generation import reward_scorer
 from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
@@ -31,7 +34,7 @@ def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: 
         group.shutdown()
     passed = (sampled.acc >= 1.0).reshape(len(prompts), e.n_samples)
     correct = passed.sum(axis=1).astype(int)
-    lengths = gen["response_mask"].sum(-1).float()
+    lengths = response_attention(gen).sum(-1).float()
     metrics = {
         f"{name}/greedy_pass@1": float((greedy.acc >= 1.0).mean()),
         f"{name}/pass@1": float(passed.mean()),
@@ -39,8 +42,10 @@ def evaluate_model(cfg: Config, pool, model_dir: str, tokenizer, prompts, name: 
         f"{name}/greedy_response_length": float(lengths.mean()),
         f"{name}/reward_mean": float(sampled.total.mean()),
         **{f"{name}/{k}": v for k, v in sampled.metrics().items()},
+        **agent_metrics(gen, f"{name}/agent"),
     }
-    texts = decode_responses(tokenizer, gen["responses"], gen["response_mask"])
+    texts = [transcript(m) for m in gen["agent_messages"]] if "agent_messages" in gen else decode_responses(
+        tokenizer, gen["responses"], gen["response_mask"])
     table = [{"model": name, "question": prompts["question"][i], "ground_truth": prompts["ground_truth"][i],
               "greedy_response": texts[i], "reward": float(greedy.total[i]), "correct": bool(greedy.acc[i] >= 1.0)}
              for i in range(min(e.table_rows, len(texts)))]
@@ -51,7 +56,7 @@ def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: s
     """Evaluate each named model folder on ``data_path``; also the gain of the last over the first."""
     df = read_reward_rows(data_path, cfg.reward)
     scorer = reward_scorer(cfg, df, data_path)
-    prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path)
+    prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path, tool_schemas(cfg.rollout.agent))
     metrics, table = {"test/n_prompts": len(prompts)}, []
     with start_pool(cfg) as pool:
         rm = start_reward_model(cfg, pool, share=2)

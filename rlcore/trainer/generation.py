@@ -30,6 +30,27 @@ def score_responses(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str,
     is the training reward and ``acc`` the accuracy score. A batch where every function fails on every sample
     raises :class:`~rlcore.rewards.guard.RewardError` naming ``what``."""
     model = reward_model.submit(batch) if reward_model is not None else None
-    texts = decode_responses(tokenizer, batch["responses"], batch["response_mask"])
+    return scorer.score(samples_of(batch["data_source"], response_texts(tokenizer, batch), batch["ground_truth"],
+                                   reward_extra_info(batch)), what=what, model=model)
+
+
+def response_texts(tokenizer, batch: Batch) -> list[str]:
+    """What the reward functions score as each sample's ``solution_str``: the response text, or for a tool-loop
+    trajectory its last assistant turn (``agent_final``; the whole trajectory is in ``extra_info["agent"]``)."""
+    if "agent_final" in batch:
+        return [str(t) for t in batch["agent_final"]]
+    return decode_responses(tokenizer, batch["responses"], batch["response_mask"])
+
+
+def reward_extra_info(batch: Batch) -> list[dict] | None:
+    """Each sample's ``extra_info`` for the reward functions; a tool-loop trajectory's also holds ``agent``: its
+    ``messages`` (the turns after the prompt), ``tool_calls``, ``tool_errors``, ``stop`` (answer, max_turns or
+    budget), an environment's ``turn_rewards`` and ``env_reward``."""
     extra = batch["extra_info"] if "extra_info" in batch else None
-    return scorer.score(samples_of(batch["data_source"], texts, batch["ground_truth"], extra), what=what, model=model)
+    if "agent_messages" not in batch:
+        return extra
+    return [{**(dict(extra[i]) if extra is not None and extra[i] is not None else {}),
+             "agent": {"messages": batch["agent_messages"][i], "tool_calls": int(batch["agent_tool_calls"][i]),
+                       "tool_errors": int(batch["agent_tool_errors"][i]), "stop": batch["agent_stop"][i],
+                       "turn_rewards": batch["agent_turn_rewards"][i], "env_reward": batch["agent_env_reward"][i]}}
+            for i in range(len(batch))]

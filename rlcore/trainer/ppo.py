@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
+from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
 from rlcore.data.collate import prompt_batch
 from rlcore.interrupt import training_loop
@@ -92,12 +93,14 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     rnd = cfg.ppo.rounds[round_name]
     rows = read_reward_rows(data_path, cfg.reward)
     reward_scorer(cfg, rows, data_path)  # each reward function called once, before Ray starts
-    prompts = prompt_batch(rows, tokenizer, cfg.task.max_prompt_length, data_path)
+    tools = tool_schemas(cfg.rollout.agent)  # each tool file described in a tool process, before Ray starts
+    prompts = prompt_batch(rows, tokenizer, cfg.task.max_prompt_length, data_path, tools)
     check_model(cfg, init_dir, "ppo")
     every = cfg.ppo.val_every if val_path else 0
     val = Batch()
     if val_path and every:
-        val = prompt_batch(read_reward_rows(val_path, cfg.reward), tokenizer, cfg.task.max_prompt_length, val_path)
+        val = prompt_batch(read_reward_rows(val_path, cfg.reward), tokenizer, cfg.task.max_prompt_length, val_path,
+                           tools)
     log = StepLog(tracker, plot_csv)
     start = time.perf_counter()
     val_rows: list[Metrics] = []

@@ -18,12 +18,11 @@ from rlcore.config import Config
 from rlcore.controller.resource_pool import ResourcePool
 from rlcore.controller.worker_group import Pending, WorkerGroup
 from rlcore.engine.reward_model import read_stats
+from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.protocol import Batch
 from rlcore.rewards.scoring import ModelScores
 from rlcore.trainer.common import model_spec
 from rlcore.workers.reward_model import RewardModelWorker, ScoreSpec
-
-SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")
 
 
 class RewardModelGroup:

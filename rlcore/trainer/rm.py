@@ -19,6 +19,7 @@ from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import encode_prompts, encode_responses
 from rlcore.data.pairs import read_pairs
+from rlcore.engine.sequence import response_attention
 from rlcore.errors import DataError
 from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
@@ -86,7 +87,8 @@ def self_play_pairs(cfg: Config, pool, init: str, pairs: Batch, k: int, seed: in
     source: np.ndarray = np.repeat(np.arange(len(pairs)), k)
     chosen = pairs["chosen"] * pairs["chosen_mask"]
     keep, seen = [], set()
-    for row, (i, ids, mask) in enumerate(zip(source, gen["responses"], gen["response_mask"])):
+    attention = response_attention(gen)  # a tool-loop trajectory's observations are part of the sample too
+    for row, (i, ids, mask) in enumerate(zip(source, gen["responses"], attention)):
         sample = ids * mask
         key = (int(i), tuple(sample.tolist()))
         if key in seen or torch.equal(sample, chosen[i]):
@@ -96,7 +98,7 @@ def self_play_pairs(cfg: Config, pool, init: str, pairs: Batch, k: int, seed: in
     rows = torch.as_tensor(source[keep])
     return Batch({"prompts": pairs["prompts"][rows], "prompt_mask": pairs["prompt_mask"][rows],
                   "chosen": pairs["chosen"][rows], "chosen_mask": pairs["chosen_mask"][rows],
-                  "rejected": gen["responses"][keep], "rejected_mask": gen["response_mask"][keep],
+                  "rejected": gen["responses"][keep], "rejected_mask": attention[keep],
                   "margin": pairs["margin"][rows]})
 
 

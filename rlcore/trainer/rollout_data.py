@@ -4,13 +4,16 @@ dynamic-sampling filter, and the samples kept for inspection (``ppo.log_samples`
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlcore.agents.batch import transcript
 from rlcore.data.collate import decode_responses
+from rlcore.engine.sequence import response_attention
 from rlcore.protocol import Batch
 
 
@@ -47,9 +50,11 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: f
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Sequence scores ``[batch]`` onto the last valid response token: ``[batch, response_len]``."""
+    """Sequence scores ``[batch]`` onto the last valid response token (the model's last token of a multi-turn
+    trajectory, whose mask has gaps at the observations): ``[batch, response_len]``."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(-1) - 1).clamp(min=0)
+    columns = torch.arange(1, response_mask.shape[1] + 1)
+    last = (response_mask.long() * columns).argmax(-1)  # 0 for a row without a valid token (then masked out)
     out[torch.arange(len(scores)), last] = scores.float()
     return out * response_mask
 
@@ -73,11 +78,18 @@ def sample_rows(batch: Batch, tokenizer, step: int, k: int, policy_version: int)
     rows = np.unique(np.linspace(0, len(batch) - 1, min(k, len(batch))).round().astype(int))
     part = batch.select(rows)
     mask = part["response_mask"].float()
-    lengths = mask.sum(-1)
-    texts = decode_responses(tokenizer, part["responses"], part["response_mask"])
-    adv = (part["advantages"] * mask).sum(-1) / lengths.clamp(min=1)
+    lengths = response_attention(part).sum(-1)
+    adv = (part["advantages"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     logp = (part["rollout_log_probs"] * mask).sum(-1)
-    return [{"step": step, "policy_version": policy_version, "uid": str(part["uid"][i]),
-             "prompt": str(part["question"][i]), "response": texts[i], "ground_truth": str(part["ground_truth"][i]),
-             "reward": float(part["scores"][i]), "acc": float(part["acc"][i]), "advantage": float(adv[i]),
-             "response_length": int(lengths[i]), "log_prob": float(logp[i])} for i in range(len(rows))]
+    agent = "agent_messages" in part
+    # a trajectory's text shows every turn, assistant or tool (and rlcore view shows them one by one: turns)
+    texts = [transcript(m) for m in part["agent_messages"]] if agent else decode_responses(
+        tokenizer, part["responses"], part["response_mask"])
+    out = [{"step": step, "policy_version": policy_version, "uid": str(part["uid"][i]),
+            "prompt": str(part["question"][i]), "response": texts[i], "ground_truth": str(part["ground_truth"][i]),
+            "reward": float(part["scores"][i]), "acc": float(part["acc"][i]), "advantage": float(adv[i]),
+            "response_length": int(lengths[i]), "log_prob": float(logp[i])} for i in range(len(rows))]
+    if agent:
+        for row, messages in zip(out, part["agent_messages"]):
+            row["turns"] = json.dumps(list(messages), ensure_ascii=False)
+    return out

@@ -8,6 +8,8 @@ from typing import Callable, TypeVar
 
 from tqdm import tqdm
 
+from rlcore.agents import agent_spec
+from rlcore.agents.batch import ROW_FIELDS
 from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.protocol import Batch
@@ -25,7 +27,16 @@ def generate_spec(cfg: Config, *, temperature: float, seed: int, greedy: bool = 
     r = cfg.rollout
     sampling = SamplingParams(max_new_tokens=max_new_tokens or cfg.task.max_response_length, temperature=temperature,
                               top_p=r.top_p, top_k=r.top_k, greedy=greedy)
-    return GenerateSpec(sampling=sampling, seed=seed, micro_batch_size=r.micro_batch_size)
+    return GenerateSpec(sampling=sampling, seed=seed, micro_batch_size=r.micro_batch_size, agent=agent_spec(r.agent))
+
+
+def generation_input(prompts: Batch, spec: GenerateSpec) -> Batch:
+    """What a generation call ships to the ranks: the prompt tensors and, for the tool loop, each row's
+    ``data_source``, ``ground_truth`` and ``extra_info`` (an environment's ``reset`` reads them)."""
+    tensors = prompts.only("prompts", "prompt_mask")
+    if spec.agent is None:
+        return tensors
+    return Batch(tensors.tensors, {k: prompts[k] for k in ROW_FIELDS if k in prompts})
 
 
 def generate(group: WorkerGroup[W], method: Callable[[W, Batch, GenerateSpec], Batch], prompts: Batch,
@@ -35,7 +46,7 @@ def generate(group: WorkerGroup[W], method: Callable[[W, Batch, GenerateSpec], B
 
     A batch that does not split evenly over the ranks is padded with copies of its first
     rows for the call and trimmed after, so any number of prompts works."""
-    tensors, _ = prompts.only("prompts", "prompt_mask").pad_to_multiple(group.world_size)
+    tensors, _ = generation_input(prompts, spec).pad_to_multiple(group.world_size)
     return prompts.union(group.call(method, tensors, spec).slice(0, len(prompts)))
 
 

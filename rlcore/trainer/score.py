@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import prompt_batch
@@ -35,7 +36,7 @@ def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_pat
     advantages would be 0 (with a 0/1 reward: always right or always wrong). When that would drop every prompt,
     all are kept, with a warning."""
     df = read_reward_rows(data_path, cfg.reward)
-    prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path)
+    prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path, tool_schemas(cfg.rollout.agent))
     sc = cfg.score
     scorer = reward_scorer(cfg, df, data_path)
     with start_pool(cfg) as pool:

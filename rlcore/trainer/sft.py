@@ -9,10 +9,13 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
+from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
 from rlcore.controller.worker_group import Pending, WorkerGroup
-from rlcore.data.collate import encode_responses, prompt_batch
+from rlcore.data.collate import encode_conversations, encode_responses, prompt_batch
 from rlcore.data.schema import read_rows
+from rlcore.engine.sequence import SEQUENCE_KEYS
+from rlcore.errors import DataError
 from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
 from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
@@ -24,16 +27,34 @@ from rlcore.workers.sft import SFTStepSpec, SFTWorker
 IN_FLIGHT = 4  # SFT steps queued on the ranks ahead of the one being logged
 
 
-def sft_batch(df, tokenizer, cfg: Config, source: str) -> Batch:
-    """Prompts plus their demonstrations (``extra_info.answer`` + EOS) as ``responses``."""
-    batch = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, source)
-    responses, mask = encode_responses(tokenizer, [e["answer"] for e in df["extra_info"]],
+def sft_batch(df, tokenizer, cfg: Config, source: str, tools: list[dict] | None = None) -> Batch:
+    """Prompts plus their demonstrations (``extra_info.answer`` + EOS) as ``responses``. Rows whose ``extra_info``
+    holds ``messages`` (multi-turn demonstrations with tool calls: the turns after the prompt) are laid out as the
+    tool loop lays out a trajectory, the tool messages between the turns out of the loss
+    (:func:`~rlcore.data.collate.encode_conversations`); ``tools``: the function schemas the prompts show."""
+    batch = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, source, tools)
+    extra = list(df["extra_info"])
+    has = [_has_messages(e) for e in extra]
+    if any(has):
+        if not all(has):
+            raise DataError(f"{source}: row {has.index(False)}: extra_info.messages is missing; some rows have "
+                            "multi-turn demonstrations, so every row needs them")
+        responses, mask, attention = encode_conversations(tokenizer, [list(e["messages"]) for e in extra],
+                                                          cfg.task.max_response_length, source, tools)
+        return Batch({**batch.tensors, "responses": responses, "response_mask": mask,
+                      "response_attention_mask": attention}, batch.non_tensors)
+    responses, mask = encode_responses(tokenizer, [e["answer"] for e in extra],
                                        cfg.task.max_response_length, source)
     return Batch({**batch.tensors, "responses": responses, "response_mask": mask}, batch.non_tensors)
 
 
+def _has_messages(extra) -> bool:
+    messages = extra.get("messages") if isinstance(extra, dict) else None
+    return messages is not None and len(messages) > 0
+
+
 def epoch_batches(data: Batch, batch_size: int, steps: int, seed: int, start: int = 0,
-                  fields: tuple[str, ...] = ("prompts", "prompt_mask", "responses", "response_mask")) -> Iterator[Batch]:
+                  fields: tuple[str, ...] = SEQUENCE_KEYS) -> Iterator[Batch]:
     """Batches ``start`` to ``steps - 1`` of the tensors ``fields`` of ``data``, in seeded epoch-shuffled order (the rows
     of an epoch that do not fill a batch are left for the reshuffle). The order only depends on the seed, so
     a resumed run replays the shuffles of the steps before ``start`` and continues with the same batches."""
@@ -61,7 +82,7 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
     A step whose loss or gradient norm is not finite is skipped by the workers (``sft/nonfinite_steps``);
     after ``sft.max_nonfinite_steps`` in a row the loop raises :class:`~rlcore.errors.TrainingDiverged` once
     that step is logged."""
-    data = sft_batch(read_rows(data_path), tokenizer, cfg, data_path)
+    data = sft_batch(read_rows(data_path), tokenizer, cfg, data_path, tools=tool_schemas(cfg.rollout.agent))
     check_model(cfg, base_model, "sft")
     s = cfg.sft
     optim = OptimSpec(lr=s.lr, weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, total_steps=s.steps,

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlcore.agents.batch import agent_metrics
 from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage
 from rlcore.algos.kl_control import controller_options, make_kl_controller
 from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions, kl_penalty
@@ -36,6 +37,7 @@ from rlcore.config import Config
 from rlcore.controller.balance import balance_over_ranks
 from rlcore.controller.resource_pool import ResourcePool
 from rlcore.controller.worker_group import Pending, WorkerGroup
+from rlcore.engine.sequence import SEQUENCE_KEYS, response_attention
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.rewards.scoring import Rewards, agreement
@@ -62,7 +64,6 @@ from rlcore.workers.critic import CriticUpdateSpec, CriticWorker, ValuesSpec
 from rlcore.workers.optim import OptimSpec
 
 # What each worker call reads; the rest of the step's Batch (text fields, rewards) stays on the controller.
-SEQUENCE_KEYS = ("prompts", "prompt_mask", "responses", "response_mask")
 ACTOR_UPDATE_KEYS = SEQUENCE_KEYS + ("old_log_probs", "ref_log_probs", "advantages")
 CRITIC_UPDATE_KEYS = SEQUENCE_KEYS + ("values", "returns")
 # The Batch field holding each data input an estimator may declare. reward_components (float32 [batch,
@@ -211,7 +212,7 @@ class RoundRunner:
         (``reward_components``, for estimators that treat them apart); and the batch's :class:`Rewards`."""
         rewards = score_responses(self.tok, batch, self.rewards, what=what, reward_model=self.reward_model)
         d = self.cfg.ppo.dapo
-        lengths = batch["response_mask"].sum(-1)
+        lengths = response_attention(batch).sum(-1)  # a trajectory's tokens, observations included: its budget
         pen = overlong_penalty(lengths, self.cfg.task.max_response_length, d.overlong_buffer, d.overlong_penalty)
         components, _ = rewards.components()
         return batch.union(Batch({"acc": torch.as_tensor(rewards.acc, dtype=torch.float32),
@@ -338,14 +339,16 @@ class RoundRunner:
         m = rewards.metrics()
         return {"val/greedy_pass@1": float((rewards.acc >= 1.0).mean()),
                 "val/reward_mean": float(rewards.total.mean()),
-                "val/response_length": gen["response_mask"].sum(-1).float().mean().item(),
-                "val/reward_errors": m["reward/errors"], "val/reward_timeouts": m["reward/timeouts"]}
+                "val/response_length": response_attention(gen).sum(-1).float().mean().item(),
+                "val/reward_errors": m["reward/errors"], "val/reward_timeouts": m["reward/timeouts"],
+                **agent_metrics(gen, "val/agent")}
 
     def _add_greedy_baseline(self, batch: Batch, step: int) -> Batch:
         """ReMax: the reward of one greedy response per prompt is every sample's baseline."""
         n = self.cfg.rollout.n
         firsts = batch.select(np.arange(0, len(batch), n))
-        plain = Batch(firsts.only("prompts", "prompt_mask").tensors, dict(firsts.non_tensors))
+        plain = Batch(firsts.only("prompts", "prompt_mask").tensors,
+                      {k: v for k, v in firsts.non_tensors.items() if not k.startswith("agent_")})
         greedy, _ = self._score(self._generate(plain, self.seed + step, greedy=True),
                                 f"ppo step {step}'s greedy baseline")
         return batch.union(Batch({"reward_baselines": greedy["scores"].repeat_interleave(n)}))
@@ -379,7 +382,9 @@ class RoundRunner:
         return batch[ESTIMATOR_FIELDS[name]]
 
     def _rollout_metrics(self, batch: Batch, t: Metrics) -> Metrics:
-        mask = batch["response_mask"]
+        """The step's rollouts: reward, accuracy, length (of a whole trajectory: model and observation tokens),
+        the share cut at the length limit, throughput; and the tool loop's ``agent/*``."""
+        mask = response_attention(batch)
         lengths = mask.sum(-1).float()
         resp_tokens = float(lengths.sum())
         total_tokens = resp_tokens + float(batch["prompt_mask"].sum())
@@ -390,6 +395,7 @@ class RoundRunner:
             "rollout/clip_ratio": (lengths >= mask.shape[1]).float().mean().item(),
             "perf/tokens_per_s": total_tokens / max(t["timing_s/step"], 1e-9),
             "perf/gen_tokens_per_s": resp_tokens / max(t["timing_s/gen"], 1e-9),
+            **agent_metrics(batch),
         }
 
     def save(self, out_dir: str) -> None:

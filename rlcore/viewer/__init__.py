@@ -57,6 +57,10 @@ ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_DTYPES)
 NUMERIC_COLUMNS = tuple(c for c, t in ROLLOUT_DTYPES.items() if t != "str")
 ROLLOUT_SCHEMA = pa.schema([(c, {"int64": pa.int64(), "float64": pa.float64(), "str": pa.string()}[t])
                             for c, t in ROLLOUT_DTYPES.items()])
+# columns of some rounds only, after the others. turns: a tool-loop trajectory's turns after the prompt, as JSON
+# [{"role": "assistant" | "tool" | "user", "content", "name"?}, ...]; the page shows each one.
+OPTIONAL_DTYPES: dict[str, str] = {"turns": "str"}
+TURNS_SCHEMA = pa.schema([*ROLLOUT_SCHEMA, pa.field("turns", pa.string())])
 
 
 def rollouts_path(round_name: str) -> str:
@@ -69,7 +73,7 @@ def rollouts_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
     no rows gives an empty table with the same columns."""
     if rows and (missing := [c for c in ROLLOUT_COLUMNS if c not in rows[0]]):
         raise ValueError(f"rollout rows lack {', '.join(missing)}")
-    return pa.Table.from_pylist(list(rows), schema=ROLLOUT_SCHEMA)
+    return pa.Table.from_pylist(list(rows), schema=TURNS_SCHEMA if rows and "turns" in rows[0] else ROLLOUT_SCHEMA)
 
 
 def rollouts_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -107,7 +111,8 @@ class RolloutsFile:
         """``rows``: every record so far (those already written first, in the same order)."""
         if len(rows) > self.table.num_rows:
             new = rollouts_table(rows[self.table.num_rows:])
-            self.table = pa.concat_tables([self.table, new]).combine_chunks()
+            # the first rows decide the columns (a tool-loop round's have turns)
+            self.table = new if not self.table.num_rows else pa.concat_tables([self.table, new]).combine_chunks()
             write_rollouts(self.table, self.path)
 
 
@@ -128,7 +133,12 @@ def read_rollouts(path: str | Path) -> pd.DataFrame:
     for col in NUMERIC_COLUMNS:
         if not pd.api.types.is_numeric_dtype(df[col]) or pd.api.types.is_bool_dtype(df[col]):
             raise DataError(f"{path}: column {col!r} must be numeric, found dtype {df[col].dtype}")
-    return df[list(ROLLOUT_COLUMNS)]
+    return df[page_columns(df)]
+
+
+def page_columns(df: pd.DataFrame) -> list[str]:
+    """The columns of :data:`ROLLOUT_COLUMNS`, then the optional ones ``df`` has."""
+    return list(ROLLOUT_COLUMNS) + [c for c in OPTIONAL_DTYPES if c in df.columns]
 
 
 def _json_value(value: Any) -> Any:
@@ -139,7 +149,7 @@ def _json_value(value: Any) -> Any:
 
 def page_data(df: pd.DataFrame) -> dict[str, Any]:
     """What the page embeds: ``{"columns": [...], "rows": [[...], ...]}`` in plain JSON types."""
-    columns = list(ROLLOUT_COLUMNS)
+    columns = page_columns(df)
     values = [[_json_value(v) for v in df[c].astype(object).where(df[c].notna(), None).tolist()] for c in columns]
     return {"columns": columns, "rows": [list(r) for r in zip(*values)] if len(df) else []}
 

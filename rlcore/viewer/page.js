@@ -86,7 +86,9 @@ var RolloutView = (function () {
       SHOWN.forEach(function (spec) {
         var td = document.createElement("td");
         td.className = (spec[2] === "text" ? "text " : "num ") + spec[0];
-        if (spec[2] === "text") {
+        if (spec[0] === "response" && r._turns) {
+          td.appendChild(turnsView(r._turns));
+        } else if (spec[2] === "text") {
           var div = document.createElement("div");
           div.textContent = format(r[spec[0]], spec);  // text, never markup
           td.appendChild(div);
@@ -107,6 +109,30 @@ var RolloutView = (function () {
     var more = $("more"), left = list.length - Math.min(list.length, state.limit);
     more.hidden = left <= 0;
     more.textContent = "show " + Math.min(left, PAGE_SIZE) + " more (" + left + " not shown)";
+  }
+
+  // a tool-loop trajectory: one block per turn, its role (and tool name) above its text
+  function turnsView(turns) {
+    var div = document.createElement("div");
+    turns.forEach(function (t) {
+      var turn = document.createElement("div"), role = document.createElement("span");
+      var name = String(t.role || "") + (t.name ? " " + t.name : "");
+      turn.className = "turn " + String(t.role || "").replace(/[^a-z]/g, "");
+      role.className = "role";
+      role.textContent = name;
+      turn.appendChild(role);
+      turn.appendChild(document.createTextNode(String(t.content === null || t.content === undefined ? "" : t.content)));
+      div.appendChild(turn);
+    });
+    return div;
+  }
+
+  function parseTurns(text) {
+    if (!text) return null;
+    try {
+      var turns = JSON.parse(text);
+      return Array.isArray(turns) && turns.length ? turns : null;
+    } catch (e) { return null; }  // not JSON: the response text is shown instead
   }
 
   function svg(tag, attrs, parent) {
@@ -202,6 +228,7 @@ var RolloutView = (function () {
       var r = {};
       data.columns.forEach(function (c, j) { r[c] = values[j]; });
       r._text = [r.prompt, r.response, r.ground_truth].join("\n").toLowerCase();
+      r._turns = parseTurns(r.turns);
       return r;
     });
     var head = $("rows").tHead.rows[0];

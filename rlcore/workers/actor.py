@@ -48,7 +48,7 @@ from rlcore.rollout.base import EngineSpec
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
 from rlcore.workers.rank import RankWorker
-from rlcore.workers.rollout import GenerateSpec, generate_on, make_trainer_engine
+from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_on, make_trainer_engine
 from rlcore.workers.state import TrainedModelState
 
 
@@ -138,6 +138,7 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         self.ref = load_policy(self.model_spec, self.device, frozen=True) if self.with_ref and not lora else None
         self.probe = sync_check.probe_batch(self.tokenizer, self.actor.module.config.max_position_embeddings)
         self.syncs = 0
+        self.agents = AgentRunners(self.model_spec.path)
 
     # ---------------------------------------------------------------- rollout
     def _rollout_state(self) -> dict[str, torch.Tensor]:
@@ -171,7 +172,7 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         with peak_memory.phase(self.peaks, "gen", self.device):
             if self.rollout_stale:  # a collective under fsdp: every rank reaches it on the same call
                 self._sync_rollout()
-            return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)
+            return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device, agents=self.agents)
 
     @register(Dispatch.ONE_TO_ALL)
     def rollout_weights(self) -> list | None:

@@ -22,7 +22,7 @@ from rlcore.engine import sync_check
 from rlcore.engine.weights import WeightsPayload, unpack_state
 from rlcore.rollout import EngineSpec
 from rlcore.workers.rank import RankWorker
-from rlcore.workers.rollout import GenerateSpec, generate_sharded, make_engine
+from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_sharded, make_engine
 
 
 class GeneratorWorker(RankWorker):
@@ -36,6 +36,7 @@ class GeneratorWorker(RankWorker):
 
     def init_model(self) -> None:
         self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
+        self.agents = AgentRunners(self.model_spec.path)
 
     def pid(self) -> int:
         return os.getpid()
@@ -66,7 +67,8 @@ class GeneratorWorker(RankWorker):
         returns the seconds spent loading weights and generating (not waiting)."""
         start = time.perf_counter()
         self._pull_weights()
-        out = generate_sharded(self.engine, item.prompts, spec, shards=self.shards, device=self.device)
+        out = generate_sharded(self.engine, item.prompts, spec, shards=self.shards, device=self.device,
+                               agents=self.agents)
         busy = time.perf_counter() - start
         self.queue.put(Rollout(item.id, self.version, out, self.index, busy), block=True)
         return busy

@@ -7,15 +7,20 @@ rollout copy it refreshes with the actor's weights after every update.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from rlcore.agents.spec import AgentSpec
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
 from rlcore.protocol import Batch
 from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams, reads_weights_in_place
 from rlcore.rollout import make_engine as build_engine
 from rlcore.workers.rank import RankWorker
+
+if TYPE_CHECKING:
+    from rlcore.agents.loop import AgentRuntime
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,32 @@ class GenerateSpec:
     sampling: SamplingParams
     seed: int
     micro_batch_size: int
+    agent: AgentSpec | None = None
+    """The tool loop of ``rollout.agent`` (rlcore.agents); None: one response per prompt. ``sampling.max_new_tokens``
+    is then the token budget of a whole trajectory."""
+
+
+class AgentRunners:
+    """A worker's agent runtime (tool processes, parser, chat template) for the AgentSpec of its calls: started on
+    the first call that has one, kept across calls, replaced when the spec changes."""
+
+    def __init__(self, model_path: str):
+        self.model_path = model_path
+        self.spec: AgentSpec | None = None
+        self.runtime: AgentRuntime | None = None
+
+    def get(self, spec: AgentSpec) -> AgentRuntime:
+        from rlcore.agents.loop import AgentRuntime
+
+        if spec != self.spec or self.runtime is None:
+            self.close()
+            self.runtime, self.spec = AgentRuntime(spec, load_tokenizer(self.model_path)), spec
+        return self.runtime
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+        self.runtime = self.spec = None
 
 
 def make_engine(spec: EngineSpec, model: ModelSpec, device: torch.device) -> RolloutEngine:
@@ -49,13 +80,21 @@ def make_trainer_engine(spec: EngineSpec, model: ModelSpec, device: torch.device
 
 
 def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank: int,
-                device: torch.device) -> Batch:
+                device: torch.device, agents: AgentRunners | None = None) -> Batch:
     """``responses``, ``response_mask`` and ``rollout_log_probs`` for ``prompts``/``prompt_mask``, in
     micro-batches. The sampling generator is seeded by the call's seed and the rank, so a call is
-    reproducible and the ranks draw different samples."""
+    reproducible and the ranks draw different samples. With ``spec.agent``, each row is a tool-loop trajectory
+    (:func:`rlcore.agents.batch.trajectory_batch`: ``response_attention_mask`` and the ``agent_*`` fields too), run
+    by ``agents``."""
     gen = torch.Generator(device=device).manual_seed(spec.seed * 1009 + rank)
     outs = []
     for part in batch.split(spec.micro_batch_size):
+        if spec.agent is not None:
+            assert agents is not None, "an agent generation call needs the worker's AgentRunners"
+            from rlcore.agents.batch import trajectory_batch
+
+            outs.append(trajectory_batch(agents.get(spec.agent), engine, part, spec.sampling, gen, device))
+            continue
         out = engine.generate(part["prompts"].to(device), part["prompt_mask"].to(device), spec.sampling,
                               generator=gen)
         outs.append(Batch({"responses": out["responses"].cpu(), "response_mask": out["response_mask"].cpu(),
@@ -64,13 +103,14 @@ def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank
 
 
 def generate_sharded(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, shards: int,
-                     device: torch.device) -> Batch:
+                     device: torch.device, agents: AgentRunners | None = None) -> Batch:
     """:func:`generate_on` for a batch as a worker group of ``shards`` ranks would generate it: padded with copies
     of its first rows to a multiple of ``shards``, split into equal chunks, chunk ``r`` sampled with rank ``r``'s
     generator, trimmed back. One engine then draws exactly the tokens the group would (an asynchronous round's
     generator reproduces a synchronous round's rollouts this way)."""
     padded, pad = batch.pad_to_multiple(shards)
-    parts = [generate_on(engine, chunk, spec, rank=r, device=device) for r, chunk in enumerate(padded.chunk(shards))]
+    parts = [generate_on(engine, chunk, spec, rank=r, device=device, agents=agents)
+             for r, chunk in enumerate(padded.chunk(shards))]
     return Batch.concat(parts).slice(0, len(padded) - pad)
 
 
@@ -85,8 +125,9 @@ class RolloutWorker(RankWorker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
+        self.agents = AgentRunners(self.model_spec.path)
 
     @register(Dispatch.DP_COMPUTE)
     def generate(self, batch: Batch, spec: GenerateSpec) -> Batch:
         """Sample responses for this rank's ``prompts``/``prompt_mask``."""
-        return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device)
+        return generate_on(self.engine, batch, spec, rank=self.rank, device=self.device, agents=self.agents)

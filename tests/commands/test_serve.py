@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from rlcore.commands import main
+from rlcore.serve.app import ChatRequest
 from rlcore.serve.batcher import Job, Sampling, plan
 
 MODEL = "tiny-test"
@@ -509,3 +510,40 @@ def test_a_body_that_stops_arriving_is_a_408_at_the_timeout(tiny_model_dir):
         assert status == 408 and json.loads(body)["error"]["code"] == "timeout"
         assert 0.9 <= time.monotonic() - start < 10
         assert len(s.client.completions.create(model=MODEL, prompt="1", max_tokens=2).choices) == 1
+
+
+def test_tools_come_back_as_openai_tool_calls_and_earlier_calls_reach_the_prompt(served, tiny_tokenizer, monkeypatch):
+    """The model's text (scripted here) holds a hermes call: the answer is message.tool_calls with finish_reason
+    tool_calls; a next request's assistant tool_calls and tool message are rendered into its prompt (the tiny
+    template does not render tool_calls itself: they appear as the model wrote them)."""
+    tok = tiny_tokenizer
+    reply = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+    def scripted(input_ids, attention_mask, params, generator=None):
+        ids = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        rows = input_ids.shape[0]
+        return {"responses": torch.tensor([ids] * rows), "response_mask": torch.ones((rows, len(ids)), dtype=torch.long),
+                "log_probs": torch.zeros((rows, len(ids)))}
+
+    monkeypatch.setattr(served.server.batcher.engine, "generate", scripted)
+    tools = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+    out = served.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "2+3?"}],
+                                                tools=tools, max_tokens=50)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "add" and json.loads(call.function.arguments) == {
+        "a": 2, "b": 3} and call.id.startswith("call_")
+    follow = [{"role": "user", "content": "2+3?"}, choice.message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    # (too long for the tiny model's context to send: the prompt it would get)
+    prompt = served.server.chat_prompt(ChatRequest(messages=follow, tools=tools))
+    assert tok.decode(prompt) == '<s><|user|>2+3?<|assistant|><tool_call>{"name": "add", "arguments": {"a": 2, ' \
+                                 '"b": 3}}</tool_call></s><|tool|>5<|assistant|>'
+    plain = served.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                                  tools=tools, tool_choice="none", max_tokens=50)
+    assert plain.choices[0].message.content == reply and plain.choices[0].finish_reason == "stop"
+    r = served.http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "tools": tools,
+                                                        "tool_choice": "required"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"

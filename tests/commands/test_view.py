@@ -276,3 +276,34 @@ def test_the_rollouts_file_follows_the_growing_rows_and_leaves_no_temporary_file
         assert pd.read_parquet(path)["uid"].tolist() == [r["uid"] for r in ROWS[: 4 * (step + 1)]]
     assert rollouts_frame(ROWS).equals(pd.read_parquet(path))
     assert [p.name for p in tmp_path.iterdir()] == ["r.parquet"]
+
+
+TURNS = [{"role": "assistant", "content": '<tool_call>{"name":"add","arguments":{"a":2}}</tool_call>'},
+         {"role": "tool", "name": "add", "content": "2</script><b>"}, {"role": "assistant", "content": "2"}]
+
+
+@pytest.fixture(scope="module")
+def agent_page(tmp_path_factory) -> Path:
+    """A tool-loop round's rollouts: rows with their turns (the first rows decide the file's columns)."""
+    folder = tmp_path_factory.mktemp("agent-view")
+    rows = [{**r, "turns": json.dumps(TURNS)} for r in ROWS[:3]]
+    RolloutsFile(folder / "rollouts.parquet").update(rows)
+    assert main(["view", "--rollouts", str(folder / "rollouts.parquet")]) == 0
+    return folder / "rollouts.html"
+
+
+def test_a_tool_loop_rounds_file_keeps_its_turns(agent_page):
+    df = pd.read_parquet(agent_page.with_suffix(".parquet"))
+    assert list(df.columns) == list(ROLLOUT_COLUMNS) + ["turns"] and json.loads(df["turns"][0]) == TURNS
+    blob = re.search(r'<script id="rollouts-data" type="application/json">(.*?)</script>', agent_page.read_text(),
+                     re.DOTALL).group(1)
+    assert json.loads(blob)["columns"][-1] == "turns"
+
+
+@needs_chromium
+def test_the_page_shows_each_turn_with_its_role(agent_page, tmp_path):
+    dom = dump_dom(agent_page, tmp_path)
+    assert len(dom.rows) == 3
+    want = "".join(("tool add" if t["role"] == "tool" else t["role"]) + t["content"] for t in TURNS)
+    assert dom.rows[0]["response"] == want  # role labels and contents, as text
+    assert "b" not in dom.tags

@@ -1,0 +1,32 @@
+"""Multi-turn tool use in the rollout: the agent loop, tool-call parsers, tools and environments from files, the
+sandboxed tool processes (``rollout.agent``; docs/how-to/tools.md).
+
+* :mod:`rlcore.agents.loop`: the loop over an engine's turn-by-turn rows (:mod:`rlcore.rollout.turns`);
+* :mod:`rlcore.agents.tools` and :mod:`rlcore.agents.sandbox`: where tools run, and every way a call fails;
+* :mod:`rlcore.agents.parsers`: a turn's text -> its calls (``rollout.agent.parser``);
+* :mod:`rlcore.agents.template`: the chat template as token ids between turns;
+* :mod:`rlcore.agents.schema`: a tool's OpenAI schema from its type hints and docstring.
+
+This package's ``__init__`` stays light (the tool processes import it): the registry of loops only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from rlcore.agents.spec import AgentSpec, ToolRef, tool_spec
+from rlcore.registry import Registry
+
+# rollout.agent.loop -> the generation call's AgentSpec (None: one response per prompt, the engines' own generate)
+LOOPS: Registry[Callable[..., AgentSpec | None]] = Registry("agent loop")
+LOOPS.add("single_turn", lambda agent, root=".": None)
+LOOPS.add("tool", tool_spec)
+
+
+def agent_spec(agent: Any, root: str | Path = ".") -> AgentSpec | None:
+    """What params.yaml ``rollout.agent`` asks of every generation call (None: single-turn)."""
+    return LOOPS.get(agent.loop)(agent, root)
+
+
+__all__ = ["LOOPS", "AgentSpec", "ToolRef", "agent_spec"]

@@ -1,0 +1,208 @@
+"""The tool loop (``rollout.agent.loop: tool``): model turn, parse the calls, run the tools, append the observation,
+next turn, for every row at its own pace.
+
+    runtime = AgentRuntime(spec, tokenizer)            # tool processes, parser, chat template (once per worker)
+    out = runtime.run(engine, prompts, prompt_mask, sampling, generator=g, rows=row_infos)
+
+Each row's trajectory lives in one set of response columns (:class:`~rlcore.rollout.turns.Trajectories`): the
+model's sampled tokens with their log-probs (``response_mask`` 1), the observation tokens from the chat template
+(mask 0), all of them attended to. Nothing is re-tokenized: a turn's text is decoded only to find its calls.
+
+A row stops when:
+
+* its turn calls no tool (tools), or the environment says the episode is over (an environment): the answer;
+* the turn that used the last of ``max_turns`` still calls a tool (or the environment goes on): truncated;
+* its tokens run out: the budget (``task.max_response_length``, model and observation tokens together) ends
+  inside a turn, or the next observation and one more token do not fit: truncated.
+
+Tools run in the worker's tool processes (:class:`~rlcore.agents.tools.ToolPool`) while the other rows keep
+decoding; the engine only waits for tools when no row has anything to decode. A malformed call, an unknown tool and
+every failure of a call are error observations the model reads, counted per kind (``agent/tool_errors``).
+
+With an environment (a class in ``rollout.agent.tools``: ``reset(row)``, ``step(action) -> observation`` or
+``(observation, reward, done)``, ``reward() -> float``), each row gets its own instance, reset with the row
+(``data_source``, ``ground_truth``, ``extra_info``); the model's whole turn text is the action, the observation
+comes back as a user message, and the final ``reward()`` plus the per-step rewards go to the reward functions in
+``extra_info`` (``env_reward``, ``turn_rewards``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from rlcore.agents.parsers import PARSERS, ToolCall
+from rlcore.agents.spec import AgentSpec
+from rlcore.agents.template import TurnTemplate
+from rlcore.agents.tools import ToolPool, ToolResult
+
+ANSWER, MAX_TURNS, BUDGET = "answer", "max_turns", "budget"  # why a trajectory stopped
+
+
+@dataclass
+class Trajectory:
+    """One row's turns after the prompt and its counts."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """``{"role": "assistant" | "tool" | "user", "content"}`` in order (tool messages carry ``name``): the turns
+    the trajectory's tokens hold (an observation that did not fit, or an environment's last, is not among them)."""
+    tool_calls: int = 0
+    """Calls the loop answered (errors included)."""
+    errors: Counter = field(default_factory=Counter)
+    stop: str = ""
+    turn_rewards: list[float] = field(default_factory=list)
+    env_reward: float | None = None
+    waiting: list[tuple[ToolCall | None, Future]] = field(default_factory=list)
+
+    @property
+    def turns(self) -> int:
+        return sum(m["role"] == "assistant" for m in self.messages)
+
+    @property
+    def final(self) -> str:
+        """The last assistant turn's text: what the reward functions score."""
+        return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), "")
+
+
+def tool_kinds(described: dict) -> tuple[dict[str, dict], str | None]:
+    """The function tools' schemas by name and the environment's name (or None), from a tool process's
+    ``describe``; ValueError naming each tool that does not load or cannot be described, or a mix of an environment
+    with other entries."""
+    kinds = described["tools"]
+    broken = {**described["broken"], **{n: d["message"] for n, d in kinds.items() if d["kind"] == "error"}}
+    if broken:
+        raise ValueError("rollout.agent.tools: " + "; ".join(broken.values()))
+    functions = {n: d["schema"] for n, d in kinds.items() if d["kind"] == "function"}
+    envs = [n for n, d in kinds.items() if d["kind"] == "environment"]
+    if len(envs) > 1 or (envs and functions):
+        raise ValueError(f"rollout.agent.tools: an environment (a class) must be the only entry, got {', '.join(kinds)}")
+    return functions, envs[0] if envs else None
+
+
+def _done(result: ToolResult) -> Future:
+    f: Future = Future()
+    f.set_result(result)
+    return f
+
+
+class AgentRuntime:
+    """A worker's tool processes, parser and chat template for one :class:`AgentSpec` (module docstring)."""
+
+    def __init__(self, spec: AgentSpec, tokenizer):
+        self.spec, self.tok = spec, tokenizer
+        self.parse = PARSERS.get(spec.parser).parse
+        self.pool = ToolPool(spec)
+        try:
+            self.functions, self.environment = tool_kinds(self.pool.describe())
+        except BaseException:
+            self.pool.close()
+            raise
+        self.template = TurnTemplate(tokenizer, tools=list(self.functions.values()) or None)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def run(self, engine, input_ids: torch.Tensor, attention_mask: torch.Tensor, params, *,
+            generator: torch.Generator | None = None, rows: Sequence[dict] | None = None
+            ) -> tuple[dict[str, torch.Tensor], list[Trajectory]]:
+        """Every row's trajectory (module docstring): the tensors of :meth:`Trajectories.result` and each row's
+        :class:`Trajectory`. ``rows``: each row's ``data_source``, ``ground_truth`` and ``extra_info`` (what an
+        environment's ``reset`` gets)."""
+        t = engine.open_rows(input_ids, attention_mask, params, budget=params.max_new_tokens, generator=generator,
+                             deterministic=self.spec.deterministic)
+        trajs = [Trajectory() for _ in range(len(t))]
+        if self.environment is not None:  # every row's own instance, before its first turn
+            for r in range(len(t)):
+                reset = self.pool.environment("reset", r, name=self.environment, row=rows[r] if rows else {})
+                trajs[r].waiting.append((None, reset))
+            self._collect(t, trajs, block=True, resets=True)
+        while t.active():
+            for r in t.step():
+                self._end_turn(t, r, trajs[r])
+            self._collect(t, trajs, block=not t.running())
+        if self.environment is not None:
+            self._env_rewards(trajs)
+        return t.result(), trajs
+
+    # ------------------------------------------------------------------------------------------------- turns
+    def _end_turn(self, t, r: int, traj: Trajectory) -> None:
+        """Row ``r``'s turn ended: record it, then stop the row or start its tools."""
+        tokens = t.turn_tokens(r)
+        at_eos = t.stopped_at_eos(r)
+        text = self.tok.decode(tokens[:-1] if at_eos else tokens, skip_special_tokens=False)
+        traj.messages.append({"role": "assistant", "content": text})
+        if not at_eos:
+            return self._stop(t, r, traj, BUDGET)
+        if self.environment is not None:
+            if traj.turns >= self.spec.max_turns:
+                return self._stop(t, r, traj, MAX_TURNS)
+            traj.waiting.append((None, self.pool.environment("step", r, action=text)))
+            return None
+        calls = self.parse(text).calls
+        if not calls:
+            return self._stop(t, r, traj, ANSWER)
+        if traj.turns >= self.spec.max_turns:
+            return self._stop(t, r, traj, MAX_TURNS)
+        for call in calls:
+            traj.waiting.append((call, self._submit(call)))
+        return None
+
+    def _submit(self, call: ToolCall) -> Future:
+        if call.error:
+            return _done(ToolResult(f"error: malformed tool call: {call.error}", "malformed"))
+        if call.name not in self.functions:
+            known = ", ".join(sorted(self.functions)) or "none"
+            return _done(ToolResult(f"error: unknown tool {call.name!r} (tools: {known})", "unknown_tool"))
+        return self.pool.call(call.name, call.arguments)
+
+    def _collect(self, t, trajs: list[Trajectory], *, block: bool, resets: bool = False) -> None:
+        """Hand every row whose calls have all returned its observation; with ``block``, first wait until one
+        call returns (no row has anything to decode)."""
+        pending = [f for traj in trajs for _, f in traj.waiting if not f.done()]
+        if block and pending:
+            wait(pending, return_when=ALL_COMPLETED if resets else FIRST_COMPLETED)
+        for r, traj in enumerate(trajs):
+            if traj.waiting and all(f.done() for _, f in traj.waiting):
+                results = [(call, f.result()) for call, f in traj.waiting]
+                traj.waiting = []
+                if resets:
+                    traj.errors.update(res.error for _, res in results if res.error)
+                else:
+                    self._observe(t, r, traj, results)
+
+    def _observe(self, t, r: int, traj: Trajectory, results: list[tuple[ToolCall | None, ToolResult]]) -> None:
+        messages = []
+        for call, res in results:
+            if res.error:
+                traj.errors[res.error] += 1
+            if res.reward is not None:
+                traj.turn_rewards.append(res.reward)
+            if call is None:  # an environment's step
+                messages.append({"role": "user", "content": res.text})
+            else:
+                traj.tool_calls += 1
+                messages.append({"role": "tool", "name": call.name, "content": res.text})
+        if self.environment is not None and results[0][1].done:
+            return self._stop(t, r, traj, ANSWER)
+        ids = self.template.observation_ids(messages)
+        if len(ids) + 1 > t.room(r):  # the observation and one more token must fit
+            return self._stop(t, r, traj, BUDGET)
+        traj.messages.extend(messages)  # the turns the trajectory's tokens hold
+        t.append(r, ids)
+        return None
+
+    def _stop(self, t, r: int, traj: Trajectory, why: str) -> None:
+        traj.stop = why
+        t.finish(r)
+
+    def _env_rewards(self, trajs: list[Trajectory]) -> None:
+        futures = [self.pool.environment("reward", r) for r in range(len(trajs))]
+        for traj, f in zip(trajs, futures):
+            res = f.result()
+            if res.error:
+                traj.errors[res.error] += 1
+            traj.env_reward = res.reward

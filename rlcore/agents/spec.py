@@ -1,0 +1,55 @@
+"""What a generation call needs to run the agent loop (params.yaml ``rollout.agent``), as frozen values a worker
+method can take. Light: no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolRef:
+    """One entry of ``rollout.agent.tools``: an object of a Python file, a function (a tool) or a class (an
+    environment)."""
+
+    path: str
+    """The file, absolute (workers on other nodes and other working directories read the same path)."""
+    name: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "name": self.name}
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """The tool loop of a generation call (``rollout.agent``, loop ``tool``)."""
+
+    tools: tuple[ToolRef, ...]
+    parser: str = "hermes"
+    """``rlcore.agents.parsers.PARSERS`` name."""
+    max_turns: int = 4
+    """Model turns per trajectory; a trajectory whose last allowed turn still calls a tool is truncated."""
+    max_tool_response_chars: int = 1024
+    """A tool's output longer than this is cut to it, marked, and counted as an error (``oversized``)."""
+    timeout_s: float = 10.0
+    """Per tool call (and environment step): past it, the tool process is killed and the call is an error."""
+    memory_mb: int = 1024
+    """Address-space limit of each tool process (0 = none)."""
+    processes: int = 2
+    """Tool processes per generating worker: calls of different rows run in parallel."""
+    deterministic: bool = False
+    """Rows' numbers independent of when tools answer (``rlcore.rollout.turns``): runs repeat exactly."""
+
+    def key(self) -> tuple[Any, ...]:
+        """What a worker's tool processes depend on (a new key: new processes)."""
+        return (self.tools, self.timeout_s, self.memory_mb, self.processes)
+
+
+def tool_spec(agent: Any, root: str | Path = ".") -> AgentSpec:
+    """The spec of params.yaml ``rollout.agent`` (an ``AgentConfig``) with loop ``tool``, tool paths made absolute
+    against ``root``."""
+    tools = tuple(ToolRef(str((Path(root) / t.path).resolve()), t.name) for t in agent.tools)
+    return AgentSpec(tools=tools, parser=agent.parser, max_turns=agent.max_turns,
+                     max_tool_response_chars=agent.max_tool_response_chars, timeout_s=agent.timeout_s,
+                     memory_mb=agent.memory_mb, processes=agent.processes, deterministic=agent.deterministic)
