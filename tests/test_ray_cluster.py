@@ -137,16 +137,23 @@ class Nodes:
         self.stopping = threading.Event()
         self.lock = threading.Lock()
 
-    def start(self, name: str, *args: str) -> str:
+    def start(self, name: str, *args: str, tries: int = 3) -> str:
+        """``ray start`` of one node. Ray gives a node a fixed 30 s to register (its raylet waits for the dashboard
+        agent, a Python process that is slow to import on a loaded machine): a node that timed out is killed and
+        started again, as rlcore's own local start does (``rlcore.controller.resource_pool``)."""
         ports = ["--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
                  "--metrics-export-port"]
-        cmd = [RAY, "start", "--disable-usage-stats", *[a for p in ports for a in (p, str(free_port()))], *args]
-        with self.lock:  # never a new node once teardown began
-            assert not self.stopping.is_set(), "the cluster is being torn down"
-            proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    start_new_session=True)
-            self.sids[name] = proc.pid
-        out, _ = proc.communicate(timeout=90)
+        for attempt in range(1, tries + 1):
+            cmd = [RAY, "start", "--disable-usage-stats", *[a for p in ports for a in (p, str(free_port()))], *args]
+            with self.lock:  # never a new node once teardown began
+                assert not self.stopping.is_set(), "the cluster is being torn down"
+                proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, start_new_session=True)
+                self.sids[name] = proc.pid
+            out, _ = proc.communicate(timeout=90)
+            if proc.returncode == 0 or "timed out during startup" not in out or attempt == tries:
+                break
+            kill_session(proc.pid)  # the try's raylet, GCS and agents: their session is the ray start's
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{out}"
         return out
 

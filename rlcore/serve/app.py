@@ -75,7 +75,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlcore.agents.parsers import PARSERS, ToolCall
@@ -134,11 +134,20 @@ class ToolCallItem(_Body):
 
 
 class ChatMessage(_Body):
-    role: str
-    content: str | list[TextPart] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[str | list[TextPart] | None, Field(validate_default=True)] = None
     tool_calls: list[ToolCallItem] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_present(cls, value: Any, info: ValidationInfo) -> Any:
+        """Only an assistant's message may leave out its content (OpenAI: one that carries tool calls)."""
+        role = info.data.get("role")  # absent when the role itself failed: that error is the one reported
+        if value is None and role not in ("assistant", None):
+            raise ValueError(f"a {role} message needs content (text or text parts)")
+        return value
 
 
 class FunctionDefinition(_Body):

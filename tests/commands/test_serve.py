@@ -228,6 +228,10 @@ BAD = [  # (endpoint, body, status, param, code)
     ("completions", {"model": MODEL, "prompt": "x", "n": "2"}, 400, "n", None),
     ("chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages", None),
     ("completions", {"model": MODEL, "prompt": "x", "stream": True}, 400, "stream", None),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role",
+     None),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}, {"role": "user"}]}, 400,
+     "messages.1.content", None),
 ]
 
 
