@@ -24,9 +24,11 @@ run: $(STAMP)
 	@git rev-parse --git-dir >/dev/null 2>&1 || git init -q
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro
 
-# two workers (pytest-xdist), a test file at a time each: much of a test's time here is process and Ray start-up
+# two workers (pytest-xdist), a test file at a time each: much of a test's time here is process and Ray start-up.
+# --no-loadscope-reorder: the files in tests/conftest.py's order (longest first), not xdist's default of the files
+# with the most tests first, which left the end-to-end files to run last and alone. --durations: the slowest tests.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 # The documentation site (MkDocs + Material) into site/: open site/index.html, no server or network needed.
 # --strict: a broken link or a missing page fails the build (make test builds it the same way).

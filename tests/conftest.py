@@ -16,7 +16,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # two workers finish together instead of one of them ending on a long file alone. Only the order changes; a
 # file missing from this list runs after them, in the usual order.
 LONGEST_FIRST = (
-    "test_e2e_pipeline.py", "trainer/test_async_ppo.py", "engine/test_data_parallel.py", "test_ray_cluster.py",
+    "test_e2e_pipeline.py", "test_e2e_experiments.py", "trainer/test_async_ppo.py", "engine/test_data_parallel.py",
+    "test_ray_cluster.py",
     "trainer/test_ppo_estimators.py", "trainer/test_resume.py", "controller/test_worker_death.py",
     "trainer/test_reward_model_scoring.py", "engine/test_reward_model.py", "test_pipeline_spec.py",
     "commands/test_serve_abuse.py", "commands/test_generate.py", "controller/test_typed_calls.py",

@@ -239,9 +239,9 @@ def run_in_process(inputs: dict[str, Path], params: Path, name: str, monkeypatch
 
 
 def results(rows: list[dict]) -> list[dict]:
-    """Metric rows without the wall-clock ones (timings, throughputs), which differ between any two runs."""
-    return [{k: v for k, v in r.items() if not (k.startswith("timing_s/") or k.endswith("_s") or "per_s" in k)}
-            for r in rows]
+    """Metric rows without the measured ones (timings, throughputs, peak memory), which differ between any two runs."""
+    return [{k: v for k, v in r.items()
+             if not (k.startswith("timing_s/") or k.endswith(("_s", "_mib")) or "per_s" in k)} for r in rows]
 
 
 def plot_rows(path: Path) -> list[dict]:

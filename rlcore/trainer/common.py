@@ -60,7 +60,8 @@ def check_model(cfg: Config, model_dir: str | Path, stage: str) -> None:
     from rlcore.engine import footprint, lora
 
     # (a critic never continues an adapter: it starts a fresh one on its merged folder)
-    roles = {"sft": {"sft": Path(model_dir)}, "ppo": {"actor": Path(model_dir), "critic": None}}
+    roles: dict[str, dict[str, Path | None]] = {"sft": {"sft": Path(model_dir)},
+                                                "ppo": {"actor": Path(model_dir), "critic": None}}
     shape = footprint.model_shape(model_dir)
     for role, folder in roles[stage].items():
         settings = getattr(cfg, role).lora

@@ -339,7 +339,7 @@ def test_invalid_params_fail_their_line_and_the_report_goes_on(elsewhere, capsys
     assert code == 1
     fails = lines_of(out, "fail")
     assert len(fails) == 1 and fails[0].split()[1] == "params" and "resources.n_workers" in fails[0]
-    assert [line.split()[1] for line in lines_of(out, "ok")] == ["python", "disk", "model"]
+    assert [line.split()[1] for line in lines_of(out, "ok")] == ["python", "disk", "model", "memory"]
 
 
 def test_a_check_that_hangs_is_abandoned_and_fails(monkeypatch):
@@ -448,7 +448,8 @@ def test_the_torch_and_ray_checks_run_for_real_and_leave_no_ray_behind(elsewhere
 
     mark = uuid.uuid4().hex
     monkeypatch.setenv("RLCORE_TEST_MARK", mark)
-    code, out = diagnose_cli(["--json", "--skip", "python,packages,dvc,mlflow,disk,model", "--timeout", "120",
+    code, out = diagnose_cli(["--json", "--skip", "python,packages,dvc,mlflow,disk,model,memory",
+                              "--timeout", "120",
                               "--set", "ray.num_cpus=2"], capsys)
     checks = {c["name"]: c for c in json.loads("\n".join(out))["checks"]}
     assert list(checks) == ["params", "torch", "ray"]

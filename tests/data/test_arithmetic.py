@@ -130,5 +130,5 @@ def test_splits_reproducible():
 
 
 def test_unknown_task_lists_allowed():
-    with pytest.raises(KeyError, match="allowed: arithmetic, file, gsm8k"):
+    with pytest.raises(KeyError, match="allowed: arithmetic, calculator, file, gsm8k"):
         build_splits(task="mnist", seed=0, n_sft=1, n_rl=1, n_test=1, **CONFIG)

@@ -560,8 +560,8 @@ def mounted_tmpfs(where, size_bytes: int, *, readonly: bool = False):
             subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-def round_in(tmp_path, groups, monkeypatch, steps: int, save_every: int, out_dir, checkpoints):
-    """``ppo.run_ppo_round`` of this module's groups over the hash-reward rows."""
+def round_in(tmp_path, groups, monkeypatch, steps: int, save_every: int, out_dir, checkpoints, init):
+    """``ppo.run_ppo_round`` of this module's groups (started from ``init``) over the hash-reward rows."""
     from rlcore.tracking import NullTracker
 
     @contextmanager
@@ -571,9 +571,9 @@ def round_in(tmp_path, groups, monkeypatch, steps: int, save_every: int, out_dir
     monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
     data = tmp_path / "rl.parquet"
     write_rows(rows(HASH_SOURCE).to_dict("records"), data)
-    cfg = config("gae", ppo={"rounds": {"r1": {"init": "unused", "steps": steps}}, "val_every": 0, "log_samples": 2,
+    cfg = config("gae", ppo={"rounds": {"r1": {"init": str(init), "steps": steps}}, "val_every": 0, "log_samples": 2,
                              "save_every": save_every})
-    return lambda tok: ppo.run_ppo_round(cfg, round_name="r1", init_dir="unused", tokenizer=tok, data_path=str(data),
+    return lambda tok: ppo.run_ppo_round(cfg, round_name="r1", init_dir=str(init), tokenizer=tok, data_path=str(data),
                                          out_dir=str(out_dir), tracker=NullTracker(),
                                          plot_csv=str(tmp_path / "plot.csv"),
                                          rollouts_path=str(tmp_path / "rollouts.parquet"), checkpoints=checkpoints)
@@ -599,7 +599,8 @@ def test_a_rounds_model_folder_that_cannot_be_written_is_one_error_and_keeps_the
         context = mounted_tmpfs(tmp_path / "ro", 1 << 20, readonly=True)
     with context:
         with pytest.raises(UserError) as raised:
-            round_in(tmp_path, groups, monkeypatch, steps=2, save_every=1, out_dir=out, checkpoints=ck)(tok)
+            round_in(tmp_path, groups, monkeypatch, steps=2, save_every=1, out_dir=out, checkpoints=ck,
+                     init=tiny[0])(tok)
     assert str(raised.value) == (f"cannot write the round's model to {out}: {reason} (the step checkpoints and the "
                                  "metrics and plots so far are intact)")
     assert [int(r["step"]) for r in csv.DictReader((tmp_path / "plot.csv").open())] == [0, 1]
@@ -627,7 +628,7 @@ def test_a_full_disk_while_writing_a_step_checkpoint_is_one_error_and_the_previo
         ck = StepCheckpoints(disk / "ppo@r1", stage="ppo@r1", save_every=1, keep_last=0, fingerprint={})
         with pytest.raises(CheckpointWriteError) as raised:
             round_in(tmp_path, groups, monkeypatch, steps=3, save_every=1, out_dir=tmp_path / "out",
-                     checkpoints=ck)(tok)
+                     checkpoints=ck, init=tiny[0])(tok)
         message = str(raised.value)
         assert message.startswith(f"ppo@r1: cannot write checkpoint {disk / 'ppo@r1' / 'step_00000002'}")
         assert "No space left" in message and message.endswith("(the previous checkpoint is intact)")
