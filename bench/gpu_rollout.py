@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     from rlcore.rollout import EngineSpec, SamplingParams, make_engine
 
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())  # set_device needs an index
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench.gpu_rollout: needs a CUDA GPU (or --smoke --device cpu)")
     if device.type == "cuda":

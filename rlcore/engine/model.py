@@ -143,8 +143,11 @@ def wrap_for_training(spec: ModelSpec, module: torch.nn.Module, device: torch.de
         module = module.train()
         if spec.gradient_checkpointing:
             # non-reentrant: correct with frozen inputs (LoRA's frozen embeddings) and with FSDP2
-            lora.hf_model(module).activation_checkpointing_enable(
-                activation_checkpointing_kwargs={"use_reentrant": False})
+            hf = lora.hf_model(module)
+            if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns there
+                hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     reshard = spec.ref_reshard_after_forward if frozen else spec.reshard_after_forward
     module = strategy.wrap(module, reshard_after_forward=reshard)
     return SequenceModel(module, strategy, forward_for(module))
