@@ -381,7 +381,11 @@ class StaticRolloutEngine:
         if self.cache is not None and self.cache[0][0].shape[0] >= slots and self.cache[0][0].shape[2] >= length:
             return
         old_slots, old_len = (self.cache[0][0].shape[0], self.cache[0][0].shape[2]) if self.cache else (0, 0)
-        self.graphs.clear()  # graphs read the old cache tensors
+        # graphs read the old cache tensors. Their memory pool goes with them: once its last graph is freed the
+        # pool's use count is 0, and a capture into it again trips the caching allocator's `use_count > 0`
+        # assert (seen on an H200 when a DDP worker's small probe batch was followed by a larger rollout)
+        self.graphs.clear()
+        self.graph_pool = None
         self.cache = None
         length = max(length, old_len)
         if self.decoder.max_positions <= 2 * length:

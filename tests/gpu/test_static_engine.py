@@ -182,6 +182,21 @@ def test_load_weights_reaches_the_graph_replays_without_a_recapture(model_dir):
     assert static.stats["graph_captures"] == captures
 
 
+def test_a_larger_batch_after_a_small_one_recaptures_into_a_new_pool(qwen_gqa_dir):
+    """A small batch, then one that outgrows the cache: the first graphs and their pool are dropped and the new
+    graphs are captured into a fresh pool (capturing into the emptied one trips the allocator's assert)."""
+    model = load(qwen_gqa_dir)
+    ids, mask = prompts(model.config.vocab_size, seed=4)
+    static, hf = engines(qwen_gqa_dir, eos=-1)
+    greedy = SamplingParams(max_new_tokens=NEW, greedy=True)
+    assert_same(run(static, ids[:2], mask[:2], SamplingParams(max_new_tokens=4, greedy=True)),
+                run(hf, ids[:2], mask[:2], SamplingParams(max_new_tokens=4, greedy=True)))
+    first_pool, captures = static.graph_pool, static.stats["graph_captures"]
+    assert_same(run(static, ids, mask, greedy), run(hf, ids, mask, greedy))
+    assert static.stats["graph_captures"] > captures
+    assert static.graph_pool is not None and static.graph_pool != first_pool
+
+
 def test_bfloat16_greedy_tokens_mostly_agree_with_the_hf_engine(qwen_gqa_dir):
     ids, mask = prompts(load(qwen_gqa_dir).config.vocab_size, seed=7)
     static, hf = engines(qwen_gqa_dir, eos=-1, dtype="bfloat16")
