@@ -17,9 +17,12 @@ a run that did not happen. Light: hashlib and json only.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 
 from rlcore.errors import DataError, InputNotFound
 
@@ -116,3 +119,40 @@ def recorded_tool_inputs(agent, folder: str | Path | None) -> dict[str, dict[str
         else:
             out[t.name] = {"path": t.path, "sha256": sha256_of(t.path)}
     return out
+
+
+class NotAPythonFile(ImportError):
+    """A user file that Python cannot load as a module."""
+
+
+def load_user_module(path: str | Path, prefix: str) -> ModuleType:
+    """A user's Python file (a reward or tool file) as a module, loaded once per process under
+    ``<prefix>_<hash of its path>``, with its folder on ``sys.path`` so that its sibling modules import as when it
+    runs as a script. ``FileNotFoundError`` for a missing file, :class:`NotAPythonFile` for one that is not; an
+    exception the file's own code raises while importing propagates (and the half-made module is forgotten)."""
+    file = Path(path).resolve()
+    module_name = f"{prefix}_{abs(hash(str(file))):x}"
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return module
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: not found")
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise NotAPythonFile(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def defined_functions(module: ModuleType) -> list[str]:
+    """The public callables a user's module defines itself (not the ones it imports), sorted."""
+    return sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                  and getattr(v, "__module__", None) == module.__name__)

@@ -26,7 +26,6 @@ standard library is imported here (pydantic and docstring_parser for ``describe`
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import inspect
 import io
 import json
@@ -37,6 +36,8 @@ import sys
 import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from rlcore.inputs import NotAPythonFile, defined_functions, load_user_module
 
 HEADER = struct.Struct(">I")
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
@@ -135,27 +136,14 @@ def _one_line(err: BaseException) -> str:
 
 def _load(path: str, name: str) -> Any:
     """Object ``name`` of the Python file ``path`` (its folder on ``sys.path``, as when run as a script)."""
-    file = Path(path)
-    module_name = f"rlcore_tool_{abs(hash(str(file))):x}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        if not file.is_file():
-            raise FileNotFoundError(f"tool file {path}: not found")
-        if str(file.parent) not in sys.path:
-            sys.path.insert(0, str(file.parent))
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"tool file {path}: not a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[module_name]
-            raise
+    try:
+        module = load_user_module(path, "rlcore_tool")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"tool file {path}: not found") from None
+    except NotAPythonFile:
+        raise ImportError(f"tool file {path}: not a Python file") from None
     if not hasattr(module, name):
-        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                         and getattr(v, "__module__", None) == module_name)
+        defined = defined_functions(module)
         raise AttributeError(f"tool file {path} has no {name!r} (it defines: {', '.join(defined) or 'nothing'})")
     return getattr(module, name)
 

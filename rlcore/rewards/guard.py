@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import importlib.util
 import inspect
 import json
 import math
@@ -64,6 +63,7 @@ import cloudpickle
 import numpy as np
 
 from rlcore.errors import UserError
+from rlcore.inputs import NotAPythonFile, defined_functions, load_user_module
 
 TASKS_CAP = 1 << 16  # (function, sample) pairs per message (the shared arrays' length); more go in turns
 SETUP_TIMEOUT_S = 120.0  # a scoring process's start and its import of the reward functions' modules
@@ -206,28 +206,17 @@ def _signature(fn: Callable) -> str:
 
 def _from_file(spec: FunctionSpec) -> Any:
     assert spec.path is not None and spec.name is not None
-    path = Path(spec.path).resolve()
-    if not path.is_file():
+    if not Path(spec.path).is_file():
         raise RewardError(f"reward file {spec.path}: not found")
-    module_name = f"rlcore_reward_{abs(hash(str(path))):x}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))  # its sibling modules import, as when running it as a script
-        loader_spec = importlib.util.spec_from_file_location(module_name, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise RewardError(f"reward file {spec.path}: not a Python file")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[module_name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except BaseException as err:
-            del sys.modules[module_name]
-            summary, _ = _describe(err)
-            raise RewardError(f"reward file {spec.path} does not import: {summary}") from None
+    try:
+        module = load_user_module(spec.path, "rlcore_reward")
+    except NotAPythonFile:
+        raise RewardError(f"reward file {spec.path}: not a Python file") from None
+    except BaseException as err:  # the file's own code failed while importing
+        summary, _ = _describe(err)
+        raise RewardError(f"reward file {spec.path} does not import: {summary}") from None
     if not hasattr(module, spec.name):
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                       and getattr(v, "__module__", None) == module_name)
+        names = defined_functions(module)
         raise RewardError(f"reward file {spec.path} has no function {spec.name!r} (it defines: "
                           f"{', '.join(names) or 'none'})")
     return getattr(module, spec.name)
