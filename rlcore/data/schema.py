@@ -17,17 +17,20 @@ Row numbers in error messages are 0-based positions, the same numbers ``df.iloc`
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Union
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rlcore.errors import DataError, InputNotFound
 
-Rows = Union[pd.DataFrame, Sequence[Mapping[str, Any]]]
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas and pyarrow are imported where files are read or written, not here: the reward rules import the data
+# sources' constants through this package, and a scoring process or Ray worker has no use for them (seconds).
+Rows = Union["pd.DataFrame", Sequence[Mapping[str, Any]]]
 
 # field -> expected python type, for the flat fields and each nested dict.
 TOP_FIELDS: dict[str, type] = {
@@ -140,7 +143,8 @@ def row_problem(row: Mapping[str, Any]) -> str | None:
 
 
 def _as_records(df_or_rows: Rows) -> list[Mapping[str, Any]]:
-    if isinstance(df_or_rows, pd.DataFrame):
+    pd = sys.modules.get("pandas")  # a DataFrame is only there if pandas is
+    if pd is not None and isinstance(df_or_rows, pd.DataFrame):
         return df_or_rows.to_dict("records")
     return list(df_or_rows)
 
@@ -177,6 +181,9 @@ def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> None:
     Raises:
         ValueError: If a row does not follow the schema.
     """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     records = [dict(r) for r in rows]
     path = Path(path)
     validate_rows(records, str(path))
@@ -193,6 +200,8 @@ def write_rows(rows: Iterable[Mapping[str, Any]], path: str | Path) -> None:
 def _mixed_field(records: Sequence[Mapping[str, Any]]) -> str | None:
     """Names the first ``extra_info`` field whose values have different types in different rows (parquet
     needs one type per column)."""
+    import pyarrow as pa
+
     for key in dict.fromkeys(k for r in records for k in r["extra_info"]):
         try:
             pa.array([r["extra_info"].get(key) for r in records])
@@ -219,6 +228,10 @@ def read_rows(path: str | Path) -> pd.DataFrame:
         FileNotFoundError: If ``path`` does not exist.
         ValueError: If a row does not follow the schema.
     """
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = Path(path)
     if not path.is_file():
         raise InputNotFound(f"dataset file not found: {path} (run the prepare stage first?)")

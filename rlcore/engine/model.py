@@ -57,7 +57,7 @@ def attention_for(path: str | Path, attn_implementation: str, packed_forward: bo
     if reason:
         print(f"model.packed_forward: {path}: {reason}; running padded forwards", file=sys.stderr, flush=True)
         return attn_implementation
-    return packed.ATTN_NAME
+    return packed.register()
 
 
 def load_causal_lm(path: str | Path, *, dtype: str = "float32", attn_implementation: str = "sdpa",

@@ -33,9 +33,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import sdpa_mask
 
 ATTN_NAME = "rlcore_packed_sdpa"
 # Decoders whose attention is plain causal softmax attention over rotary q/k through the
@@ -239,12 +236,24 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             and isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool
             and key.shape[2] <= SMALL_ATTENTION_MAX_KEYS):
         return small_attention(module, query, key, value, attention_mask, scaling)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                   **kwargs)
 
 
-AttentionInterface.register(ATTN_NAME, _attention)
-AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+def register() -> str:
+    """Make ``ATTN_NAME`` known to transformers' attention interfaces (again: harmless); returns it.
+
+    Called before a model is loaded with it (``rlcore.engine.model.attention_for``), not at import: the interfaces
+    live in ``transformers.modeling_utils``, whose import (torch.distributed.tensor, torch._dynamo, scipy: seconds)
+    a process that loads no model (a stage's controller, the ``rlcore`` command) does without."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, _attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    return ATTN_NAME
 
 # A prepared 4D mask makes the model skip building its own; the layout carries the real masks.
 _NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)

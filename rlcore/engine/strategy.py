@@ -26,9 +26,6 @@ from typing import ClassVar, ContextManager, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from rlcore.engine.distributed import coalesced, world_size
 from rlcore.registry import Registry
@@ -136,7 +133,11 @@ class Replicated:
 @STRATEGIES.register("fsdp")
 @dataclass(frozen=True)
 class Sharded:
-    """FSDP2: each transformer block, then the root, sharded over all ranks."""
+    """FSDP2: each transformer block, then the root, sharded over all ranks.
+
+    torch.distributed.fsdp and torch.distributed.tensor are imported in the methods: importing them (sympy, through
+    torch.fx's symbolic shapes) takes seconds that a process which never shards a model (a stage's controller, a
+    ddp worker) would pay at start-up."""
 
     device: torch.device
     compute_dtype: torch.dtype | None = None
@@ -148,6 +149,9 @@ class Sharded:
         """``reshard_after_forward=False`` keeps each block's gathered weights from its forward until its
         backward (``resources.reshard_after_forward``); the root keeps FSDP2's own default, which never
         reshards it after forward."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
         mesh = init_device_mesh(self.device.type, (world_size(),))
         mp = (MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
               if self.compute_dtype is not None else MixedPrecisionPolicy())
@@ -169,6 +173,9 @@ class Sharded:
     def rollout_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """One all-gather per FSDP group (``unshard``) rather than one per parameter; the model is resharded
         afterwards. Gathered parameters come in the mixed-precision ``param_dtype``, if any. A collective."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
+
         state = model.state_dict()  # FSDP reshards first: parameters are DTensor shards here, buffers plain
         groups = [m for m in model.modules() if isinstance(m, FSDPModule)]
         for m in groups:
@@ -183,10 +190,14 @@ class Sharded:
 
     def checkpoint_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The float32 master weights gathered: a collective, one per parameter."""
+        from torch.distributed.tensor import DTensor
+
         return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in model.state_dict().items()}
 
     def trainable_state_dict(self, model: torch.nn.Module, *, compute_dtype: bool) -> dict[str, torch.Tensor]:
         """One all-gather per trainable parameter (LoRA: small), not the whole model's."""
+        from torch.distributed.tensor import DTensor
+
         dtype = self.compute_dtype if compute_dtype else None
         return {name: _cast((p.full_tensor() if isinstance(p, DTensor) else p).detach(), dtype).to(self.device)
                 for name, p in _trainable(model)}

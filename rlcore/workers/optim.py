@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from rlcore.engine.sequence import SequenceModel
 from rlcore.protocol import Metrics
@@ -60,6 +59,8 @@ def clipped_step(model: SequenceModel, opt, sched, grad_clip: float, loss: float
     reduce-scatter of backward, and the norm is a reduction over every shard), so a NaN on any rank reaches
     every rank's norm: every rank takes the same decision. ``offload``: the optimizer state lives on the CPU
     outside the step (:func:`move_optimizer_state`)."""
+    from torch.distributed.tensor import DTensor  # here, not at the top: seconds to import, for the fsdp case only
+
     model.strategy.reduce_gradients(model.module)
     norm = torch.nn.utils.clip_grad_norm_([p for p in model.module.parameters() if p.requires_grad], grad_clip)
     if isinstance(norm, DTensor):

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine.sequence import SequenceModel
@@ -43,6 +42,8 @@ def atomic_save(obj: object, path: Path) -> None:
 def save_training_state(folder: str | Path, name: str, model: SequenceModel, opt, sched, *, rank: int) -> None:
     """Write ``model``'s weights, ``opt`` and ``sched`` (rank 0) and this rank's RNG into ``folder``.
     A collective under sharding strategies: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # seconds: on use only
+
     folder = Path(folder)
     frozen = _has_frozen(model)  # LoRA: the base stays as loaded; the adapters are the training state
     model_sd, optim_sd = get_state_dict(model.module, opt, options=StateDictOptions(
@@ -82,6 +83,8 @@ def set_rng_state(state: dict[str, Any], where: Path) -> None:
 def load_training_state(folder: str | Path, name: str, model: SequenceModel, opt, sched, *, rank: int) -> None:
     """Restore what :func:`save_training_state` wrote (the same rank count is required for the RNG files;
     the weights and optimizer state load under any strategy). A collective under sharding strategies."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict  # seconds: on use only
+
     folder = Path(folder)
     state = torch.load(folder / f"{name}.pt", map_location="cpu", weights_only=False)
     trained_only = state.get("trained_only", False)
