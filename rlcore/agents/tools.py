@@ -120,6 +120,10 @@ class _Process:
                     return None
                 self.received += chunk
 
+    def ready(self) -> bool:
+        """A reply (or part of one) has come in and not been read."""
+        return len(self.received) > 0 or bool(select.select([self.from_child], [], [], 0)[0])
+
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)  # the tool's own children too
@@ -209,21 +213,26 @@ class _Slot:
                 continue
             assert self.process is not None
             self.process.send([j.request for j in jobs])
+            answered: list[tuple[_Job, dict]] = []  # replies in hand, handed out together once none is waiting
             while jobs:
                 job = jobs.pop(0)
                 try:
                     reply = self.process.receive(time.monotonic() + job.timeout_s)
                 except _Deadline:
                     self.stop()
-                    job.answer({"ok": False, "error": "timeout",
-                                "text": f"no result within {job.timeout_s:g} s; the tool was stopped"})
-                    break
+                    reply = {"ok": False, "error": "timeout",
+                             "text": f"no result within {job.timeout_s:g} s; the tool was stopped"}
                 if reply is None:
                     process, self.process = self.process, None
                     process.kill()
-                    job.answer({"ok": False, "error": "exited", "text": f"the tool process {_death(process.proc.returncode)}"})
+                    reply = {"ok": False, "error": "exited", "text": f"the tool process {_death(process.proc.returncode)}"}
+                answered.append((job, reply))
+                if self.process is None or not jobs or not self.process.ready():
+                    for j, r in answered:
+                        j.answer(r)
+                    answered = []
+                if self.process is None:
                     break
-                job.answer(reply)
 
     def stop(self) -> None:
         if self.process is not None:
