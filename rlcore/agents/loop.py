@@ -16,7 +16,8 @@ A row stops when:
   inside a turn, or the next observation and one more token do not fit: truncated.
 
 Tools run in the worker's tool processes (:class:`~rlcore.agents.tools.ToolPool`) while the other rows keep
-decoding; the engine only waits for tools when no row has anything to decode. A malformed call, an unknown tool and
+decoding; the engine only waits for tools when no row has anything to decode (for the first result, then up to as
+long again for the others, so that results that come in together start their rows' next turns together). A malformed call, an unknown tool and
 every failure of a call are error observations the model reads, counted per kind (``agent/tool_errors``).
 
 With an environment (a class in ``rollout.agent.tools``: ``reset(row)``, ``step(action) -> observation`` or
@@ -28,6 +29,7 @@ comes back as a user message, and the final ``reward()`` plus the per-step rewar
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -181,8 +183,13 @@ class AgentRuntime:
             return
         if block:
             pending = [f for r in waiting for _, f in trajs[r].waiting if not f.done()]
-            if pending:
-                wait(pending, return_when=ALL_COMPLETED if resets else FIRST_COMPLETED)
+            if resets and pending:
+                wait(pending, return_when=ALL_COMPLETED)
+            elif pending:  # the first result, then up to as long again for the others: a turn's results that come
+                start = time.monotonic()  # in together start the rows' next turns in the same steps
+                _, left = wait(pending, return_when=FIRST_COMPLETED)
+                if left:
+                    wait(left, timeout=time.monotonic() - start)
         ready = [r for r in sorted(waiting) if all(f.done() for _, f in trajs[r].waiting)]
         waiting.difference_update(ready)
         results = {}
