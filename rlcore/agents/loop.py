@@ -160,6 +160,7 @@ class AgentRuntime:
                     answer = self._answer_at_once(call)
                     if answer is None:
                         calls.append((traj, len(traj.waiting), call))
+                        answer = Future()  # a place held for the pool's future (below)
                     traj.waiting.append((call, answer))
         for (r, _), f in zip(steps, self.pool.environments("step", steps)):
             trajs[r].waiting.append((None, f))
