@@ -16,7 +16,8 @@ A row stops when:
   inside a turn, or the next observation and one more token do not fit: truncated.
 
 Tools run in the worker's tool processes (:class:`~rlcore.agents.tools.ToolPool`) while the other rows keep
-decoding; the engine only waits for tools when no row has anything to decode. A malformed call, an unknown tool and
+decoding; the engine only waits for tools when no row has anything to decode (for the first result, then up to as
+long again for the others, so that results that come in together start their rows' next turns together). A malformed call, an unknown tool and
 every failure of a call are error observations the model reads, counted per kind (``agent/tool_errors``).
 
 With an environment (a class in ``rollout.agent.tools``: ``reset(row)``, ``step(action) -> observation`` or
@@ -28,6 +29,7 @@ comes back as a user message, and the final ``reward()`` plus the per-step rewar
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
@@ -95,7 +97,7 @@ class AgentRuntime:
     def __init__(self, spec: AgentSpec, tokenizer):
         self.spec, self.tok = spec, tokenizer
         self.parse = PARSERS.get(spec.parser).parse
-        self.pool = ToolPool(spec)
+        self.pool = ToolPool(spec, start=True)
         try:
             self.functions, self.environment = tool_kinds(self.pool.describe())
         except BaseException:
@@ -115,92 +117,128 @@ class AgentRuntime:
         t = engine.open_rows(input_ids, attention_mask, params, budget=params.max_new_tokens, generator=generator,
                              deterministic=self.spec.deterministic)
         trajs = [Trajectory() for _ in range(len(t))]
+        waiting: set[int] = set()  # rows whose calls are out
         if self.environment is not None:  # every row's own instance, before its first turn
-            for r in range(len(t)):
-                reset = self.pool.environment("reset", r, name=self.environment, row=rows[r] if rows else {})
-                trajs[r].waiting.append((None, reset))
-            self._collect(t, trajs, block=True, resets=True)
+            resets = self.pool.environments("reset", [(r, {"name": self.environment, "row": rows[r] if rows else {}})
+                                                      for r in range(len(t))])
+            for traj, reset in zip(trajs, resets):
+                traj.waiting.append((None, reset))
+            self._collect(t, trajs, set(range(len(t))), block=True, resets=True)
         while t.active():
-            for r in t.step():
-                self._end_turn(t, r, trajs[r])
-            self._collect(t, trajs, block=not t.running())
+            ended = t.step()
+            if ended:
+                waiting.update(self._end_turns(t, ended, trajs))
+            self._collect(t, trajs, waiting, block=not t.running())
         if self.environment is not None:
             self._env_rewards(trajs)
         return t.result(), trajs
 
     # ------------------------------------------------------------------------------------------------- turns
-    def _end_turn(self, t, r: int, traj: Trajectory) -> None:
-        """Row ``r``'s turn ended: record it, then stop the row or start its tools."""
-        tokens = t.turn_tokens(r)
-        at_eos = t.stopped_at_eos(r)
-        text = self.tok.decode(tokens[:-1] if at_eos else tokens, skip_special_tokens=False)
-        traj.messages.append({"role": "assistant", "content": text})
-        if not at_eos:
-            return self._stop(t, r, traj, BUDGET)
-        if self.environment is not None:
-            if traj.turns >= self.spec.max_turns:
-                return self._stop(t, r, traj, MAX_TURNS)
-            traj.waiting.append((None, self.pool.environment("step", r, action=text)))
-            return None
-        calls = self.parse(text).calls
-        if not calls:
-            return self._stop(t, r, traj, ANSWER)
-        if traj.turns >= self.spec.max_turns:
-            return self._stop(t, r, traj, MAX_TURNS)
-        for call in calls:
-            traj.waiting.append((call, self._submit(call)))
-        return None
+    def _end_turns(self, t, rows: list[int], trajs: list[Trajectory]) -> list[int]:
+        """``rows``' turns ended: record them, then stop each row or start its tools (all the turns' calls queued
+        at once); the rows now waiting for tools."""
+        steps: list[tuple[int, dict]] = []  # an environment's (row, step request)
+        calls: list[tuple[Trajectory, int, ToolCall]] = []  # (trajectory, index in its waiting, call) for the pool
+        for r, tokens in zip(rows, t.turns(rows)):
+            traj = trajs[r]
+            at_eos = bool(tokens) and tokens[-1] == t.eos
+            text = self.tok.decode(tokens[:-1] if at_eos else tokens, skip_special_tokens=False)
+            traj.messages.append({"role": "assistant", "content": text})
+            if not at_eos:
+                self._stop(t, r, traj, BUDGET)
+            elif self.environment is not None:
+                if traj.turns >= self.spec.max_turns:
+                    self._stop(t, r, traj, MAX_TURNS)
+                else:
+                    steps.append((r, {"action": text}))
+            elif not (parsed := self.parse(text).calls):
+                self._stop(t, r, traj, ANSWER)
+            elif traj.turns >= self.spec.max_turns:
+                self._stop(t, r, traj, MAX_TURNS)
+            else:
+                for call in parsed:
+                    answer = self._answer_at_once(call)
+                    if answer is None:
+                        calls.append((traj, len(traj.waiting), call))
+                        answer = Future()  # a place held for the pool's future (below)
+                    traj.waiting.append((call, answer))
+        for (r, _), f in zip(steps, self.pool.environments("step", steps)):
+            trajs[r].waiting.append((None, f))
+        for (traj, i, call), f in zip(calls, self.pool.calls([(c.name, c.arguments) for _, _, c in calls])):
+            traj.waiting[i] = (call, f)
+        return [r for r in rows if trajs[r].waiting]
 
-    def _submit(self, call: ToolCall) -> Future:
+    def _answer_at_once(self, call: ToolCall) -> Future | None:
+        """The error observation of a call that goes to no tool (malformed, unknown); None for a call to run."""
         if call.error:
             return _done(ToolResult(f"error: malformed tool call: {call.error}", "malformed"))
         if call.name not in self.functions:
             known = ", ".join(sorted(self.functions)) or "none"
             return _done(ToolResult(f"error: unknown tool {call.name!r} (tools: {known})", "unknown_tool"))
-        return self.pool.call(call.name, call.arguments)
-
-    def _collect(self, t, trajs: list[Trajectory], *, block: bool, resets: bool = False) -> None:
-        """Hand every row whose calls have all returned its observation; with ``block``, first wait until one
-        call returns (no row has anything to decode)."""
-        pending = [f for traj in trajs for _, f in traj.waiting if not f.done()]
-        if block and pending:
-            wait(pending, return_when=ALL_COMPLETED if resets else FIRST_COMPLETED)
-        for r, traj in enumerate(trajs):
-            if traj.waiting and all(f.done() for _, f in traj.waiting):
-                results = [(call, f.result()) for call, f in traj.waiting]
-                traj.waiting = []
-                if resets:
-                    traj.errors.update(res.error for _, res in results if res.error)
-                else:
-                    self._observe(t, r, traj, results)
-
-    def _observe(self, t, r: int, traj: Trajectory, results: list[tuple[ToolCall | None, ToolResult]]) -> None:
-        messages = []
-        for call, res in results:
-            if res.error:
-                traj.errors[res.error] += 1
-            if res.reward is not None:
-                traj.turn_rewards.append(res.reward)
-            if call is None:  # an environment's step
-                messages.append({"role": "user", "content": res.text})
-            else:
-                traj.tool_calls += 1
-                messages.append({"role": "tool", "name": call.name, "content": res.text})
-        if self.environment is not None and results[0][1].done:
-            return self._stop(t, r, traj, ANSWER)
-        ids = self.template.observation_ids(messages)
-        if len(ids) + 1 > t.room(r):  # the observation and one more token must fit
-            return self._stop(t, r, traj, BUDGET)
-        traj.messages.extend(messages)  # the turns the trajectory's tokens hold
-        t.append(r, ids)
         return None
+
+    def _collect(self, t, trajs: list[Trajectory], waiting: set[int], *, block: bool, resets: bool = False) -> None:
+        """Hand every row of ``waiting`` whose calls have all returned its observation (and take it out of
+        ``waiting``); with ``block``, first wait until one call returns (no row has anything to decode)."""
+        if not waiting:
+            return
+        if block:
+            pending = [f for r in waiting for _, f in trajs[r].waiting if not f.done()]
+            if resets and pending:
+                wait(pending, return_when=ALL_COMPLETED)
+            elif pending:  # the first result, then up to as long again for the others: a turn's results that come
+                start = time.monotonic()  # in together start the rows' next turns in the same steps
+                _, left = wait(pending, return_when=FIRST_COMPLETED)
+                if left:
+                    wait(left, timeout=time.monotonic() - start)
+        ready = [r for r in sorted(waiting) if all(f.done() for _, f in trajs[r].waiting)]
+        waiting.difference_update(ready)
+        results = {}
+        for r in ready:
+            traj = trajs[r]
+            results[r] = [(call, f.result()) for call, f in traj.waiting]
+            traj.waiting = []
+            if resets:
+                traj.errors.update(res.error for _, res in results[r] if res.error)
+        if not resets:
+            self._observe(t, trajs, results)
+
+    def _observe(self, t, trajs: list[Trajectory], results: dict[int, list[tuple[ToolCall | None, ToolResult]]]
+                 ) -> None:
+        """Each row's results as its observation, appended (all rows' tokenized in one call), or the row's end."""
+        rows, observations = [], []
+        for r, row_results in results.items():
+            traj, messages = trajs[r], []
+            for call, res in row_results:
+                if res.error:
+                    traj.errors[res.error] += 1
+                if res.reward is not None:
+                    traj.turn_rewards.append(res.reward)
+                if call is None:  # an environment's step
+                    messages.append({"role": "user", "content": res.text})
+                else:
+                    traj.tool_calls += 1
+                    messages.append({"role": "tool", "name": call.name, "content": res.text})
+            if self.environment is not None and row_results[0][1].done:
+                self._stop(t, r, traj, ANSWER)
+            else:
+                rows.append(r)
+                observations.append(messages)
+        fits = []
+        for r, messages, ids in zip(rows, observations, self.template.observations_ids(observations)):
+            if len(ids) + 1 > t.room(r):  # the observation and one more token must fit
+                self._stop(t, r, trajs[r], BUDGET)
+            else:
+                trajs[r].messages.extend(messages)  # the turns the trajectory's tokens hold
+                fits.append((r, ids))
+        t.append_many([r for r, _ in fits], [ids for _, ids in fits])
 
     def _stop(self, t, r: int, traj: Trajectory, why: str) -> None:
         traj.stop = why
         t.finish(r)
 
     def _env_rewards(self, trajs: list[Trajectory]) -> None:
-        futures = [self.pool.environment("reward", r) for r in range(len(trajs))]
+        futures = self.pool.environments("reward", [(r, {}) for r in range(len(trajs))])
         for traj, f in zip(trajs, futures):
             res = f.result()
             if res.error:

@@ -32,7 +32,8 @@ class TurnTemplate:
                              "turn that stops at EOS cannot be continued with an observation")
         self.after_eos = self.base[at + len(eos):]
 
-    def _render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
+    def _render(self, messages: list, *, generation_prompt: bool) -> Any:
+        """The template's text of one conversation (a list of messages), or of each of a list of them."""
         kwargs = {"tools": self.tools} if self.tools else {}
         return self.tok.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False,
                                             **kwargs)
@@ -40,11 +41,20 @@ class TurnTemplate:
     def observation_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """Token ids of ``messages`` (tool results, or an environment's user message) after the model's EOS, up to
         and including the next assistant turn's generation prompt."""
-        full = self._render(PROBE + list(messages), generation_prompt=True)
-        if not full.startswith(self.base):
-            raise ValueError("chat template: rendering more messages changes the text of the earlier ones, so "
-                             "observations cannot be appended as tokens")
-        return self.tok(self.after_eos + full[len(self.base):], add_special_tokens=False)["input_ids"]
+        return self.observations_ids([messages])[0]
+
+    def observations_ids(self, observations: Sequence[Sequence[dict[str, Any]]]) -> list[list[int]]:
+        """:meth:`observation_ids` of each of ``observations``, tokenized in one call."""
+        if not observations:
+            return []
+        texts = []
+        # one call renders them all: the template's inputs (its tools' schemas) are prepared once
+        for full in self._render([PROBE + list(m) for m in observations], generation_prompt=True):
+            if not full.startswith(self.base):
+                raise ValueError("chat template: rendering more messages changes the text of the earlier ones, so "
+                                 "observations cannot be appended as tokens")
+            texts.append(self.after_eos + full[len(self.base):])
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
 
     def assistant_ids(self, content: str) -> list[int]:
         """A demonstration's assistant turn as the model would generate it: its text, then EOS."""

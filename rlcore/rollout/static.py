@@ -295,12 +295,17 @@ class Decoder:
         cos_t, sin_t = self.rope_tables(k_cache[0].shape[2])
         cos, sin = cos_t[write][:, None], sin_t[write][:, None]  # [p, 1, t, d]
         mask = (torch.arange(attend, device=ids.device)[None, None, :] <= pos[:, :, None])[:, None]  # [p, 1, t, len]
+        first = int(slots[0])
+        # slots first..first+p-1 (every row of the batch, not compacted): attend to a view of them, not a copy
+        span = slice(first, first + p) if bool((slots == first + torch.arange(p, device=slots.device)).all()) else None
         x = F.embedding(ids, self.embed)
         for lay, kc, vc in zip(self.layers, k_cache, v_cache):
             q, k, v = self._attention_block(x, lay, cos, sin)
             kc[slots[:, None], :, write] = k.transpose(1, 2)
             vc[slots[:, None], :, write] = v.transpose(1, 2)
-            x = self._finish_layer(x, self._attend(q, kc[slots, :, :attend], vc[slots, :, :attend], mask), lay)
+            keys, values = (kc[span, :, :attend], vc[span, :, :attend]) if span else \
+                (kc[slots, :, :attend], vc[slots, :, :attend])
+            x = self._finish_layer(x, self._attend(q, keys, values, mask), lay)
         last = x[torch.arange(p, device=ids.device), lengths - 1]
         return F.linear(_rms_norm(last, self.norm, self.eps), self.lm_head).float()
 
@@ -564,29 +569,33 @@ class _StaticRows:
         out = torch.empty((len(rows), e.decoder.lm_head.shape[0]), dtype=torch.float32, device=device)
         one = [i for i, p in enumerate(pending) if len(p) == 1]
         many = [i for i, p in enumerate(pending) if len(p) > 1]
+        index = torch.tensor(rows, device=device)
         if one:
-            index = torch.tensor([rows[i] for i in one], device=device)
-            slots, pos = self.slot[index], self.pos[index]
+            every = len(one) == len(rows)  # (the usual step: each row feeds its last token)
+            slots = self.slot[index if every else index[one]]
+            pos = self.pos[index if every else index[one]]
             last_index = e.cache[0][0].shape[2] - 1
             tokens = torch.full((self.size,), e.pad_token_id, dtype=torch.long, device=device)
             step_pos = torch.full((self.size,), last_index, dtype=torch.long, device=device)
             tokens[slots] = torch.tensor([pending[i][0] for i in one], device=device)
             step_pos[slots] = pos
             attend = last_index + 1 if self.fixed_shape else int(pos.max()) + 1
-            out[one] = e._step(self.size, tokens, step_pos, attend=attend)[slots]
+            logits = e._step(self.size, tokens, step_pos, attend=attend)[slots]
+            if every:
+                out = logits
+            else:
+                out[one] = logits
             e.stats["decode_steps"] += 1
             e.stats["decode_rows"] += self.size
         if many:
-            index = torch.tensor([rows[i] for i in many], device=device)
+            many_index = index[many]
             width = max(len(pending[i]) for i in many)
-            ids = torch.full((len(many), width), e.pad_token_id, dtype=torch.long, device=device)
-            for j, i in enumerate(many):
-                ids[j, :len(pending[i])] = torch.tensor(pending[i], device=device)
+            ids = torch.tensor([pending[i] + [e.pad_token_id] * (width - len(pending[i])) for i in many],
+                               dtype=torch.long, device=device)
             lengths = torch.tensor([len(pending[i]) for i in many], device=device)
-            out[many] = e.decoder.extend(ids, lengths, self.pos[index], self.slot[index], *e.cache)
+            out[many] = e.decoder.extend(ids, lengths, self.pos[many_index], self.slot[many_index], *e.cache)
             e.stats["extends"] += 1
-        fed = torch.tensor([len(p) for p in pending], device=device)
-        self.pos[torch.tensor(rows, device=device)] += fed
+        self.pos[index] += torch.tensor([len(p) for p in pending], device=device)
         return out
 
     def _compact(self) -> None:

@@ -87,18 +87,20 @@ class Trajectories:
         running = self.running()
         if not running:
             return []
+        device = self.logits.device
         fed = [r for r in running if self.pending[r]]
         if fed:
             take = 1 if self.token_by_token else None
-            self.logits[fed] = self.model.forward(fed, [self.pending[r][:take] for r in fed]).float()
+            fed_index = torch.tensor(fed, device=device)
+            self.logits[fed_index] = self.model.forward(fed, [self.pending[r][:take] for r in fed]).float()
             for r in fed:
                 self.pending[r] = self.pending[r][1:] if take else []
             self.stats["forwards"] += 1
         rows = [r for r in running if not self.pending[r]]  # (token by token: rows still reading an observation wait)
         if not rows:
             return []
-        index = torch.tensor(rows, device=self.logits.device)
-        cols = torch.tensor([self.col[r] for r in rows], device=self.logits.device)
+        index = fed_index if rows == fed else torch.tensor(rows, device=device)
+        cols = torch.tensor([self.col[r] for r in rows], device=device)
         tokens, logp = self._sample(self.logits[index], index, cols)
         self.responses[index, cols] = tokens
         self.log_probs[index, cols] = logp
@@ -129,6 +131,14 @@ class Trajectories:
         """The tokens the model sampled in ``row``'s current turn (its EOS included)."""
         return self.responses[row, self.turn_start[row]:self.col[row]].tolist()
 
+    def turns(self, rows: list[int]) -> list[list[int]]:
+        """:meth:`turn_tokens` of each of ``rows``, read in one transfer."""
+        if not rows:
+            return []
+        lo, hi = min(self.turn_start[r] for r in rows), max(self.col[r] for r in rows)
+        block = self.responses[rows, lo:hi].tolist()
+        return [b[self.turn_start[r] - lo:self.col[r] - lo] for r, b in zip(rows, block)]
+
     def stopped_at_eos(self, row: int) -> bool:
         return self.col[row] > self.turn_start[row] and int(self.responses[row, self.col[row] - 1]) == self.eos
 
@@ -139,18 +149,30 @@ class Trajectories:
     def append(self, row: int, ids: list[int]) -> None:
         """Observation tokens after ``row``'s ended turn (out of the loss: ``response_mask`` 0); the row runs
         again. They must leave room for at least one model token."""
-        if self.state[row] != WAITING:
-            raise ValueError(f"row {row} is not waiting for an observation")
-        c = self.col[row]
-        if not ids or c + len(ids) >= self.budget:
-            raise ValueError(f"row {row}: {len(ids)} observation tokens at column {c} leave no room in {self.budget}")
-        self.responses[row, c:c + len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.responses.device)
-        self.attention[row, c:c + len(ids)] = 1
-        self.col[row] = c + len(ids)
-        self.turn_start[row] = self.col[row]
-        self.pending[row] = self.pending[row] + list(ids)
-        self.stats["observation_tokens"] += len(ids)
-        self.state[row] = RUNNING
+        self.append_many([row], [ids])
+
+    def append_many(self, rows: list[int], observations: list[list[int]]) -> None:
+        """:meth:`append` of ``observations[i]`` to ``rows[i]`` for every ``i``, written in one go."""
+        for row, ids in zip(rows, observations):
+            if self.state[row] != WAITING:
+                raise ValueError(f"row {row} is not waiting for an observation")
+            c = self.col[row]
+            if not ids or c + len(ids) >= self.budget:
+                raise ValueError(f"row {row}: {len(ids)} observation tokens at column {c} leave no room in "
+                                 f"{self.budget}")
+        if not rows:
+            return
+        at = [(row, self.col[row] + j) for row, ids in zip(rows, observations) for j in range(len(ids))]
+        index = torch.tensor(at, dtype=torch.long, device=self.responses.device).T
+        self.responses[index[0], index[1]] = torch.tensor([i for ids in observations for i in ids], dtype=torch.long,
+                                                          device=self.responses.device)
+        self.attention[index[0], index[1]] = 1
+        for row, ids in zip(rows, observations):
+            self.col[row] += len(ids)
+            self.turn_start[row] = self.col[row]
+            self.pending[row] = self.pending[row] + list(ids)
+            self.stats["observation_tokens"] += len(ids)
+            self.state[row] = RUNNING
 
     def finish(self, row: int) -> None:
         if self.state[row] != DONE:

@@ -90,3 +90,15 @@ def test_a_template_whose_assistant_turn_does_not_end_with_eos_is_refused():
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(ValueError, match="does not end with the EOS token"):
         TurnTemplate(tok)
+
+
+def test_observations_of_many_rows_are_each_rows_own_template_tokens():
+    tok = build_char_tokenizer()
+    turns = TurnTemplate(tok)
+    got = turns.observations_ids([[{"role": "tool", "content": "5"}],
+                                  [{"role": "tool", "name": "x", "content": "ab"}, {"role": "tool", "content": "c"}],
+                                  [{"role": "user", "content": "step 1"}], [{"role": "tool", "content": "5"}]])
+    texts = ["<|tool|>5<|assistant|>", "<|tool|>ab<|tool|>c<|assistant|>", "<|user|>step 1<|assistant|>",
+             "<|tool|>5<|assistant|>"]
+    assert got == [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    assert turns.observations_ids([]) == []

@@ -64,6 +64,33 @@ def test_a_timed_out_tool_is_killed_with_its_own_children(tmp_path):
         p.close()
 
 
+def test_calls_sent_together_are_each_answered_under_their_own_timeout():
+    # one process: all five go in one write; the timeout and the exit each end the process, and the calls after
+    # them are answered by a fresh one
+    p = ToolPool(AgentSpec(tools=tuple(ToolRef(TOOLS, n) for n in ("add", "sleep_forever", "exit_process")),
+                           timeout_s=1.0, processes=1))
+    try:
+        futures = p.calls([("add", {"a": 1}), ("sleep_forever", {}), ("add", {"a": 2}), ("exit_process", {}),
+                           ("add", {"a": 3})])
+        got = [f.result(timeout=60) for f in futures]
+    finally:
+        p.close()
+    assert [r.error for r in got] == [None, "timeout", None, "exited", None]
+    assert [got[i].text for i in (0, 2, 4)] == ["1", "2", "3"]
+    assert p.starts == 3
+
+
+def test_a_batch_larger_than_the_pipes_does_not_deadlock():
+    # 600 requests of 2 KB and their 2 KB replies: far more than a pipe holds either way
+    p = ToolPool(AgentSpec(tools=(ToolRef(TOOLS, "echo"),), max_tool_response_chars=4096, processes=1))
+    try:
+        futures = p.calls([("echo", {"text": f"{i:04d}" * 500}) for i in range(600)])
+        texts = [f.result(timeout=120).text for f in futures]
+    finally:
+        p.close()
+    assert texts == [f"{i:04d}" * 500 for i in range(600)]
+
+
 def _running(pid: int) -> bool:
     status = Path(f"/proc/{pid}/status")
     return status.exists() and "zombie" not in status.read_text().lower()

@@ -129,3 +129,29 @@ def test_deterministic_rows_do_not_depend_on_when_tools_answer(llama):
     fast = drive_delayed(engine, ids, mask, [0] * len(ids), deterministic=False)
     assert torch.equal(fast["responses"], prompt_now["responses"])  # the same trajectories, by the faster path
     torch.testing.assert_close(fast["log_probs"], prompt_now["log_probs"], atol=1e-5, rtol=0)
+
+
+def test_an_extend_over_contiguous_slots_equals_one_over_scattered_slots(llama):
+    # the same rows' caches in slots 1..p (attended to as a view) and shuffled across slots 0..p (gathered)
+    decoder = StaticRolloutEngine(llama, eos_token_id=-1, pad_token_id=PAD).decoder
+    p, length = 6, 40
+    g = torch.Generator().manual_seed(0)
+    k_cache, v_cache = decoder.new_cache(p + 1, length)
+    k_moved, v_moved = decoder.new_cache(p + 1, length)
+    for c in k_cache + v_cache + k_moved + v_moved:
+        c.copy_(torch.randn(c.shape, generator=g))
+    perm = torch.tensor([3, 0, 6, 1, 4, 2])  # row i's cache in slot perm[i] (slot 5 holds no row)
+    for moved, c in zip(k_moved + v_moved, k_cache + v_cache):
+        moved[perm] = c[1:]
+    ids = torch.randint(1, llama.config.vocab_size, (p, 5), generator=g)
+    lengths, start = torch.tensor([5, 3, 1, 4, 5, 2]), torch.tensor([20, 7, 30, 12, 3, 25])
+    with torch.inference_mode():
+        direct = decoder.extend(ids, lengths, start, torch.arange(1, p + 1), k_cache, v_cache)
+        moved = decoder.extend(ids, lengths, start, perm, k_moved, v_moved)
+        # and a plain reference: each row alone, in a cache of one slot
+        alone = [decoder.extend(ids[i:i + 1], lengths[i:i + 1], start[i:i + 1], torch.zeros(1, dtype=torch.long),
+                                [c[i + 1:i + 2].clone() for c in k_cache], [c[i + 1:i + 2].clone() for c in v_cache])
+                 for i in range(p)]
+    assert torch.equal(direct, moved)
+    assert all(torch.equal(m[perm], c[1:]) for m, c in zip(k_moved + v_moved, k_cache + v_cache))
+    torch.testing.assert_close(torch.cat(alone), direct, rtol=1e-4, atol=1e-4)
