@@ -40,7 +40,7 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(INSTALL) -e ".[bench,test]"
-	$(PY) -m bench.run_bench --configs default,realistic
+	$(PY) -m bench.run_bench --configs default,realistic,long
 
 # rlcore serve under load (64 clients, batching vs --no-batching): its own section of bench/RESULTS.md
 bench-serve: $(STAMP)

@@ -3,7 +3,7 @@
     make bench                                          # installs the `bench` extra, then runs this
     .venv/bin/python -m bench.run_bench                 # full run (default: 2 warm-up + 20 measured steps)
     .venv/bin/python -m bench.run_bench --steps 2 --warmup 1 --no-profile --out /tmp/r.md   # quick check
-    .venv/bin/python -m bench.run_bench --configs default,realistic         # what `make bench` runs
+    .venv/bin/python -m bench.run_bench --configs default,realistic,long    # what `make bench` runs
     .venv/bin/python -m bench.run_bench --set model.tiny.hidden_size=128 --set task.max_response_length=16 \
         --fixture-set sft.steps=50                                           # any other shape
 
