@@ -125,10 +125,14 @@ class NotAPythonFile(ImportError):
     """A user file that Python cannot load as a module."""
 
 
+class UserFileNotFound(FileNotFoundError):
+    """A user file that is not there (not a ``FileNotFoundError`` its own code raised while importing)."""
+
+
 def load_user_module(path: str | Path, prefix: str) -> ModuleType:
     """A user's Python file (a reward or tool file) as a module, loaded once per process under
     ``<prefix>_<hash of its path>``, with its folder on ``sys.path`` so that its sibling modules import as when it
-    runs as a script. ``FileNotFoundError`` for a missing file, :class:`NotAPythonFile` for one that is not; an
+    runs as a script. :class:`UserFileNotFound` for a missing file, :class:`NotAPythonFile` for one that is not; an
     exception the file's own code raises while importing propagates (and the half-made module is forgotten)."""
     file = Path(path).resolve()
     module_name = f"{prefix}_{abs(hash(str(file))):x}"
@@ -136,7 +140,7 @@ def load_user_module(path: str | Path, prefix: str) -> ModuleType:
     if module is not None:
         return module
     if not file.is_file():
-        raise FileNotFoundError(f"{path}: not found")
+        raise UserFileNotFound(f"{path}: not found")
     if str(file.parent) not in sys.path:
         sys.path.insert(0, str(file.parent))
     spec = importlib.util.spec_from_file_location(module_name, file)

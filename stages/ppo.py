@@ -10,8 +10,8 @@ from __future__ import annotations
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.errors import ConfigError
 
-PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources", "rollout", "reward",
-          "algorithm", "actor", "critic",
+PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
+          "rollout", "reward", "algorithm", "actor", "critic",
           "ppo", "checkpoint")
 
 

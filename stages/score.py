@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 
-PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources", "rollout", "reward",
-          "score")
+PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
+          "rollout", "reward", "score")
 
 
 def main(argv: list[str] | None = None) -> None:

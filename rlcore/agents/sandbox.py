@@ -37,7 +37,7 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from rlcore.inputs import NotAPythonFile, defined_functions, load_user_module
+from rlcore.inputs import NotAPythonFile, UserFileNotFound, defined_functions, load_user_module
 
 HEADER = struct.Struct(">I")
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
@@ -138,7 +138,7 @@ def _load(path: str, name: str) -> Any:
     """Object ``name`` of the Python file ``path`` (its folder on ``sys.path``, as when run as a script)."""
     try:
         module = load_user_module(path, "rlcore_tool")
-    except FileNotFoundError:
+    except UserFileNotFound:
         raise FileNotFoundError(f"tool file {path}: not found") from None
     except NotAPythonFile:
         raise ImportError(f"tool file {path}: not a Python file") from None

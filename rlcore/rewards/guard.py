@@ -63,7 +63,7 @@ import cloudpickle
 import numpy as np
 
 from rlcore.errors import UserError
-from rlcore.inputs import NotAPythonFile, defined_functions, load_user_module
+from rlcore.inputs import NotAPythonFile, UserFileNotFound, defined_functions, load_user_module
 
 TASKS_CAP = 1 << 16  # (function, sample) pairs per message (the shared arrays' length); more go in turns
 SETUP_TIMEOUT_S = 120.0  # a scoring process's start and its import of the reward functions' modules
@@ -206,10 +206,10 @@ def _signature(fn: Callable) -> str:
 
 def _from_file(spec: FunctionSpec) -> Any:
     assert spec.path is not None and spec.name is not None
-    if not Path(spec.path).is_file():
-        raise RewardError(f"reward file {spec.path}: not found")
     try:
         module = load_user_module(spec.path, "rlcore_reward")
+    except UserFileNotFound:
+        raise RewardError(f"reward file {spec.path}: not found") from None
     except NotAPythonFile:
         raise RewardError(f"reward file {spec.path}: not a Python file") from None
     except BaseException as err:  # the file's own code failed while importing

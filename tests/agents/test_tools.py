@@ -119,6 +119,17 @@ def test_broken_tool_definitions_are_reported_per_tool(tmp_path):
     assert "not found" in d["broken"]["f"]
 
 
+def test_a_tool_file_that_opens_a_missing_file_while_importing_is_not_reported_as_missing(tmp_path):
+    tool = tmp_path / "reads_a_table.py"
+    tool.write_text("open('no_such_table.csv')\n\ndef f(a: int) -> int:\n    \"\"\"F.\"\"\"\n    return a\n")
+    p = ToolPool(AgentSpec(tools=(ToolRef(str(tool), "f"),)))
+    try:
+        d = p.describe()
+    finally:
+        p.close()
+    assert "no_such_table.csv" in d["broken"]["f"] and "tool file" not in d["broken"]["f"], d["broken"]["f"]
+
+
 def test_closing_the_pool_kills_its_processes():
     p = ToolPool(AgentSpec(tools=(ToolRef(TOOLS, "add"),), processes=2))
     assert [p.call("add", {"a": 1}).result(timeout=30).text for _ in range(2)] == ["1", "1"]

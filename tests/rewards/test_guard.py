@@ -192,6 +192,13 @@ def test_a_file_that_does_not_import_names_the_error(tmp_path):
         probe(RewardScorer([fns.from_file(path=str(bad), name="f")]), ("words", "1", "1", {}), where="row 0")
 
 
+def test_a_missing_file_opened_while_importing_is_an_import_error_not_a_missing_reward_file(tmp_path):
+    bad = tmp_path / "reads_a_table.py"
+    bad.write_text("open('no_such_table.csv')\n\ndef f(a, b, c, d):\n    return 1.0\n")
+    with pytest.raises(RewardError, match=r"reads_a_table.py does not import: FileNotFoundError: .*no_such_table.csv"):
+        probe(RewardScorer([fns.from_file(path=str(bad), name="f")]), ("words", "1", "1", {}), where="row 0")
+
+
 @pytest.mark.parametrize("key, value", [("timeout_s", 0), ("timeout_s", float("inf")), ("error_score", float("nan"))])
 def test_reward_params_are_checked(key, value):
     with pytest.raises(ConfigError, match=f"reward.{key}"):
