@@ -70,6 +70,25 @@ def test_decode_round_trip_stops_at_the_mask(tiny_tokenizer):
     assert decode_responses(tiny_tokenizer, ids, mask)[0] == "42"
 
 
+@pytest.mark.parametrize("clean_up", [False, True])
+def test_decode_is_each_rows_own_decode_of_its_masked_tokens(tiny_tokenizer, clean_up):
+    """Any ids (special tokens among them) under masks with holes (a tool loop's observations): each text is what
+    the tokenizer's own ``decode`` gives that row's masked tokens, on the batched path and on the per-row one (a
+    tokenizer that cleans up spaces)."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, len(tiny_tokenizer), (64, 12), generator=gen)
+    mask = torch.randint(0, 2, (64, 12), generator=gen)
+    mask[0] = 0  # an empty response
+    before, tiny_tokenizer.clean_up_tokenization_spaces = tiny_tokenizer.clean_up_tokenization_spaces, clean_up
+    try:
+        expected = [tiny_tokenizer.decode([t for t, k in zip(r, m) if k], skip_special_tokens=True)
+                    for r, m in zip(ids.tolist(), mask.tolist())]
+        assert decode_responses(tiny_tokenizer, ids, mask) == expected
+    finally:
+        tiny_tokenizer.clean_up_tokenization_spaces = before
+    assert expected[0] == "" and len(set(expected)) > 50
+
+
 def test_prompt_batch_carries_reward_fields(tiny_tokenizer):
     rows = [make_row(data_source="arith", prompt_text=q, ability="math", ground_truth=a, split="rl", index=i,
                      question=q, answer=a) for i, (q, a) in enumerate([("1+1=", "2"), ("3+4=", "7")])]

@@ -6,6 +6,7 @@ continues from the right edge); responses are right-padded to ``max_response_len
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Sequence
 
 import numpy as np
@@ -98,6 +99,12 @@ def prompt_batch(df: pd.DataFrame, tokenizer, max_prompt_length: int, source: st
 
 
 def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
-    """Text of each response up to its mask, special tokens (EOS) dropped."""
-    return [tokenizer.decode(r[m.bool()].tolist(), skip_special_tokens=True)
-            for r, m in zip(responses, response_mask)]
+    """Text of each response's tokens under its mask, special tokens (EOS) dropped: what ``tokenizer.decode``
+    gives each one. A fast tokenizer that cleans up no spaces decodes the batch in one call of its Rust backend
+    (``decode_batch``): 0.5 ms for 256 responses here, against 8 ms for a ``decode`` per response (masking a
+    tensor per row, and transformers' per-call argument handling) and 2.3 ms for ``batch_decode``."""
+    ids = [list(compress(r, m)) for r, m in zip(responses.tolist(), response_mask.tolist())]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return backend.decode_batch(ids, skip_special_tokens=True)
+    return [tokenizer.decode(r, skip_special_tokens=True) for r in ids]

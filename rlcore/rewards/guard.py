@@ -33,8 +33,9 @@ data_source, or a function registered at run time, with ``cloudpickle`` (a modul
 reference, a lambda or closure by value).
 
 Costs: a process starts on the first batch (about 0.6 s, mostly importing rlcore.rewards) and again after
-each timeout or death. A message costs about 0.1 ms each way and a sample about 1.3 us on top of the
-function itself.
+each timeout or death. A message costs about 0.1 ms each way and a sample about 1.5 us on top of the
+function itself (a float returned; a dict with extra values about 4 us). The controller collects a message's
+statuses, scores and extra values with array operations, not per sample.
 """
 
 from __future__ import annotations
@@ -145,6 +146,10 @@ class BadScore(Exception):
 
 
 def _number(value: Any, what: str) -> float:
+    if type(value) is float:  # the common case first: an isinstance over five types costs ~0.3 us a sample
+        if math.isfinite(value):
+            return value
+        raise BadScore(f"{what} {value}, not a finite number")
     if isinstance(value, (bool, int, float, np.integer, np.floating)):
         number = float(value)
         if not math.isfinite(number):
@@ -157,8 +162,10 @@ def as_score(value: Any, *, allow_none: bool) -> tuple[float | None, dict[str, f
     """``(score, extras)`` from what a function returned: a number; None (not applicable) where allowed; a
     mapping with ``score`` (a number, or None where allowed) and extra values (the numeric ones are kept).
     Anything else, and NaN or infinity, raises :class:`BadScore`."""
+    if type(value) is float or type(value) is int:
+        return _number(value, "returned"), {}
     extras: dict[str, float] = {}
-    if isinstance(value, Mapping):
+    if isinstance(value, (dict, Mapping)):  # dict first: typing.Mapping's isinstance goes through the ABC machinery
         if "score" not in value:
             raise BadScore(f"returned a dict without 'score' (keys: {', '.join(map(str, value))})")
         for key, extra in value.items():
@@ -229,7 +236,7 @@ class _Child:
         self.conn, self.scores, self.status, self.progress = conn, scores, status, progress
         self.fns: dict[str, Any] = {}  # label -> callable, {data_source: rule}, or RewardError
         self.meta: dict[str, tuple[dict[str, Any], bool]] = {}  # label -> (kwargs, batched)
-        self.extras: dict[int, dict[str, float]] = {}
+        self.extras: dict[str, tuple[list[int], list[float]]] = {}  # key -> (tasks, values) since the last flush
         self.last_flush = time.monotonic()
         self.reported: set[int] = set()
 
@@ -255,13 +262,21 @@ class _Child:
         p[0] = float(first)
 
     def record(self, t: int, c: int, value: Any, allow_none: bool) -> None:
+        if type(value) is float and math.isfinite(value):  # the common case, without as_score's checks
+            self.scores[t] = value
+            self.status[t] = OK
+            return
         try:
             score, extras = as_score(value, allow_none=allow_none)
         except BadScore as err:
             self.fail(t, c, err, "")
             return
-        if extras:
-            self.extras[t] = extras
+        for key, extra in extras.items():
+            column = self.extras.get(key)
+            if column is None:
+                column = self.extras[key] = ([], [])
+            column[0].append(t)
+            column[1].append(extra)
         if score is None:
             self.status[t] = NOT_APPLICABLE
         else:
@@ -515,12 +530,15 @@ class ScoringPool:
                     c, i = divmod(msg[1], job.n)
                     if c not in out.raised or job.lo + i < out.raised[c][0]:
                         out.raised[c] = (job.lo + i, msg[2], msg[3])
-                elif msg[0] == "extras":
-                    for t, values in msg[1].items():
-                        c, i = divmod(t, job.n)
-                        for key, value in values.items():
-                            column = out.extras[c].setdefault(key, np.full(out.status.shape[1], np.nan))
-                            column[job.lo + i] = value
+                elif msg[0] == "extras":  # {key: (tasks, values)}
+                    for key, (tasks, values) in msg[1].items():
+                        c, i = np.divmod(np.asarray(tasks), job.n)
+                        for f in np.unique(c):
+                            column = out.extras[f].get(key)
+                            if column is None:
+                                column = out.extras[f][key] = np.full(out.status.shape[1], np.nan)
+                            mine = c == f
+                            column[job.lo + i[mine]] = np.asarray(values)[mine]
                 else:  # done
                     self._collect(p, out, len(specs) * job.n)
                     job.next, job.done, p.job = len(specs) * job.n, True, None
@@ -571,11 +589,11 @@ class ScoringPool:
         assert job is not None
         status = np.frombuffer(p.memory, np.int8, TASKS_CAP, 8 * TASKS_CAP + 32)[job.next:upto]
         scores = np.frombuffer(p.memory, np.float64, TASKS_CAP)[job.next:upto]
-        for k in np.flatnonzero(status):
-            c, i = divmod(job.next + int(k), job.n)
-            out.status[c, job.lo + i] = status[k]
-            if status[k] == OK:
-                out.scores[c, job.lo + i] = scores[k]
+        done = np.flatnonzero(status)
+        c, i = np.divmod(job.next + done, job.n)
+        out.status[c, job.lo + i] = status[done]
+        ok = status[done] == OK
+        out.scores[c[ok], job.lo + i[ok]] = scores[done[ok]]
 
     def _drop(self, p: _Process) -> None:
         if p.proc.returncode is None:
