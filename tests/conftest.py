@@ -15,8 +15,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # fixtures, such as the end-to-end pipeline, are built once). The files that take longest go first, so that the
 # two workers finish together instead of one of them ending on a long file alone. Only the order changes; a
 # file missing from this list runs after them, in the usual order.
+# The end-to-end files share one first `dvc repro` (tests/test_e2e_pipeline.py's first_repro): the experiments file
+# comes a few files after the pipeline's, so that the other worker reaches it when that run is done, not waiting.
 LONGEST_FIRST = (
-    "test_e2e_pipeline.py", "test_e2e_experiments.py", "trainer/test_async_ppo.py", "engine/test_data_parallel.py",
+    "test_e2e_pipeline.py", "trainer/test_async_ppo.py", "engine/test_data_parallel.py", "test_e2e_experiments.py",
     "test_ray_cluster.py",
     "trainer/test_ppo_estimators.py", "trainer/test_resume.py", "controller/test_worker_death.py",
     "trainer/test_reward_model_scoring.py", "engine/test_reward_model.py", "test_pipeline_spec.py",

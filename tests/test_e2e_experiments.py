@@ -1,6 +1,6 @@
-"""`rlcore compare` and `dvc exp run` end to end at tiny size, in a scratch copy of the repo (its own first `dvc repro`,
-so this file runs beside tests/test_e2e_pipeline.py on the other test worker): a comparison of two cells, one made to
-fail; an example run as an experiment, one parent row in the MLflow UI with its estimator and gain.
+"""`rlcore compare` and `dvc exp run` end to end at tiny size, in a scratch copy of the repo after the session's first
+`dvc repro` (tests/test_e2e_pipeline.py's, copied): a comparison of two cells, one made to fail; an example run as an
+experiment, one parent row in the MLflow UI with its estimator and gain.
 """
 
 from __future__ import annotations

@@ -5,16 +5,19 @@ does nothing, switching the estimator makes only the PPO rounds and evaluate sta
 holds the evaluate run with every param next to its metrics, `rlcore generate` + `rlcore eval`
 reproduce the evaluate stage, and the first round run again asynchronously with max_staleness 0,
 SIGKILLed after a step checkpoint, resumes and ends exactly as the uninterrupted synchronous one. `rlcore compare` and
-`dvc exp run` in the MLflow UI: tests/test_e2e_experiments.py (its own pipeline, on the other test worker).
+`dvc exp run` in the MLflow UI: tests/test_e2e_experiments.py. Both files start from copies of one first
+`dvc repro` per test session (:func:`first_repro`).
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -65,9 +68,10 @@ def ran_stages(output: str) -> set[str]:
     return {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")}
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> tuple[Path, dict]:
-    root = tmp_path_factory.mktemp("pipeline")
+def make_workdir(root: Path) -> dict:
+    """A scratch copy of the repository's pipeline in ``root`` (its code, the tiny params, a reward file; git and
+    DVC initialised); the environment its commands run in."""
+    root.mkdir(parents=True, exist_ok=True)
     for name in ("rlcore", "stages", "inputs", "dvc.yaml"):
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
@@ -75,17 +79,61 @@ def workdir(tmp_path_factory) -> tuple[Path, dict]:
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / "rewards").mkdir()
     (root / "rewards" / "brevity.py").write_text(BREVITY)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "PYTHONPATH": str(root), "RLCORE_CACHE": str(root / ".cache"), "RAY_ADDRESS": ""}
+    env = env_of(root)
     run(["git", "init", "-q"], root, env)
     run(["dvc", "init", "-q"], root, env)
-    return root, env
+    return env
+
+
+def env_of(root: Path) -> dict:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "PYTHONPATH": str(root), "RLCORE_CACHE": str(root / ".cache"), "RAY_ADDRESS": ""}
+
+
+def first_repro(tmp_path_factory) -> tuple[Path, str]:
+    """The first `dvc repro` of the tiny pipeline, run once per test session (its folder and its output): the two
+    end-to-end files start from copies of it. Under pytest-xdist the workers share it through a folder of the
+    session's run (the first worker to get here runs it, the other waits on the lock and finds it done)."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent / f"e2e-first-repro-{run_id}" if run_id else base / "e2e-first-repro"
+    shared.mkdir(exist_ok=True)
+    root, output = shared / "repo", shared / "output.txt"
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a worker dies holding it
+        if not output.exists():
+            if root.exists():  # a worker failed half way through it: start again
+                shutil.rmtree(root)
+            env = make_workdir(root)
+            output.write_text(run(["dvc", "repro"], root, env))
+    return root, output.read_text()
+
+
+def copy_workdir(src: Path, dst: Path) -> None:
+    """``src`` (a pipeline that ran) as ``dst``, its MLflow store's artifact paths moved along (the only absolute
+    paths it holds); DVC finds every stage up to date there (the lock file's hashes; the copies keep their
+    modification times)."""
+    shutil.copytree(src, dst, symlinks=True)
+    with sqlite3.connect(dst / "mlflow.db") as db:
+        old, new = str(src), str(dst)
+        db.execute("UPDATE experiments SET artifact_location = replace(artifact_location, ?, ?)", (old, new))
+        db.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (old, new))
+    db.close()
 
 
 @pytest.fixture(scope="module")
-def first_run(workdir) -> str:
-    root, env = workdir
-    return run(["dvc", "repro"], root, env)
+def workdir(tmp_path_factory) -> tuple[Path, dict]:
+    """This file's own copy of the pipeline after its first `dvc repro`, and its commands' environment."""
+    src, _ = first_repro(tmp_path_factory)
+    root = tmp_path_factory.mktemp("pipeline") / "repo"
+    copy_workdir(src, root)
+    return root, env_of(root)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> str:
+    """What the first `dvc repro` printed."""
+    return first_repro(tmp_path_factory)[1]
 
 
 def test_repro_writes_every_declared_output(workdir, first_run):
