@@ -19,6 +19,7 @@ from rlcore.data.schema import write_rows
 from rlcore.data.splits import build_splits, task_options
 from rlcore.inputs import recorded_sha256
 from rlcore.registry import options_from
+from rlcore.rewards.rule import RULES
 
 
 def check_task_files(cfg: Config, inputs_dir: str | Path) -> dict[str, str]:
@@ -42,13 +43,26 @@ def write_splits(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     for name, rows in splits.items():
         write_rows(rows, Path(out_dir) / f"{name}.parquet")
     metrics: dict[str, float] = {f"prepare/{name}_rows": len(rows) for name, rows in splits.items()}
-    metrics["prepare/sft_wrong_demonstrations"] = sum(
-        r["extra_info"]["answer"] != r["reward_model"]["ground_truth"] for r in splits["sft_train"])
+    metrics["prepare/sft_wrong_demonstrations"] = sum(map(wrong_demonstration, splits["sft_train"]))
     metrics["prepare/test_prompts_seen_in_training"] = overlap(splits["test"], splits["sft_train"], splits["rl_train"])
     pairs = cfg.task.pairs
     if pairs.n_train or pairs.n_test:
         metrics.update(write_pairs(cfg, splits["test"], Path(out_dir)))
     return metrics
+
+
+def wrong_demonstration(row: dict) -> bool:
+    """Whether a row's SFT demonstration (``extra_info.answer``) is one its data_source's rule would not score as
+    correct: a GSM8K solution's ``#### N``, a long-tailed arithmetic answer after its filler, a tool-loop
+    demonstration's final turn. A data_source without a rule (a file task's own): the demonstration differs from
+    the ground truth. A ground truth the rule cannot read counts as wrong."""
+    answer, truth, source = row["extra_info"]["answer"], row["reward_model"]["ground_truth"], row["data_source"]
+    if source not in RULES:
+        return answer != truth
+    try:
+        return RULES.get(source)(answer, truth) < 1.0
+    except (ValueError, TypeError):
+        return True
 
 
 def write_pairs(cfg: Config, test_rows: list, out_dir: Path) -> dict[str, float]:

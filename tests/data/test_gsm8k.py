@@ -130,3 +130,23 @@ def test_gsm8k_takes_no_arithmetic_settings(tmp_path):
     with pytest.raises(TypeError, match="'ops'"):
         build_splits(task="gsm8k", n_sft=1, n_rl=1, n_test=1, ops=("+",),
                      file={"train": str(train), "test": str(train)})
+
+
+def test_a_solution_whose_final_answer_is_right_is_not_a_wrong_demonstration(tmp_path):
+    """prepare's ``sft_wrong_demonstrations`` judges a demonstration as the task's rule would: a GSM8K solution by its
+    ``#### N`` (not by comparing the whole solution with N), a long-tailed arithmetic answer after its filler; a
+    data_source without a rule by the text."""
+    from rlcore.trainer.prepare import wrong_demonstration
+
+    rows = gsm8k_rows(_write_jsonl(tmp_path / "train.jsonl", RECORDS), split="train")
+    assert [wrong_demonstration(r) for r in rows] == [False] * 4
+    off = {**rows[0], "extra_info": {**rows[0]["extra_info"], "answer": "2+3=6\n#### 6"}}
+    assert wrong_demonstration(off)
+
+    def row(source, answer, truth):
+        return {"data_source": source, "extra_info": {"answer": answer}, "reward_model": {"ground_truth": truth}}
+
+    assert [wrong_demonstration(row("arithmetic", a, "46")) for a in ("....46", "46", "45", "....45")] == \
+        [False, False, True, True]
+    assert [wrong_demonstration(row("my_task", a, "up")) for a in ("up", "up.")] == [False, True]
+    assert wrong_demonstration(row("arithmetic", "46", "forty-six"))  # a truth the rule cannot read
