@@ -81,5 +81,7 @@ mlflow-ui: $(STAMP)
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--host 127.0.0.1 --port 5000
 
+# What the pipeline and the docs build; the committed metrics and plots (what `dvc repro` reproduces) stay.
 clean:
-	rm -rf data/processed data/scored models metrics plots mlflow.db site dvc_plots
+	rm -rf data/processed data/scored models checkpoints mlflow.db mlruns site dvc_plots
+	rm -f metrics/eval_samples.csv metrics/ppo_*_rollouts.parquet metrics/ppo_*_rollouts.html
