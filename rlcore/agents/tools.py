@@ -268,13 +268,19 @@ class ToolPool:
     def submit(self, request: dict, *, slot: int | None = None, timeout_s: float | None = None) -> Future:
         """Run ``request`` on ``slot``, or on the first free one; a future of the process's reply dict."""
         return self._queue([_Job(request, self.spec.timeout_s if timeout_s is None else timeout_s, Future())],
-                           slot)[0]
+                           None if slot is None else [slot])[0]
 
-    def _queue(self, jobs: list[_Job], slot: int | None = None) -> list[Future]:
+    def _queue(self, jobs: list[_Job], slots: list[int] | None = None) -> list[Future]:
+        """Queue ``jobs`` for any slot, or each for the slot ``slots`` names (modulo the slots: an environment's
+        key), and wake the slots' threads; their futures."""
         with self.ready:
             if self.closed:
                 raise RuntimeError("the tool pool is closed")
-            (self.slots[slot % len(self.slots)].own if slot is not None else self.shared).extend(jobs)
+            if slots is None:
+                self.shared.extend(jobs)
+            else:
+                for slot, job in zip(slots, jobs, strict=True):
+                    self.slots[slot % len(self.slots)].own.append(job)
             self.ready.notify_all()
         return [j.future for j in jobs]
 
@@ -295,15 +301,9 @@ class ToolPool:
 
     def environments(self, op: str, requests: list[tuple[int, dict[str, Any]]]) -> list[Future]:
         """:meth:`environment` ``op`` for each ``(key, fields)``, queued at once."""
-        jobs = [_Job({"op": op, "env": str(key), "max_chars": self.spec.max_tool_response_chars, **fields},
-                     self.spec.timeout_s, Future(), self.result) for key, fields in requests]
-        with self.ready:
-            if self.closed:
-                raise RuntimeError("the tool pool is closed")
-            for (key, _), job in zip(requests, jobs):
-                self.slots[key % len(self.slots)].own.append(job)
-            self.ready.notify_all()
-        return [j.future for j in jobs]
+        return self._queue([_Job({"op": op, "env": str(key), "max_chars": self.spec.max_tool_response_chars, **fields},
+                                 self.spec.timeout_s, Future(), self.result) for key, fields in requests],
+                           [key for key, _ in requests])
 
     def describe(self) -> dict:
         """What each tool is (``{"tools": {name: {"kind", ...}}, "broken": {name: why}}``), from a tool process."""
