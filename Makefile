@@ -81,7 +81,8 @@ mlflow-ui: $(STAMP)
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--host 127.0.0.1 --port 5000
 
-# What the pipeline and the docs build; the committed metrics and plots (what `dvc repro` reproduces) stay.
+# What the pipeline and the docs build; in metrics/ and plots/, whatever git does not track (the committed metrics
+# and plots, what `dvc repro` reproduces, stay; without git, those folders go too).
 clean:
 	rm -rf data/processed data/scored models checkpoints mlflow.db mlruns site dvc_plots
-	rm -f metrics/eval_samples.csv metrics/ppo_*_rollouts.parquet metrics/ppo_*_rollouts.html
+	if git rev-parse --git-dir >/dev/null 2>&1; then git clean -qfdx -- metrics plots; else rm -rf metrics plots; fi

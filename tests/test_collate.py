@@ -70,23 +70,51 @@ def test_decode_round_trip_stops_at_the_mask(tiny_tokenizer):
     assert decode_responses(tiny_tokenizer, ids, mask)[0] == "42"
 
 
+class _Spy:
+    """A tokenizer's Rust backend that counts its ``decode_batch`` calls."""
+
+    def __init__(self, backend, calls: list):
+        self.backend, self.calls = backend, calls
+
+    def decode_batch(self, *args, **kwargs):
+        self.calls.append(len(args[0]))
+        return self.backend.decode_batch(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
 @pytest.mark.parametrize("clean_up", [False, True])
-def test_decode_is_each_rows_own_decode_of_its_masked_tokens(tiny_tokenizer, clean_up):
+def test_decode_is_each_rows_own_decode_of_its_masked_tokens(tiny_tokenizer, clean_up, monkeypatch):
     """Any ids (special tokens among them) under masks with holes (a tool loop's observations): each text is what
-    the tokenizer's own ``decode`` gives that row's masked tokens, on the batched path and on the per-row one (a
-    tokenizer that cleans up spaces)."""
+    the tokenizer's own ``decode`` gives that row's masked tokens (written out here token by token). A plain fast
+    tokenizer goes through one ``decode_batch`` of its backend; one that cleans up spaces, row by row."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, len(tiny_tokenizer), (64, 12), generator=gen)
     mask = torch.randint(0, 2, (64, 12), generator=gen)
     mask[0] = 0  # an empty response
-    before, tiny_tokenizer.clean_up_tokenization_spaces = tiny_tokenizer.clean_up_tokenization_spaces, clean_up
-    try:
-        expected = [tiny_tokenizer.decode([t for t, k in zip(r, m) if k], skip_special_tokens=True)
-                    for r, m in zip(ids.tolist(), mask.tolist())]
-        assert decode_responses(tiny_tokenizer, ids, mask) == expected
-    finally:
-        tiny_tokenizer.clean_up_tokenization_spaces = before
+    special = set(tiny_tokenizer.all_special_ids)
+    expected = ["".join(tiny_tokenizer.convert_ids_to_tokens([t for t, k in zip(r, m) if k and t not in special]))
+                for r, m in zip(ids.tolist(), mask.tolist())]
+    calls: list[int] = []
+    backend = tiny_tokenizer.backend_tokenizer
+    monkeypatch.setattr(type(tiny_tokenizer), "backend_tokenizer", property(lambda self: _Spy(backend, calls)))
+    monkeypatch.setattr(tiny_tokenizer, "clean_up_tokenization_spaces", clean_up)
+    assert decode_responses(tiny_tokenizer, ids, mask) == expected
+    assert calls == ([] if clean_up else [64])
     assert expected[0] == "" and len(set(expected)) > 50
+
+
+def test_a_tokenizer_whose_class_changes_decode_keeps_its_own_text(tiny_model_dir, tiny_tokenizer):
+    """A fast tokenizer class that maps the decoded text (as CPM's does) is decoded its own way, not by the backend."""
+
+    class Shouting(type(tiny_tokenizer)):
+        def _decode(self, *args, **kwargs):
+            return super()._decode(*args, **kwargs).upper()
+
+    texts = ["the sum is 9", "ab"]
+    ids, mask = encode_responses(tiny_tokenizer, texts, 16, "src")
+    assert decode_responses(Shouting.from_pretrained(tiny_model_dir), ids, mask) == ["THE SUM IS 9", "AB"]
 
 
 def test_prompt_batch_carries_reward_fields(tiny_tokenizer):

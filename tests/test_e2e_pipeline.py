@@ -98,15 +98,37 @@ def first_repro(tmp_path_factory) -> tuple[Path, str]:
     base = tmp_path_factory.getbasetemp()
     shared = base.parent / f"e2e-first-repro-{run_id}" if run_id else base / "e2e-first-repro"
     shared.mkdir(exist_ok=True)
-    root, output = shared / "repo", shared / "output.txt"
+    root, output, failed = shared / "repo", shared / "output.txt", shared / "failed.txt"
     with open(shared / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a worker dies holding it
+        if failed.exists():  # once is enough: the other file fails at once, with the first error
+            pytest.fail(f"the session's first dvc repro failed:\n{failed.read_text()}")
         if not output.exists():
-            if root.exists():  # a worker failed half way through it: start again
+            if root.exists():  # a worker that died half way through it (its stages were killed with it)
                 shutil.rmtree(root)
-            env = make_workdir(root)
-            output.write_text(run(["dvc", "repro"], root, env))
+            try:
+                text = run_group(["dvc", "repro"], root, make_workdir(root), timeout_s=900)
+            except BaseException as err:
+                failed.write_text(str(err))
+                raise
+            output.with_suffix(".tmp").write_text(text)
+            os.replace(output.with_suffix(".tmp"), output)
     return root, output.read_text()
+
+
+def run_group(cmd: list[str], cwd: Path, env: dict, timeout_s: float) -> str:
+    """:func:`run` in a process group of its own, the whole group killed when it runs past ``timeout_s`` (a stage and
+    its Ray workers with it, not only ``dvc``)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{out[-6000:]}"
+    return out
 
 
 def copy_workdir(src: Path, dst: Path) -> None:

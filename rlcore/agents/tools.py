@@ -273,13 +273,15 @@ class ToolPool:
     def _queue(self, jobs: list[_Job], slots: list[int] | None = None) -> list[Future]:
         """Queue ``jobs`` for any slot, or each for the slot ``slots`` names (modulo the slots: an environment's
         key), and wake the slots' threads; their futures."""
+        if slots is not None and len(slots) != len(jobs):
+            raise ValueError(f"{len(jobs)} jobs but {len(slots)} slots")
         with self.ready:
             if self.closed:
                 raise RuntimeError("the tool pool is closed")
             if slots is None:
                 self.shared.extend(jobs)
             else:
-                for slot, job in zip(slots, jobs, strict=True):
+                for slot, job in zip(slots, jobs):
                     self.slots[slot % len(self.slots)].own.append(job)
             self.ready.notify_all()
         return [j.future for j in jobs]

@@ -100,11 +100,21 @@ def prompt_batch(df: pd.DataFrame, tokenizer, max_prompt_length: int, source: st
 
 def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
     """Text of each response's tokens under its mask, special tokens (EOS) dropped: what ``tokenizer.decode``
-    gives each one. A fast tokenizer that cleans up no spaces decodes the batch in one call of its Rust backend
-    (``decode_batch``): 0.5 ms for 256 responses here, against 8 ms for a ``decode`` per response (masking a
-    tensor per row, and transformers' per-call argument handling) and 2.3 ms for ``batch_decode``."""
+    gives each one. A plain fast tokenizer decodes the batch in one call of its Rust backend (``decode_batch``):
+    0.4 ms for 256 responses here, against 7.4 ms for a ``decode`` per response (masking a tensor per row, and
+    transformers' per-call argument handling) and 2.3 ms for ``batch_decode``."""
     ids = [list(compress(r, m)) for r, m in zip(responses.tolist(), response_mask.tolist())]
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return backend.decode_batch(ids, skip_special_tokens=True)
+    if _backend_decodes_as_the_tokenizer(tokenizer):
+        return tokenizer.backend_tokenizer.decode_batch(ids, skip_special_tokens=True)
     return [tokenizer.decode(r, skip_special_tokens=True) for r in ids]
+
+
+def _backend_decodes_as_the_tokenizer(tokenizer) -> bool:
+    """Whether the Rust backend's decode is the tokenizer's own: a fast tokenizer whose class changes nothing of
+    ``decode`` (some map characters afterwards, as CPM's does) and that cleans up no spaces."""
+    from transformers import PreTrainedTokenizerFast
+
+    cls = type(tokenizer)
+    return (isinstance(tokenizer, PreTrainedTokenizerFast) and cls._decode is PreTrainedTokenizerFast._decode
+            and cls.decode is PreTrainedTokenizerFast.decode
+            and not getattr(tokenizer, "clean_up_tokenization_spaces", False))

@@ -27,7 +27,6 @@ from rlcore.rewards import guard
 from rlcore.rewards.guard import TASKS_CAP, RewardError
 from rlcore.rewards.rule import RULES, compute_score
 from rlcore.rewards.scoring import RewardScorer, probe, samples_of
-from tests.rewards import user_rewards
 
 USER = str(Path(__file__).with_name("user_rewards.py"))
 TIMEOUT_S = 0.5
@@ -76,17 +75,19 @@ def test_extra_values_of_returned_dicts_are_logged_as_means():
 
 
 def test_each_samples_extra_values_land_at_its_own_position_across_processes_and_functions():
-    """Two functions with extra values over three processes, with samples that give none (None, a failure)
-    between them: each value is where its sample is, NaN elsewhere."""
+    """Two functions with an extra value of the same name over three processes, each skipping other samples (None, a
+    failure): each function's values are where its own samples are, NaN elsewhere."""
     texts = ["1", "skip", "22", "raise", "333", "4", "skip", "55555", "6"]
-    scorer = RewardScorer([user("faulty"), fns.from_callable("faulty_bonus", user_rewards.faulty,
-                                                             kwargs={"bonus": 1.0})], processes=3)
+    doubled = fns.from_callable("doubled", lambda ds, text, gt, extra: None if text in ("1", "4") else
+                                {"score": 1.0, "length": 2.0 * len(text)})
+    scorer = RewardScorer([user("faulty"), doubled], processes=3)
     r = score(scorer, texts)
-    want = [len(t) if t not in ("skip", "raise") else np.nan for t in texts]
-    for label in ("faulty", "faulty_bonus"):
-        np.testing.assert_array_equal(r.extras[label]["length"], want)
-        assert list(r.extras[label]) == ["length"]
-    np.testing.assert_array_equal(r.values["faulty_bonus"][[0, 2, 4]], [2.0, 23.0, 334.0])
+    np.testing.assert_array_equal(r.extras["faulty"]["length"],
+                                  [len(t) if t not in ("skip", "raise") else np.nan for t in texts])
+    np.testing.assert_array_equal(r.extras["doubled"]["length"],
+                                  [2.0 * len(t) if t not in ("1", "4") else np.nan for t in texts])
+    assert list(r.extras["faulty"]) == list(r.extras["doubled"]) == ["length"]
+    np.testing.assert_array_equal(r.values["faulty"][[0, 2, 4]], [1.0, 22.0, 333.0])
 
 
 def test_what_each_bad_return_is_called():
