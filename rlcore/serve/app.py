@@ -204,7 +204,8 @@ def error_bytes(status: int, message: str, code: str) -> bytes:
 
 class BodyLimit:
     """ASGI middleware: a request body over ``max_bytes`` is answered 413 before the app reads it, by its
-    Content-Length, or (chunked, no length) as soon as the bytes received pass the limit; so no request holds
+    Content-Length (a body of up to :attr:`drain_bytes` more is read and dropped first; a larger one is not waited
+    for), or (chunked, no length) as soon as the bytes received pass the limit; so no request holds
     more than ``max_bytes`` of body in memory. A body still arriving after ``timeout_s`` is answered 408. The body
     read is handed on to the app unchanged."""
 
@@ -220,6 +221,14 @@ class BodyLimit:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             what = f"{int(length)} bytes" if length.isdigit() else f"Content-Length {length[:20]!r}"
+            if length.isdigit() and int(length) <= self.max_bytes + self.drain_bytes:
+                # a body the client may already be sending (the official clients send it with the headers): read
+                # and dropped first, else the close resets the connection before the client reads the 413
+                try:
+                    if await asyncio.wait_for(self._read(receive), self.timeout_s) is None:
+                        return  # the client went away
+                except TimeoutError:
+                    pass
             return await self._refuse(send, 413, f"The request body is too large: {what}; this server takes at most "
                                                  f"{self.max_bytes} (--max-body-bytes)", "request_too_large")
         try:

@@ -419,10 +419,14 @@ def test_max_tokens_is_capped_at_the_servers_limit_after_the_context_check(limit
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
-def raw_http(port: int, request: bytes, timeout: float = 20.0) -> tuple[int, dict[str, str], bytes]:
-    """Send ``request`` as is on a new connection; (status, headers, body) of the answer."""
+def raw_http(port: int, request: bytes, timeout: float = 20.0, then: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as is on a new connection (and ``then``, half a second later); (status, headers, body) of the
+    answer."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(request)
+        if then:
+            time.sleep(0.5)
+            sock.sendall(then)
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = sock.recv(65536)
@@ -455,6 +459,13 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read(limited):
     r = limited.http.post("/v1/completions", content=iter([b'{"prompt": "'] + [b"x" * 2048] * 100 + [b'"}']),
                           headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    # a body with its Content-Length that arrives just after the headers (as a client under load sends it): refused
+    # by the length, but the body is read first, so the client reads the 413; a close with the body unread, or
+    # before it arrives, resets the connection ("connection reset" in the client, seen with the official client)
+    payload = b'{"prompt": "' + b"x" * 5000 + b'"}'
+    status, _, body = raw_http(limited.port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: "
+                               b"application/json\r\nContent-Length: %d\r\n\r\n" % len(payload), then=payload)
+    assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
     with pytest.raises(openai.APIStatusError) as raised:  # the official client, a prompt of 5000 characters
         limited.client.completions.create(model=MODEL, prompt="x" * 5000, max_tokens=2)
     assert raised.value.status_code == 413
