@@ -19,7 +19,7 @@ from rlcore.data.schema import write_rows
 from rlcore.data.splits import build_splits, task_options
 from rlcore.inputs import recorded_sha256
 from rlcore.registry import options_from
-from rlcore.rewards.rule import RULES
+from rlcore.rewards.rule import RULES, compute_score
 
 
 def check_task_files(cfg: Config, inputs_dir: str | Path) -> dict[str, str]:
@@ -60,7 +60,7 @@ def wrong_demonstration(row: dict) -> bool:
     if source not in RULES:
         return answer != truth
     try:
-        return RULES.get(source)(answer, truth) < 1.0
+        return compute_score(source, answer, truth) < 1.0
     except (ValueError, TypeError):
         return True
 
