@@ -16,8 +16,8 @@ critic), in bytes:
 * under fsdp without ``resources.reshard_after_forward``, the gathered weights a forward keeps until backward;
 * activations of one micro-batch's forward and backward: per token and layer about ``10 hidden + 3 intermediate``
   floats (the inputs autograd keeps for the attention and MLP matmuls), only each layer's input with gradient
-  checkpointing (plus one layer recomputed); and the logits of the response tokens, three times (the logits, their
-  log-softmax and its gradient) in float32;
+  checkpointing (plus one layer recomputed); and the logits of the response tokens in float32, twice (the logits and
+  their gradient), with the chunked log-prob's temporaries (four float chunks, ``rlcore.engine.logits``);
 * the process itself: Python, torch, transformers and Ray's worker (measured: ``RUNTIME_BYTES``).
 
 It is an estimate (allocator slack and temporary buffers come on top), meant to say "this cannot fit" before a
@@ -111,7 +111,11 @@ def _activations(shape: ModelShape, tokens: int, response_tokens: int, checkpoin
         kept = tokens * (shape.hidden * shape.layers + per_layer_token)
     else:
         kept = tokens * per_layer_token * shape.layers
-    return 4.0 * (kept + 3 * response_tokens * shape.vocab)
+    from rlcore.engine.logits import CHUNK_ELEMENTS
+
+    logits = response_tokens * shape.vocab
+    # the logits and their gradient, and the chunked log-prob's float temporaries (rlcore.engine.logits)
+    return 4.0 * (kept + 2 * logits + 4 * min(logits, CHUNK_ELEMENTS))
 
 
 def trainer_estimate(cfg: Config, shape: ModelShape, role: str, what: str, *, with_ref: bool = False,

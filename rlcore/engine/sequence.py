@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
-from rlcore.algos.entropy import entropy_from_logits, sum_pi_squared_from_logits
+from rlcore.algos.entropy import sum_pi_squared_from_logits
 from rlcore.engine import packed
+from rlcore.engine.logits import token_log_probs_and_entropy
 from rlcore.engine.strategy import Replicated, Strategy
 from rlcore.protocol import Batch
 from rlcore.registry import Registry
@@ -69,19 +69,6 @@ def sequences(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.cat([batch["prompts"], batch["responses"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], response_attention(batch)], dim=1)
     return trim_left_padding(ids, mask)
-
-
-def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(token) under softmax(logits / temperature); ``[batch, len]``.
-
-    Float logits at temperature 1 (what ``SequenceModel`` hands over, already scaled) are not copied: at a real
-    vocabulary (152k entries) a copy is one float32 logits-sized tensor more in the forward's peak per micro-batch.
-    The log-softmax stays one fused kernel forward and backward (``z[token] - logsumexp(z)`` needs less in the
-    forward but more, and more time, in the backward: measured on an H200)."""
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
-    return F.log_softmax(z, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 class SequenceForward(Protocol):
@@ -155,25 +142,28 @@ class SequenceModel:
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs ``[batch, response_len]`` of ``responses`` under ``softmax(logits / temperature)`` and,
         optionally, their entropy, off the autograd graph unless ``entropy_grad`` (a logged-only entropy
-        then costs backward nothing)."""
-        logits = self._scaled_logits(input_ids, attention_mask, responses.shape[1], temperature)
-        log_probs = token_log_probs(logits, responses)
-        entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
-        return log_probs, entropy
+        then costs backward nothing).
+
+        The logits stay in the forward's dtype and the statistics are taken a chunk at a time
+        (:func:`rlcore.engine.logits.token_log_probs_and_entropy`): no float copy of them is kept for the backward."""
+        logits = self._logits(input_ids, attention_mask, responses.shape[1])
+        return token_log_probs_and_entropy(logits, responses, temperature, with_entropy=with_entropy,
+                                           entropy_grad=entropy_grad)
 
     def response_log_probs_and_sum_pi_squared(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                               responses: torch.Tensor, *, temperature: float = 1.0
                                               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs ``[batch, response_len]`` of ``responses`` and ``sum_v pi(v)^2`` of each position's
         distribution ``softmax(logits / temperature)``, from one forward (the optimal token baseline's inputs)."""
-        logits = self._scaled_logits(input_ids, attention_mask, responses.shape[1], temperature)
-        return token_log_probs(logits, responses), sum_pi_squared_from_logits(logits)
+        logits = self._logits(input_ids, attention_mask, responses.shape[1])
+        log_probs, _ = token_log_probs_and_entropy(logits, responses, temperature)
+        return log_probs, sum_pi_squared_from_logits(logits.float() / temperature)
 
-    def _scaled_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
-                       temperature: float) -> torch.Tensor:
+    def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
+        """The logits predicting each response token, in the forward's dtype (the autocast's under mixed
+        precision)."""
         with self.strategy.autocast():
-            logits = self.forward.response_logits(self.module, input_ids, attention_mask, response_len)
-        return logits.float() / temperature
+            return self.forward.response_logits(self.module, input_ids, attention_mask, response_len)
 
     def response_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
                         ) -> torch.Tensor:

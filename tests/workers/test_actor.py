@@ -101,14 +101,20 @@ def test_a_zero_entropy_coeff_keeps_the_entropy_off_the_backward_graph(tiny_mode
     seen = []
     import rlcore.engine.sequence as sequence_module
 
-    real = sequence_module.entropy_from_logits
-    sequence_module.entropy_from_logits = lambda logits: (seen.append(logits.requires_grad), real(logits))[1]
+    real = sequence_module.token_log_probs_and_entropy
+
+    def spy(*args, **kwargs):
+        log_probs, entropy = real(*args, **kwargs)
+        seen.append(entropy.requires_grad)
+        return log_probs, entropy
+
+    sequence_module.token_log_probs_and_entropy = spy
     try:
         scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
         worker._actor_loss(part, SPEC, scale)
         worker._actor_loss(part, dataclasses.replace(SPEC, entropy_coeff=0.5), scale)
     finally:
-        sequence_module.entropy_from_logits = real
+        sequence_module.token_log_probs_and_entropy = real
     assert seen == [False, True]
 
 
