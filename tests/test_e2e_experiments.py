@@ -1,6 +1,6 @@
 """`rlcore compare` and `dvc exp run` end to end at tiny size, in a scratch copy of the repo after the session's first
-`dvc repro` (tests/test_e2e_pipeline.py's, copied): a comparison of two cells, one made to fail; an example run as an
-experiment, one parent row in the MLflow UI with its estimator and gain.
+`dvc repro` (tests/test_e2e_pipeline.py's, copied): a comparison of two cells, one an example's change and one made to
+fail, each experiment one parent row in the MLflow UI with its estimator and gain.
 """
 
 from __future__ import annotations
@@ -24,56 +24,6 @@ import pytest
 from tests.test_e2e_pipeline import REPO, first_run, ran_stages, run, stale_stages, workdir  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.e2e
-
-
-def test_compare_runs_each_cell_as_an_experiment_reports_a_failed_one_and_restores_the_workspace(workdir, first_run):
-    """`rlcore compare` on the tiny pipeline, committed as the baseline: two cells. One changes the evaluation's
-    sampling temperature: DVC finds data, SFT, scoring and the rounds up to date and runs only evaluate; its
-    numbers in the report are its experiment's. The other also points Ray at an address where nothing answers:
-    DVC re-runs SFT (whose params include ray), which stops at once, `dvc exp run` fails, and the report names
-    the cell with the last lines of its output. `dvc exp show` lists the experiment; the page and PNG land in
-    docs/results; MLflow has the report's run; the workspace is the baseline's again, the SFT model the failed
-    cell's run deleted included (nothing for `dvc status` to do)."""
-    root, env = workdir
-    shutil.copy(REPO / ".gitignore", root / ".gitignore")  # mlflow.db, models, data, checkpoints stay out of git
-    git_env = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-               "GIT_COMMITTER_EMAIL": "t@t"}
-    run(["git", "add", "-A"], root, git_env)
-    run(["git", "commit", "-q", "-m", "baseline"], root, git_env)
-    params_before = (root / "params.yaml").read_text()
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "compare", "--name", "tiny",
-                           "--grid", "evaluate.temperature=0.7", "--grid", "ray.address=local,127.0.0.1:1"],
-                          cwd=root, env=git_env, capture_output=True, text=True, timeout=600)
-    took = time.monotonic() - start
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads((root / "compare/tiny/results.json").read_text())
-    ok, failed = data["cells"]
-    assert ok["error"] is None and ok["values"]["ray.address"] == "local"
-    assert "dvc exp run exited with" in failed["error"] and "nothing answers at 127.0.0.1:1" in failed["error"]
-    log = Path(ok["log"]).read_text()
-    assert "Running stage 'evaluate'" in log and "Running stage 'ppo@r" not in log and "Running stage 'sft'" not in log
-    exp_eval = json.loads(run(["git", "show", f"{ok['rev']}:metrics/eval.json"], root, env))
-    assert ok["metrics"]["gain"] == exp_eval["gain/greedy_pass@1"]
-    assert ok["metrics"]["pass_at_k"] == exp_eval["final/pass@2"]
-    r2 = json.loads((root / "metrics/ppo_r2.json").read_text())
-    assert ok["metrics"]["reward"] == r2["ppo/reward_last10"]  # the rounds did not run again: the baseline's
-    assert [p[0] for p in ok["curve"]] == [0, 1, 2, 3]  # r1's initial value, its 2 steps, r2's 1 step
-    shown = run(["dvc", "exp", "show", "--json"], root, env)
-    assert ok["experiment"] in shown and failed["experiment"] not in shown
-    page = (root / "docs/results/compare-tiny.md").read_text()
-    assert "compare-tiny.png" in page and "## Failed cells" in page and "nothing answers at 127.0.0.1:1" in page
-    assert (root / "docs/results/compare-tiny.png").read_bytes()[:4] == b"\x89PNG"
-    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
-    runs = mlflow.search_runs(experiment_names=["rlcore"], filter_string="tags.`rlcore.stage` = 'compare'")
-    assert list(runs["tags.rlcore.compare"]) == ["tiny"] and list(runs["tags.mlflow.runName"]) == ["compare-tiny"]
-    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(runs["run_id"][0])}
-    assert {"report.md", "tiny.png", "results.json"} <= artifacts
-    assert (root / "params.yaml").read_text() == params_before
-    assert run(["git", "status", "--porcelain", "--untracked-files=no"], root, env).strip() == ""
-    assert stale_stages(root, env) == set()
-    print(f"rlcore compare, 2 cells: {took:.1f} s")
-
 
 
 VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
@@ -153,13 +103,22 @@ def mlflow_ui(store: Path):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def test_each_dvc_exp_run_is_one_parent_row_in_the_mlflow_ui_with_its_estimator_and_gain(workdir, first_run, tmp_path):
-    """The first `dvc repro` is one parent run holding its five stage runs. Then an example runs end to end as
-    `dvc exp run -S <each key it changes>` (examples/rloo.yaml): a parent run named after the experiment and its
-    changes, carrying every param, the commit and the gain evaluate measured, with exactly the stages that ran (the
-    rounds and evaluate) nested under it; the evaluate run holds the samples as an MLflow table. The runs table of
-    the view that `make mlflow-ui` points at, opened in headless Chromium, shows both pipelines as rows of their own
-    (their stage runs folded under them) with their estimator and gain."""
+def test_compare_runs_each_cell_as_an_experiment_one_parent_row_each_in_the_mlflow_ui_and_reports_a_failed_one(
+        workdir, first_run, tmp_path):
+    """The first `dvc repro` is one parent run holding its five stage runs. Then `rlcore compare` on the tiny
+    pipeline, committed as the baseline, runs two cells as `dvc exp run -S ...`:
+
+    * examples/rloo.yaml's one change (``algorithm.adv_estimator: rloo``): DVC finds data, SFT and scoring up to date
+      and runs the rounds and evaluate; the report's numbers are its experiment's; in MLflow it is a parent run named
+      after the experiment and its change, carrying every param, the commit and the gain evaluate measured, with
+      exactly the stages that ran nested under it (the evaluate run holds the samples as an MLflow table);
+    * the same with Ray pointed at an address where nothing answers: DVC re-runs SFT (whose params include ray),
+      which stops at once; `dvc exp run` fails and the report names the cell with the last lines of its output.
+
+    `dvc exp show` lists the experiment; the page and PNG land in docs/results; MLflow has the report's run; the
+    workspace is the baseline's again, the SFT model the failed cell's run deleted included (nothing for `dvc status`
+    to do). The runs table of the view that `make mlflow-ui` points at, opened in headless Chromium, shows both
+    pipelines as rows of their own (their stage runs folded under them) with their estimator and gain."""
     root, env = workdir
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("rlcore")
@@ -170,38 +129,63 @@ def test_each_dvc_exp_run_is_one_parent_row_in_the_mlflow_ui_with_its_estimator_
     assert sorted(r.info.run_name for r in nested) == ["evaluate", "ppo-r1", "ppo-r2", "score", "sft"]
     assert first.info.run_name.startswith("pipeline ") and first.data.params["sft.steps"] == "4"
 
-    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode:  # run on its own
-        git_env = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                   "GIT_COMMITTER_EMAIL": "t@t"}
-        shutil.copy(REPO / ".gitignore", root / ".gitignore")
-        run(["git", "add", "-A"], root, git_env)
-        run(["git", "commit", "-q", "-m", "baseline"], root, git_env)
-    parents = {first.info.run_id: ("grpo", first.data.metrics["gain/greedy_pass_at_1"],
-                                   {r.info.run_id for r in nested})}
-    for example in ("rloo",):
-        run(["git", "checkout", "--", "."], root, env)  # the commit's params, not the previous experiment's
-        overrides = example_overrides(example)
-        assert overrides == {"algorithm.adv_estimator": "rloo"}
-        sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={value}")]
-        cmd = ["dvc", "exp", "run", "-n", f"ex-{example}", *sets]
-        assert ran_stages(run(cmd, root, env)) == {"ppo@r1", "ppo@r2", "evaluate"}
-        gain = json.loads((root / "metrics/eval.json").read_text())["gain/greedy_pass@1"]
-        found = client.search_runs([experiment.experiment_id], f"tags.`dvc.exp_name` = 'ex-{example}' and "
-                                   "tags.`rlcore.stage` = 'pipeline'")
-        assert len(found) == 1
-        parent = found[0]
-        changes = ", ".join(f"{k.rsplit('.', 1)[1]}={v}" for k, v in overrides.items())
-        assert parent.info.run_name == f"ex-{example}: {changes}" and parent.info.status == "FINISHED"
-        assert parent.data.params["algorithm.adv_estimator"] == overrides["algorithm.adv_estimator"]
-        assert parent.data.params["sft.steps"] == "4"  # every param, not only the rounds' own
-        assert parent.data.metrics["gain/greedy_pass_at_1"] == pytest.approx(gain, abs=1e-12)
-        assert parent.data.tags["mlflow.source.git.commit"] == run(["git", "rev-parse", "HEAD"], root, env).strip()
-        stages = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-        assert sorted(r.info.run_name for r in stages) == ["evaluate", "ppo-r1", "ppo-r2"]
-        evaluate = next(r for r in stages if r.info.run_name == "evaluate")
-        logged = json.loads(evaluate.data.tags["mlflow.loggedArtifacts"])
-        assert {"path": "eval_samples.json", "type": "table"} in logged
-        parents[parent.info.run_id] = (overrides["algorithm.adv_estimator"], gain, {r.info.run_id for r in stages})
+    shutil.copy(REPO / ".gitignore", root / ".gitignore")  # mlflow.db, models, data, checkpoints stay out of git
+    git_env = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t"}
+    run(["git", "add", "-A"], root, git_env)
+    run(["git", "commit", "-q", "-m", "baseline"], root, git_env)
+    params_before = (root / "params.yaml").read_text()
+    overrides = example_overrides("rloo")
+    assert overrides == {"algorithm.adv_estimator": "rloo"}
+    (key, value), = overrides.items()
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "rlcore", "compare", "--name", "tiny",
+                           "--grid", f"{key}={value}", "--grid", "ray.address=local,127.0.0.1:1"],
+                          cwd=root, env=git_env, capture_output=True, text=True, timeout=900)
+    took = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((root / "compare/tiny/results.json").read_text())
+    ok, failed = data["cells"]
+    assert ok["error"] is None and ok["values"] == {key: value, "ray.address": "local"}
+    assert "dvc exp run exited with" in failed["error"] and "nothing answers at 127.0.0.1:1" in failed["error"]
+    assert ran_stages(Path(ok["log"]).read_text()) == {"ppo@r1", "ppo@r2", "evaluate"}
+    exp_eval = json.loads(run(["git", "show", f"{ok['rev']}:metrics/eval.json"], root, env))
+    exp_r2 = json.loads(run(["git", "show", f"{ok['rev']}:metrics/ppo_r2.json"], root, env))
+    assert ok["metrics"]["gain"] == exp_eval["gain/greedy_pass@1"]
+    assert ok["metrics"]["pass_at_k"] == exp_eval["final/pass@2"]
+    assert ok["metrics"]["reward"] == exp_r2["ppo/reward_last10"]
+    assert [p[0] for p in ok["curve"]] == [0, 1, 2, 3]  # r1's initial value, its 2 steps, r2's 1 step
+    shown = run(["dvc", "exp", "show", "--json"], root, env)
+    assert ok["experiment"] in shown and failed["experiment"] not in shown
+    page = (root / "docs/results/compare-tiny.md").read_text()
+    assert "compare-tiny.png" in page and "## Failed cells" in page and "nothing answers at 127.0.0.1:1" in page
+    assert (root / "docs/results/compare-tiny.png").read_bytes()[:4] == b"\x89PNG"
+    reports = client.search_runs([experiment.experiment_id], "tags.`rlcore.stage` = 'compare'")
+    assert [r.data.tags["rlcore.compare"] for r in reports] == ["tiny"]
+    assert [r.info.run_name for r in reports] == ["compare-tiny"]
+    artifacts = {a.path for a in client.list_artifacts(reports[0].info.run_id)}
+    assert {"report.md", "tiny.png", "results.json"} <= artifacts
+    assert (root / "params.yaml").read_text() == params_before
+    assert run(["git", "status", "--porcelain", "--untracked-files=no"], root, env).strip() == ""
+    assert stale_stages(root, env) == set()
+    print(f"rlcore compare, 2 cells: {took:.1f} s")
+
+    found = client.search_runs([experiment.experiment_id], f"tags.`dvc.exp_name` = '{ok['experiment']}' and "
+                               "tags.`rlcore.stage` = 'pipeline'")
+    assert len(found) == 1
+    parent = found[0]
+    assert parent.info.run_name == f"{ok['experiment']}: adv_estimator={value}" and parent.info.status == "FINISHED"
+    assert parent.data.params[key] == value
+    assert parent.data.params["sft.steps"] == "4"  # every param, not only the rounds' own
+    assert parent.data.metrics["gain/greedy_pass_at_1"] == pytest.approx(exp_eval["gain/greedy_pass@1"], abs=1e-12)
+    assert parent.data.tags["mlflow.source.git.commit"] == run(["git", "rev-parse", "HEAD"], root, env).strip()
+    stages = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(r.info.run_name for r in stages) == ["evaluate", "ppo-r1", "ppo-r2"]
+    evaluate = next(r for r in stages if r.info.run_name == "evaluate")
+    logged = json.loads(evaluate.data.tags["mlflow.loggedArtifacts"])
+    assert {"path": "eval_samples.json", "type": "table"} in logged
+    parents = {first.info.run_id: ("grpo", first.data.metrics["gain/greedy_pass_at_1"], {r.info.run_id for r in nested}),
+               parent.info.run_id: (value, exp_eval["gain/greedy_pass@1"], {r.info.run_id for r in stages})}
 
     if CHROMIUM is None:
         pytest.skip("no chromium binary on PATH (apt-get install chromium): the UI check did not run")

@@ -57,6 +57,10 @@ class ModelShape:
     """The last name component of every linear layer but the output head (what ``lora.target_modules`` lists)."""
 
 
+# a model config's JSON -> (parameters, (last name component, in, out) of each linear layer but the output head)
+_META_COUNTS: dict[str, tuple[int, tuple[tuple[str, int, int], ...]]] = {}
+
+
 def model_shape(folder, loras: list[tuple[int, str | tuple[str, ...]]] = ()) -> ModelShape:
     """The shape of the model in ``folder`` (an adapter folder's base; or a Hugging Face config), counted on the meta
     device (no memory)."""
@@ -69,22 +73,24 @@ def model_shape(folder, loras: list[tuple[int, str | tuple[str, ...]]] = ()) -> 
         config = folder
     else:
         config = AutoConfig.from_pretrained(str(architecture_folder(folder)), local_files_only=True)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    params = sum(p.numel() for p in model.parameters())
-    linears = [(name.rsplit(".", 1)[-1], m) for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()]
+    key = config.to_json_string()
+    if key not in _META_COUNTS:  # a stage asks twice (its LoRA checks, then the estimate): one meta model
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        _META_COUNTS[key] = (sum(p.numel() for p in model.parameters()), tuple(
+            (name.rsplit(".", 1)[-1], m.in_features, m.out_features) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()))
+    params, linears = _META_COUNTS[key]
     counts = {}
     for rank, targets in loras:
-        chosen = [m for short, m in linears if targets == "all-linear" or short in targets]
         counts[(rank, targets if isinstance(targets, str) else ",".join(targets))] = sum(
-            rank * (m.in_features + m.out_features) for m in chosen)
+            rank * (n_in + n_out) for short, n_in, n_out in linears if targets == "all-linear" or short in targets)
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
     return ModelShape(params=params, hidden=config.hidden_size, intermediate=config.intermediate_size,
                       layers=config.num_hidden_layers, vocab=config.vocab_size, kv_width=kv, lora_params=counts,
-                      linear_names=frozenset(short for short, _ in linears))
+                      linear_names=frozenset(short for short, _, _ in linears))
 
 
 @dataclass(frozen=True)
