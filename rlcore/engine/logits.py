@@ -20,6 +20,9 @@ Checked against the plain expressions and ``torch.autograd.gradcheck`` in tests/
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import torch
 
 # elements of a float chunk of logits (256 MiB in float32): a few of these are the function's only temporaries
@@ -44,9 +47,22 @@ def _finite(z: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(z), torch.zeros((), dtype=z.dtype, device=z.device), z)
 
 
-def _row_chunks(rows: int, vocab: int, chunk_elements: int) -> list[tuple[int, int]]:
+def _blocks(logits: torch.Tensor, chunk_elements: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(first flat position, [positions, vocab] view)`` over ``logits`` ``[..., vocab]`` a chunk at a time, in the
+    order of ``logits.reshape(-1, vocab)``, without copying: where the leading dimensions cannot be viewed as one
+    (the padded forward's ``logits[:, :-1]``) it goes over the first of them."""
+    vocab = logits.shape[-1]
+    try:
+        flat = logits.view(-1, vocab)
+    except RuntimeError:
+        inner = math.prod(logits.shape[1:-1])
+        for i in range(logits.shape[0]):
+            for offset, block in _blocks(logits[i], chunk_elements):
+                yield i * inner + offset, block
+        return
     step = max(1, chunk_elements // max(vocab, 1))
-    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+    for start in range(0, flat.shape[0], step):
+        yield start, flat[start:start + step]
 
 
 class _TokenLogProbsAndEntropy(torch.autograd.Function):
@@ -56,13 +72,12 @@ class _TokenLogProbsAndEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, tokens, temperature, with_entropy, entropy_grad, chunk_elements):
-        vocab = logits.shape[-1]
-        flat = logits.reshape(-1, vocab)
         ids = tokens.reshape(-1, 1)
-        log_probs = torch.empty(flat.shape[0], dtype=_compute_dtype(logits.dtype), device=logits.device)
+        log_probs = torch.empty(ids.shape[0], dtype=_compute_dtype(logits.dtype), device=logits.device)
         entropy = torch.empty_like(log_probs) if with_entropy else log_probs.new_empty(0)
-        for start, end in _row_chunks(flat.shape[0], vocab, chunk_elements):
-            z = _scaled(flat[start:end], temperature)
+        for start, block in _blocks(logits, chunk_elements):
+            end = start + block.shape[0]
+            z = _scaled(block, temperature)
             log_probs[start:end] = torch.log_softmax(z, dim=-1).gather(-1, ids[start:end]).squeeze(-1)
             if with_entropy:
                 entropy[start:end] = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * _finite(z)).sum(-1)
@@ -78,14 +93,14 @@ class _TokenLogProbsAndEntropy(torch.autograd.Function):
     def backward(ctx, grad_log_probs, grad_entropy):
         logits, tokens, entropy = ctx.saved_tensors
         temperature = ctx.temperature
-        vocab = logits.shape[-1]
-        flat = logits.reshape(-1, vocab)
         ids = tokens.reshape(-1, 1)
-        grad = torch.empty_like(flat)
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        flat_grad = grad.view(-1, logits.shape[-1])
         g_lp = grad_log_probs.reshape(-1, 1) if grad_log_probs is not None else None
         g_ent = grad_entropy.reshape(-1, 1) if (ctx.with_entropy and grad_entropy is not None) else None
-        for start, end in _row_chunks(flat.shape[0], vocab, ctx.chunk_elements):
-            z = _scaled(flat[start:end], temperature)
+        for start, block in _blocks(logits, ctx.chunk_elements):
+            end = start + block.shape[0]
+            z = _scaled(block, temperature)
             log_p = torch.log_softmax(z, dim=-1)
             if g_lp is not None:   # gather's backward (a one-hot row), then the log-softmax's
                 one_hot = torch.zeros_like(z).scatter_(-1, ids[start:end], g_lp[start:end].to(z.dtype))
@@ -97,8 +112,8 @@ class _TokenLogProbsAndEntropy(torch.autograd.Function):
                 dz.sub_(h * log_p.exp() * (_finite(log_p) + entropy[start:end, None]))
             if temperature != 1.0:
                 dz.div_(temperature)
-            grad[start:end] = dz
-        return grad.view(logits.shape), None, None, None, None, None
+            flat_grad[start:end] = dz
+        return grad, None, None, None, None, None
 
 
 def token_log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, *,

@@ -66,6 +66,24 @@ def test_float32_log_probs_and_their_gradient_are_the_plain_expressions_bit_for_
     assert torch.equal(ours.grad, plain.grad)
 
 
+def test_logits_whose_positions_are_not_one_view_are_read_in_place():
+    """The padded forward hands over ``logits[:, :-1]`` (its last position dropped): rows of a wider tensor, which
+    cannot be viewed as ``[positions, vocab]``; the results are the same as on a contiguous copy."""
+    wide, tokens = random_case(6, shape=(3, 8), vocab=11)
+    sliced = wide[:, :-1]
+    assert not sliced.is_contiguous()
+    ours = wide.clone().requires_grad_()
+    lp, ent = token_log_probs_and_entropy(ours[:, :-1], tokens[:, :-1], 0.9, with_entropy=True, chunk_elements=11 * 3)
+    (lp + 0.5 * ent).sum().backward()
+    ref = wide.clone().requires_grad_()
+    ref_lp, ref_ent = reference(ref[:, :-1], tokens[:, :-1], 0.9)
+    (ref_lp + 0.5 * ref_ent).sum().backward()
+    torch.testing.assert_close(lp, ref_lp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-10, atol=1e-12)
+    assert (ours.grad[:, -1] == 0).all()
+
+
 def test_gradcheck_in_float64():
     logits, tokens = random_case(2, shape=(2, 3), vocab=5, banned=0.0)
     logits.requires_grad_()
