@@ -4,6 +4,7 @@ a fresh interpreter, so a heavy import at the top of a shared module is paid by 
 * A stage's controller (the trainers) loads no model: transformers' modeling machinery (torch.distributed.tensor,
   torch._dynamo, scipy through transformers.modeling_utils) and FSDP wait for a worker that loads one.
 * A reward scoring process (``rlcore.rewards.guard``) and the reward rules need neither torch nor pandas.
+* The weight-version actor of asynchronous rounds needs no torch.
 
 (``rlcore --help`` and params validation: tests/commands/test_cli.py, tests/test_config.py.)
 """
@@ -44,3 +45,8 @@ def test_a_worker_module_defers_model_machinery_to_loading_a_model(module):
 def test_reward_rules_and_the_scoring_process_import_neither_torch_nor_pandas():
     code = "import rlcore.rewards.rule, rlcore.rewards.guard, rlcore.rewards.functions"
     assert imported(code, ("torch", "pandas", "pyarrow", "transformers", "ray", "math_verify")) == []
+
+
+def test_the_weight_version_actor_imports_neither_torch_nor_the_generator_pool():
+    """Ray's process for an actor imports its class's module: the weight-version actor's costs no torch import."""
+    assert imported("import rlcore.controller.weight_versions", ("torch", "rlcore.protocol", "numpy")) == []

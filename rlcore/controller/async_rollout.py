@@ -4,9 +4,9 @@ versioned policy weights, and the generator actors themselves (started, watched,
 * :class:`RolloutQueue` is ``ray.util.queue.Queue`` (an actor) with ``ppo.async.queue_size`` slots: a
   generator's ``put`` of a finished step batch blocks while it is full (back-pressure); the controller takes
   batches in arrival order.
-* :class:`WeightVersions` is a small actor holding the newest published policy as ``(version, [ref])``: the
-  trainer's rank 0 puts its unsharded weights into the object store once per update and the controller
-  publishes the reference with the version. A generator asks for anything newer than what it holds before
+* :class:`WeightVersions` (``rlcore.controller.weight_versions``, a module without torch) is a small actor
+  holding the newest published policy as ``(version, [ref])``: the trainer's rank 0 puts its unsharded weights
+  into the object store once per update and the controller publishes the reference with the version. A generator asks for anything newer than what it holds before
   each batch and loads the whole object: an object in the store is immutable and complete once put, so a
   generator never sees a half-updated copy, and the old version stays readable until nobody holds it.
 * :class:`GeneratorPool` starts ``rollout.n_workers`` generator actors on their own placement group (one
@@ -31,6 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlcore.controller.decorator import RankPlacement
 from rlcore.controller.resource_pool import PLACEMENT_STRATEGIES
+from rlcore.controller.weight_versions import WeightVersions
 from rlcore.controller.worker_group import is_lost
 from rlcore.errors import WorkerDied
 from rlcore.protocol import Batch
@@ -59,26 +60,6 @@ class Rollout:
     generator: int
     gen_s: float
     """Seconds the generator spent loading weights and generating it."""
-
-
-class WeightVersions:
-    """The newest published policy: its version and a one-element list holding its object reference (a list,
-    so the reference is passed along rather than resolved)."""
-
-    def __init__(self) -> None:
-        self.version = -1
-        self.ref: list = []
-
-    def publish(self, version: int, ref: list) -> None:
-        if version > self.version:
-            self.version, self.ref = version, ref
-
-    def newer_than(self, version: int) -> tuple[int, list] | None:
-        """``(version, [ref])`` of the newest policy if it is newer than ``version``, else None."""
-        return (self.version, self.ref) if self.version > version else None
-
-    def current(self) -> int:
-        return self.version
 
 
 class RolloutQueue:
