@@ -219,6 +219,11 @@ def memory_section(info: dict) -> list[str]:
     return lines + ["", *cost_rows(info), ""]
 
 
+# ours: the logits and their gradient, and the chunked log-prob's four float chunks (rlcore.engine.logits), of one
+# micro-batch; TRL: the logits, their log-softmax and its gradient, of the whole batch (in float32)
+LOGITS_ROW = "logits (ours: logits, gradient, chunk temporaries; TRL: logits, log-softmax, gradient)"
+
+
 def cost_rows(info: dict) -> list[str]:
     """What costs what, per process: the model-related bytes by the formulas of rlcore.engine.footprint (the
     same ones ``rlcore diagnose`` warns with), the rest of each process measured."""
@@ -236,11 +241,13 @@ def cost_rows(info: dict) -> list[str]:
         sh["max_prompt_length"] + sh["max_response_length"])  # transformers' dynamic cache of the whole batch
     trl = {"weights": 4.0 * shape.params, "gradients": 4.0 * trained, "AdamW": 8.0 * trained,
            "AdamW step": 4.0 * trained, "reference": 0.0 if lora else 4.0 * shape.params, "KV cache": kv,
-           "rollout copy": 0.0, "logits (x3: logits, log-softmax, gradient)": trl_logits}
-    ours_logits = 3 * 4.0 * min(cfg.actor.micro_batch_size, sh["completions_per_step"] // cfg.resources.n_workers) \
+           "rollout copy": 0.0, LOGITS_ROW: trl_logits}
+    from rlcore.engine.logits import CHUNK_ELEMENTS
+
+    micro_logits = min(cfg.actor.micro_batch_size, sh["completions_per_step"] // cfg.resources.n_workers) \
         * sh["max_response_length"] * shape.vocab
     ours = {**{k: v for k, v in ours.items() if k not in ("activations", "runtime")},
-            "logits (x3: logits, log-softmax, gradient)": ours_logits}
+            LOGITS_ROW: 4.0 * (2 * micro_logits + 4 * min(micro_logits, CHUNK_ELEMENTS))}
     mib = lambda v: f"{v / 2**20:,.1f} MiB"  # noqa: E731
     lines = [f"What costs what, per process ({shape.params / 1e6:.2f}M parameters, {trained / 1e6:.3f}M of them "
              f"trained{', LoRA' if lora else ''}; model bytes by `rlcore.engine.footprint`'s formulas, the "
