@@ -316,7 +316,8 @@ def stale_stages(root: Path, env: dict) -> set[str]:
 
 
 def test_estimator_switch_makes_only_ppo_and_evaluate_stale(workdir, first_run):
-    """`dvc repro` re-runs exactly the stages `dvc status` lists (checked once, by the first run and the
+    """An estimator switch makes the rounds and evaluate stale, an evaluation setting evaluate alone. `dvc repro`
+    re-runs exactly the stages `dvc status` lists (checked once, by the first run and the
     second repro above); re-running them here would cost three stage start-ups for no new check."""
     root, env = workdir
     original = (root / "params.yaml").read_text()
@@ -325,6 +326,10 @@ def test_estimator_switch_makes_only_ppo_and_evaluate_stale(workdir, first_run):
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         assert stale_stages(root, env) == {"ppo@r1", "ppo@r2", "evaluate"}
+        params["algorithm"]["adv_estimator"] = yaml.safe_load(original)["algorithm"]["adv_estimator"]
+        params["evaluate"]["temperature"] = 0.7  # an evaluation setting: only evaluate
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        assert stale_stages(root, env) == {"evaluate"}
     finally:
         (root / "params.yaml").write_text(original)
 

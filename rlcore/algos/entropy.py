@@ -1,6 +1,6 @@
-"""Statistics of the policy's next-token distributions: the entropy (logged every update; the entropy bonus
-of the actor loss) and the sum of squared probabilities (the optimal token baseline's realised energy). Pure
-tensor math."""
+"""Statistics of the policy's next-token distributions as plain tensor expressions: the entropy (the update takes it
+in chunks with its log-probs, ``rlcore.engine.logits``) and the sum of squared probabilities (the optimal token
+baseline's realised energy). Pure tensor math."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ versioned policy weights, and the generator actors themselves (started, watched,
   batches in arrival order.
 * :class:`WeightVersions` (``rlcore.controller.weight_versions``, a module without torch) is a small actor
   holding the newest published policy as ``(version, [ref])``: the trainer's rank 0 puts its unsharded weights
-  into the object store once per update and the controller publishes the reference with the version. A generator asks for anything newer than what it holds before
-  each batch and loads the whole object: an object in the store is immutable and complete once put, so a
+  into the object store once per update and the controller publishes the reference with the version. A
+  generator asks for anything newer than what it holds before each batch and loads the whole object: an object in the store is immutable and complete once put, so a
   generator never sees a half-updated copy, and the old version stays readable until nobody holds it.
 * :class:`GeneratorPool` starts ``rollout.n_workers`` generator actors on their own placement group (one
   bundle each), hands them work, notices a dead one as soon as Ray reports it, and restarts it in its bundle

@@ -24,6 +24,7 @@ import math
 from collections.abc import Iterator
 
 import torch
+from torch.autograd.function import once_differentiable
 
 # elements of a float chunk of logits (256 MiB in float32): a few of these are the function's only temporaries
 CHUNK_ELEMENTS = 1 << 26
@@ -68,51 +69,63 @@ def _blocks(logits: torch.Tensor, chunk_elements: int) -> Iterator[tuple[int, to
 class _TokenLogProbsAndEntropy(torch.autograd.Function):
     """Per chunk, the same kernels as the plain expressions (``log_softmax``, ``softmax``, ``logsumexp`` and the
     log-softmax's own backward), so a chunk's log-probs, entropies and log-prob gradients are those of the plain
-    expressions bit for bit; only what is kept between the forward and the backward changes."""
+    expressions bit for bit; only what is kept between the forward and the backward changes. Each direction holds at
+    most four chunk-sized float temporaries at a time."""
 
     @staticmethod
     def forward(ctx, logits, tokens, temperature, with_entropy, entropy_grad, chunk_elements):
-        ids = tokens.reshape(-1, 1)
-        log_probs = torch.empty(ids.shape[0], dtype=_compute_dtype(logits.dtype), device=logits.device)
-        entropy = torch.empty_like(log_probs) if with_entropy else log_probs.new_empty(0)
+        out_dtype = _compute_dtype(logits.dtype)
+        log_probs = torch.empty(tokens.shape, dtype=out_dtype, device=logits.device)
+        entropy = torch.empty(tokens.shape if with_entropy else (0,), dtype=out_dtype, device=logits.device)
+        flat_lp, flat_ent, ids = log_probs.view(-1), entropy.view(-1), tokens.reshape(-1, 1)
         for start, block in _blocks(logits, chunk_elements):
             end = start + block.shape[0]
             z = _scaled(block, temperature)
-            log_probs[start:end] = torch.log_softmax(z, dim=-1).gather(-1, ids[start:end]).squeeze(-1)
+            flat_lp[start:end] = torch.log_softmax(z, dim=-1).gather(-1, ids[start:end]).squeeze(-1)
             if with_entropy:
-                entropy[start:end] = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * _finite(z)).sum(-1)
+                weighted = torch.softmax(z, dim=-1).mul_(_finite(z))
+                flat_ent[start:end] = torch.logsumexp(z, dim=-1) - weighted.sum(-1)
+                del weighted
+            del z
+        differentiable_entropy = with_entropy and entropy_grad
         ctx.set_materialize_grads(False)  # an output nobody differentiates arrives as None, not zeros
-        ctx.save_for_backward(logits, tokens, entropy)
-        ctx.temperature, ctx.with_entropy, ctx.chunk_elements = temperature, with_entropy, chunk_elements
-        out_entropy = entropy.view(tokens.shape) if with_entropy else entropy
-        if not (with_entropy and entropy_grad):
-            ctx.mark_non_differentiable(out_entropy)
-        return log_probs.view(tokens.shape), out_entropy
+        # the entropy is saved only when its gradient needs it: a logged-only entropy stays the caller's to edit
+        ctx.save_for_backward(logits, tokens, entropy if differentiable_entropy else entropy.new_empty(0))
+        ctx.temperature, ctx.entropy_grad, ctx.chunk_elements = temperature, differentiable_entropy, chunk_elements
+        if not differentiable_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return log_probs, entropy
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_log_probs, grad_entropy):
+        g_lp = grad_log_probs.reshape(-1, 1) if grad_log_probs is not None else None
+        g_ent = grad_entropy.reshape(-1, 1) if (ctx.entropy_grad and grad_entropy is not None) else None
+        if g_lp is None and g_ent is None:
+            return None, None, None, None, None, None
         logits, tokens, entropy = ctx.saved_tensors
         temperature = ctx.temperature
-        ids = tokens.reshape(-1, 1)
+        ids, flat_ent = tokens.reshape(-1, 1), entropy.view(-1)
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         flat_grad = grad.view(-1, logits.shape[-1])
-        g_lp = grad_log_probs.reshape(-1, 1) if grad_log_probs is not None else None
-        g_ent = grad_entropy.reshape(-1, 1) if (ctx.with_entropy and grad_entropy is not None) else None
         for start, block in _blocks(logits, ctx.chunk_elements):
             end = start + block.shape[0]
-            z = _scaled(block, temperature)
-            log_p = torch.log_softmax(z, dim=-1)
+            log_p = torch.log_softmax(_scaled(block, temperature), dim=-1)
             if g_lp is not None:   # gather's backward (a one-hot row), then the log-softmax's
-                one_hot = torch.zeros_like(z).scatter_(-1, ids[start:end], g_lp[start:end].to(z.dtype))
-                dz = torch._log_softmax_backward_data(one_hot, log_p, -1, z.dtype)
+                one_hot = torch.zeros_like(log_p).scatter_(-1, ids[start:end], g_lp[start:end].to(log_p.dtype))
+                dz = torch._log_softmax_backward_data(one_hot, log_p, -1, log_p.dtype)
+                del one_hot
             else:
-                dz = torch.zeros_like(z)
+                dz = torch.zeros_like(log_p)
             if g_ent is not None:  # dH/dz_v = -p_v (log p_v + H)
-                h = g_ent[start:end].to(z.dtype)
-                dz.sub_(h * log_p.exp() * (_finite(log_p) + entropy[start:end, None]))
+                term = _finite(log_p).add_(flat_ent[start:end, None]).mul_(log_p.exp_())
+                dz.sub_(term.mul_(g_ent[start:end].to(term.dtype)))
+                del term
+            del log_p
             if temperature != 1.0:
                 dz.div_(temperature)
             flat_grad[start:end] = dz
+            del dz
         return grad, None, None, None, None, None
 
 
@@ -133,6 +146,9 @@ def token_log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temp
     Returns:
         ``(log_probs, entropy)``, each ``[...]`` in float32 (float64 for float64 logits).
     """
+    if tokens.shape != logits.shape[:-1]:
+        raise ValueError(f"token_log_probs_and_entropy: tokens {tuple(tokens.shape)} do not match the logits' "
+                         f"positions {tuple(logits.shape[:-1])} (logits {tuple(logits.shape)})")
     log_probs, entropy = _TokenLogProbsAndEntropy.apply(logits, tokens, float(temperature), with_entropy,
                                                          entropy_grad, int(chunk_elements))
     return log_probs, (entropy if with_entropy else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore.engine.logits import token_log_probs_and_entropy
+from rlcore.engine.logits import _blocks, token_log_probs_and_entropy
 
 
 def reference(logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
@@ -82,6 +82,29 @@ def test_logits_whose_positions_are_not_one_view_are_read_in_place():
     torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-10, atol=1e-12)
     assert (ours.grad[:, -1] == 0).all()
+
+
+def test_chunks_cover_every_position_once_in_order_and_stay_within_their_size():
+    wide = torch.arange(3 * 8 * 5, dtype=torch.float32).view(3, 8, 5)
+    for logits in (wide, wide[:, :-1]):  # one view, and rows of a wider tensor
+        blocks = list(_blocks(logits, 5 * 3))
+        assert all(block.shape[0] <= 3 for _, block in blocks)
+        assert [start for start, _ in blocks] == sorted(start for start, _ in blocks)
+        assert torch.equal(torch.cat([block for _, block in blocks]), logits.reshape(-1, 5))
+
+
+def test_the_outputs_are_the_callers_to_edit_in_place_and_mismatched_tokens_are_refused():
+    logits, tokens = random_case(7, banned=0.0)
+    z = logits.clone().requires_grad_()
+    lp, ent = token_log_probs_and_entropy(z, tokens, with_entropy=True, entropy_grad=False)
+    ent.masked_fill_(tokens == 0, 0.0)  # a logged statistic masked in place
+    lp.mul_(1.0)
+    lp.sum().backward()
+    ref = logits.clone().requires_grad_()
+    reference(ref, tokens, 1.0)[0].sum().backward()
+    torch.testing.assert_close(z.grad, ref.grad, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match=r"tokens \(3, 6\) do not match the logits' positions \(3, 7\)"):
+        token_log_probs_and_entropy(logits, tokens[:, :-1])
 
 
 def test_gradcheck_in_float64():
