@@ -3,7 +3,8 @@ versioned policy weights, and the generator actors themselves (started, watched,
 
 * :class:`RolloutQueue` is ``ray.util.queue.Queue`` (an actor) with ``ppo.async.queue_size`` slots: a
   generator's ``put`` of a finished step batch blocks while it is full (back-pressure); the controller takes
-  batches in arrival order.
+  batches in arrival order. A batch travels through it pickled (:func:`RolloutQueue.put`), so the queue actor
+  holds bytes and never imports torch to read what it only passes on.
 * :class:`WeightVersions` (``rlcore.controller.weight_versions``, a module without torch) is a small actor
   holding the newest published policy as ``(version, [ref])``: the trainer's rank 0 puts its unsharded weights
   into the object store once per update and the controller publishes the reference with the version. A
@@ -21,6 +22,7 @@ follows the call to the method and refuses the wrong settings object.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from typing import Any, Callable, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
@@ -65,11 +67,21 @@ class Rollout:
 class RolloutQueue:
     """The bounded queue of generated step batches (``ray.util.queue.Queue``, an actor of its own). The controller
     keeps one ``get`` outstanding on it, so it can wait for the next batch and for other calls at once
-    (``ray.wait``) without polling the queue actor."""
+    (``ray.wait``) without polling the queue actor.
+
+    Batches go in as pickled bytes (:meth:`put`): Ray hands a queued value to the queue actor's method
+    deserialized, and a batch of tensors would make that actor import torch (seconds of CPU per round) only to
+    pass the tensors on."""
 
     def __init__(self, size: int):
         self.queue = Queue(maxsize=size, actor_options={"num_cpus": 0})
         self._taking = None  # the outstanding get: resolves to the next batch out of the queue
+
+    @staticmethod
+    def put(queue: Queue, rollout: Rollout) -> None:
+        """Put ``rollout`` into ``queue`` (the ``ray.util.queue.Queue`` a generator is given), blocking while it is
+        full."""
+        queue.put(pickle.dumps(rollout, protocol=pickle.HIGHEST_PROTOCOL), block=True)
 
     def get(self, timeout_s: float, also: list | tuple = ()) -> Rollout | None:
         """The next batch; None after ``timeout_s``, or as soon as one of the object refs ``also`` is ready."""
@@ -79,7 +91,7 @@ class RolloutQueue:
         if not ready or ready[0] != self._taking:
             return None
         ref, self._taking = self._taking, None
-        return ray.get(ref)
+        return pickle.loads(ray.get(ref))
 
     def depth(self) -> int:
         """Batches generated and not yet taken by the controller: those in the queue, and the one its outstanding

@@ -15,7 +15,7 @@ import time
 import ray
 import torch
 
-from rlcore.controller.async_rollout import Rollout, WorkItem
+from rlcore.controller.async_rollout import Rollout, RolloutQueue, WorkItem
 from rlcore.controller.decorator import RankPlacement
 from rlcore.engine.model import ModelSpec
 from rlcore.engine import sync_check
@@ -70,5 +70,5 @@ class GeneratorWorker(RankWorker):
         out = generate_sharded(self.engine, item.prompts, spec, shards=self.shards, device=self.device,
                                agents=self.agents)
         busy = time.perf_counter() - start
-        self.queue.put(Rollout(item.id, self.version, out, self.index, busy), block=True)
+        RolloutQueue.put(self.queue, Rollout(item.id, self.version, out, self.index, busy))
         return busy

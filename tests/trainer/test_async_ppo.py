@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -19,11 +20,12 @@ import torch.nn.functional as F
 from ray.util.placement_group import placement_group_table
 
 from rlcore.config import parse_config
-from rlcore.controller.async_rollout import GeneratorPool, RolloutQueue
+from rlcore.controller.async_rollout import GeneratorPool, Rollout, RolloutQueue
 from rlcore.data.collate import prompt_batch
 from rlcore.engine.model import load_tokenizer
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.errors import WorkerDied
+from rlcore.protocol import Batch
 from rlcore.rewards.rule import RULES
 from rlcore.rollout import engine_spec
 from rlcore.trainer.async_ppo import AsyncRoundRunner, running_async_round
@@ -191,15 +193,33 @@ def test_queue_depth_counts_the_batch_the_controllers_get_already_took(ray_local
     queue = RolloutQueue(4)
     try:
         assert queue.get(0.05) is None and queue.depth() == 0  # the get is now outstanding on an empty queue
-        queue.queue.put("a")  # the outstanding get takes it at once: the queue is empty, the batch is waiting
+        RolloutQueue.put(queue.queue, "a")  # the outstanding get takes it at once: the queue is empty, it waits
         deadline = time.monotonic() + 30
         while queue.depth() != 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert (queue.queue.qsize(), queue.depth()) == (0, 1)
-        queue.queue.put("b")
+        RolloutQueue.put(queue.queue, "b")
         assert queue.depth() == 2
         assert queue.get(5) == "a" and queue.depth() == 1
         assert queue.get(5) == "b" and queue.depth() == 0
+    finally:
+        queue.shutdown()
+
+
+def test_a_batch_goes_through_the_queue_whole_and_the_queue_actor_never_loads_torch(ray_local):
+    """The queue only passes batches on: it holds them as bytes, so its process never maps torch's library (an
+    import of seconds of CPU per round), and the controller gets the generator's tensors back exactly."""
+    queue = RolloutQueue(2)
+    try:
+        tensors = {"responses": torch.arange(12).reshape(3, 4), "rollout_log_probs": torch.randn(3, 4)}
+        RolloutQueue.put(queue.queue, Rollout(7, 3, Batch(dict(tensors)), generator=1, gen_s=0.5))
+        got = queue.get(30)
+        assert (got.item_id, got.version, got.generator, got.gen_s) == (7, 3, 1, 0.5)
+        for key, value in tensors.items():
+            assert torch.equal(got.batch[key], value)
+        pid = ray._private.state.actors(actor_id=queue.queue.actor._actor_id.hex())["Pid"]
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "libc" in maps and "libtorch" not in maps
     finally:
         queue.shutdown()
 
