@@ -50,8 +50,9 @@ def ray_local():
     if ray.is_initialized():  # another module's code (start_ray) got there first: share it
         yield ray
         return
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    from rlcore.controller.resource_pool import init_local
+
+    init_local(2, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -22,8 +22,9 @@ def ray_probe(address: str, num_cpus: int) -> None:
 
     try:
         if address == "local":
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+            from rlcore.controller.resource_pool import init_local
+
+            init_local(num_cpus, log_to_driver=False)
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         res = ray.cluster_resources()

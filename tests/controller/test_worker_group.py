@@ -166,6 +166,20 @@ def test_pool_that_cannot_fit_fails_naming_the_resources(group):
 
 
 # ------------------------------------------------------------------ start_ray
+def test_a_private_ray_s_dashboard_agent_listens_on_a_port_of_its_own(ray_local):
+    """Not Ray's fixed 52365, which every other Ray instance on the machine also asks for (a second one waits
+    3.3 s for it, then starts without it): a port the system picked, where the agent answers."""
+    import socket
+
+    from ray._private import parameter
+
+    (node,) = ray_local.nodes()
+    port = node["DashboardAgentListenPort"]
+    assert port not in (0, 52365)
+    socket.create_connection((node["NodeManagerAddress"], port), timeout=5).close()
+    assert parameter.RayParams(num_cpus=1).dashboard_agent_listen_port == 52365  # Ray's own default is back
+
+
 NICENESS = "RAY_worker_niceness"
 
 
