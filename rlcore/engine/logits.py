@@ -26,6 +26,8 @@ from collections.abc import Iterator
 import torch
 from torch.autograd.function import once_differentiable
 
+from rlcore.algos.entropy import sum_pi_squared_from_logits
+
 # elements of a float chunk of logits (256 MiB in float32): a few of these are the function's only temporaries
 CHUNK_ELEMENTS = 1 << 26
 
@@ -152,3 +154,26 @@ def token_log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temp
     log_probs, entropy = _TokenLogProbsAndEntropy.apply(logits, tokens, float(temperature), with_entropy,
                                                          entropy_grad, int(chunk_elements))
     return log_probs, (entropy if with_entropy else None)
+
+
+def sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0, *,
+                   chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """``sum_v softmax(logits / T)_v^2`` at each position (the optimal token baselines' input), a chunk at a time:
+    each chunk is :func:`rlcore.algos.entropy.sum_pi_squared_from_logits` of its float copy, so the values are the
+    whole-tensor expression's to the bit, and no logits-sized float temporary is made (that expression on the whole
+    logits makes three: the float copy, twice it, its exponentials).
+
+    Args:
+        logits: ``[..., vocab]`` in any float dtype.
+        temperature: the sampling temperature the logits are divided by.
+        chunk_elements: logits elements per chunk.
+
+    Returns:
+        ``[...]`` in float32 (float64 for float64 logits), no gradient.
+    """
+    out = torch.empty(logits.shape[:-1], dtype=_compute_dtype(logits.dtype), device=logits.device)
+    flat = out.view(-1)
+    with torch.no_grad():
+        for start, block in _blocks(logits, chunk_elements):
+            flat[start:start + block.shape[0]] = sum_pi_squared_from_logits(_scaled(block, temperature))
+    return out

@@ -25,9 +25,8 @@ from typing import Protocol
 
 import torch
 
-from rlcore.algos.entropy import sum_pi_squared_from_logits
 from rlcore.engine import packed
-from rlcore.engine.logits import token_log_probs_and_entropy
+from rlcore.engine.logits import sum_pi_squared, token_log_probs_and_entropy
 from rlcore.engine.strategy import Replicated, Strategy
 from rlcore.protocol import Batch
 from rlcore.registry import Registry
@@ -157,7 +156,7 @@ class SequenceModel:
         distribution ``softmax(logits / temperature)``, from one forward (the optimal token baseline's inputs)."""
         logits = self._logits(input_ids, attention_mask, responses.shape[1])
         log_probs, _ = token_log_probs_and_entropy(logits, responses, temperature)
-        return log_probs, sum_pi_squared_from_logits(logits.float() / temperature)
+        return log_probs, sum_pi_squared(logits, temperature)
 
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
         """The logits predicting each response token, in the forward's dtype (the autocast's under mixed

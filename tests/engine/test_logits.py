@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore.engine.logits import _blocks, token_log_probs_and_entropy
+from rlcore.engine.logits import _blocks, sum_pi_squared, token_log_probs_and_entropy
 
 
 def reference(logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
@@ -172,3 +172,21 @@ def test_the_backward_keeps_only_the_logits_and_per_position_vectors():
     logits_bytes = rows * vocab * 2
     assert ours <= logits_bytes + rows * 8 * 2             # logits, tokens, entropy
     assert saved_bytes(plain) >= 3 * logits_bytes          # what it replaces: at least a float copy and more
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 13 * 5, 10**9])
+def test_sum_pi_squared_in_chunks_is_the_whole_tensor_expression_bit_for_bit_and_the_textbook_sum(chunk_elements):
+    """Against ``sum_v p_v^2`` in float64 (a banned token adds 0), and bit for bit against the expression on the
+    whole float tensor it replaced in the optimal token baselines' forward; a padded ``[:, :-1]`` slice too."""
+    logits, _ = random_case(7, shape=(4, 9), vocab=13)
+    ours = sum_pi_squared(logits, 0.8, chunk_elements=chunk_elements)
+    torch.testing.assert_close(ours, (torch.softmax(logits / 0.8, -1) ** 2).sum(-1), rtol=1e-12, atol=1e-14)
+    low = logits.float()
+    from rlcore.algos.entropy import sum_pi_squared_from_logits
+
+    assert torch.equal(sum_pi_squared(low, 0.8, chunk_elements=chunk_elements), sum_pi_squared_from_logits(low / 0.8))
+    wide = low[:, :-1]                                   # not one view: read a leading row at a time
+    assert torch.equal(sum_pi_squared(wide, 1.0, chunk_elements=chunk_elements), sum_pi_squared_from_logits(wide))
+    half = low.bfloat16()
+    assert sum_pi_squared(half, chunk_elements=chunk_elements).dtype == torch.float32
+    assert torch.equal(sum_pi_squared(half, chunk_elements=chunk_elements), sum_pi_squared_from_logits(half.float()))
