@@ -242,12 +242,10 @@ def cost_rows(info: dict) -> list[str]:
     trl = {"weights": 4.0 * shape.params, "gradients": 4.0 * trained, "AdamW": 8.0 * trained,
            "AdamW step": 4.0 * trained, "reference": 0.0 if lora else 4.0 * shape.params, "KV cache": kv,
            "rollout copy": 0.0, LOGITS_ROW: trl_logits}
-    from rlcore.engine.logits import CHUNK_ELEMENTS
-
     micro_logits = min(cfg.actor.micro_batch_size, sh["completions_per_step"] // cfg.resources.n_workers) \
         * sh["max_response_length"] * shape.vocab
     ours = {**{k: v for k, v in ours.items() if k not in ("activations", "runtime")},
-            LOGITS_ROW: 4.0 * (2 * micro_logits + 4 * min(micro_logits, CHUNK_ELEMENTS))}
+            LOGITS_ROW: footprint.logits_bytes(micro_logits)}
     mib = lambda v: f"{v / 2**20:,.1f} MiB"  # noqa: E731
     lines = [f"What costs what, per process ({shape.params / 1e6:.2f}M parameters, {trained / 1e6:.3f}M of them "
              f"trained{', LoRA' if lora else ''}; model bytes by `rlcore.engine.footprint`'s formulas, the "

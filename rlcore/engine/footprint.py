@@ -117,11 +117,15 @@ def _activations(shape: ModelShape, tokens: int, response_tokens: int, checkpoin
         kept = tokens * (shape.hidden * shape.layers + per_layer_token)
     else:
         kept = tokens * per_layer_token * shape.layers
+    return 4.0 * kept + logits_bytes(response_tokens * shape.vocab)
+
+
+def logits_bytes(logits: int) -> float:
+    """Bytes an update holds for ``logits`` float32 logits elements: the logits and their gradient, and the chunked
+    log-prob's float temporaries (four chunks at most, ``rlcore.engine.logits``)."""
     from rlcore.engine.logits import CHUNK_ELEMENTS
 
-    logits = response_tokens * shape.vocab
-    # the logits and their gradient, and the chunked log-prob's float temporaries (rlcore.engine.logits)
-    return 4.0 * (kept + 2 * logits + 4 * min(logits, CHUNK_ELEMENTS))
+    return 4.0 * (2 * logits + 4 * min(logits, CHUNK_ELEMENTS))
 
 
 def trainer_estimate(cfg: Config, shape: ModelShape, role: str, what: str, *, with_ref: bool = False,
