@@ -70,9 +70,12 @@ def _blocks(logits: torch.Tensor, chunk_elements: int) -> Iterator[tuple[int, to
 
 class _TokenLogProbsAndEntropy(torch.autograd.Function):
     """Per chunk, the same kernels as the plain expressions (``log_softmax``, ``softmax``, ``logsumexp`` and the
-    log-softmax's own backward), so a chunk's log-probs, entropies and log-prob gradients are those of the plain
-    expressions bit for bit; only what is kept between the forward and the backward changes. Each direction holds at
-    most four chunk-sized float temporaries at a time."""
+    log-softmax's own backward), so a chunk's log-probs and log-prob gradients are those of the plain expressions
+    bit for bit; only what is kept between the forward and the backward changes. The entropy's sums over the
+    vocabulary are equal to within rounding, not always to the bit: a multi-threaded reduction over a chunk of a
+    few rows splits each row's vocabulary across threads, where over the whole tensor it splits the rows (1 ulp on
+    some positions at a 40k vocabulary, 2 threads, one-row chunks; tested). Each direction holds at most four
+    chunk-sized float temporaries at a time."""
 
     @staticmethod
     def forward(ctx, logits, tokens, temperature, with_entropy, entropy_grad, chunk_elements):
@@ -160,8 +163,10 @@ def sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0, *,
                    chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """``sum_v softmax(logits / T)_v^2`` at each position (the optimal token baselines' input), a chunk at a time:
     each chunk is :func:`rlcore.algos.entropy.sum_pi_squared_from_logits` of its float copy, so the values are the
-    whole-tensor expression's to the bit, and no logits-sized float temporary is made (that expression on the whole
-    logits makes three: the float copy, twice it, its exponentials).
+    whole-tensor expression's (to the bit on one thread; a sum over the vocabulary, so to within rounding where a
+    multi-threaded reduction splits a few-row chunk differently, as :class:`_TokenLogProbsAndEntropy` says), and no
+    logits-sized float temporary is made (that expression on the whole logits makes three: the float copy, twice
+    it, its exponentials).
 
     Args:
         logits: ``[..., vocab]`` in any float dtype.
