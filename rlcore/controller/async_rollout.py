@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 
 import ray
+from ray import cloudpickle
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.queue import Queue
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -71,7 +72,8 @@ class RolloutQueue:
 
     Batches go in as pickled bytes (:meth:`put`): Ray hands a queued value to the queue actor's method
     deserialized, and a batch of tensors would make that actor import torch (seconds of CPU per round) only to
-    pass the tensors on."""
+    pass the tensors on. The bytes are Ray's own cloudpickle, as Ray would have made them: a batch may hold what
+    plain pickle refuses (objects of a class that no module can import, as from a reward file loaded by path)."""
 
     def __init__(self, size: int):
         self.queue = Queue(maxsize=size, actor_options={"num_cpus": 0})
@@ -81,7 +83,7 @@ class RolloutQueue:
     def put(queue: Queue, rollout: Rollout) -> None:
         """Put ``rollout`` into ``queue`` (the ``ray.util.queue.Queue`` a generator is given), blocking while it is
         full."""
-        queue.put(pickle.dumps(rollout, protocol=pickle.HIGHEST_PROTOCOL), block=True)
+        queue.put(cloudpickle.dumps(rollout, protocol=pickle.HIGHEST_PROTOCOL), block=True)
 
     def get(self, timeout_s: float, also: list | tuple = ()) -> Rollout | None:
         """The next batch; None after ``timeout_s``, or as soon as one of the object refs ``also`` is ready."""

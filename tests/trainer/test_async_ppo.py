@@ -209,14 +209,21 @@ def test_queue_depth_counts_the_batch_the_controllers_get_already_took(ray_local
 def test_a_batch_goes_through_the_queue_whole_and_the_queue_actor_never_loads_torch(ray_local):
     """The queue only passes batches on: it holds them as bytes, so its process never maps torch's library (an
     import of seconds of CPU per round), and the controller gets the generator's tensors back exactly."""
+    class Verdict:  # no module can import it (as from a reward file loaded by path): plain pickle refuses it
+        def __init__(self, score):
+            self.score = score
+
     queue = RolloutQueue(2)
     try:
         tensors = {"responses": torch.arange(12).reshape(3, 4), "rollout_log_probs": torch.randn(3, 4)}
-        RolloutQueue.put(queue.queue, Rollout(7, 3, Batch(dict(tensors)), generator=1, gen_s=0.5))
+        verdicts = [Verdict(0.5), Verdict(1.0), Verdict(0.0)]
+        RolloutQueue.put(queue.queue, Rollout(7, 3, Batch(dict(tensors), {"verdict": verdicts}), generator=1,
+                                              gen_s=0.5))
         got = queue.get(30)
         assert (got.item_id, got.version, got.generator, got.gen_s) == (7, 3, 1, 0.5)
         for key, value in tensors.items():
             assert torch.equal(got.batch[key], value)
+        assert [v.score for v in got.batch["verdict"]] == [0.5, 1.0, 0.0]
         pid = ray._private.state.actors(actor_id=queue.queue.actor._actor_id.hex())["Pid"]
         maps = Path(f"/proc/{pid}/maps").read_text()
         assert "libc" in maps and "libtorch" not in maps
