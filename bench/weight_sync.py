@@ -52,6 +52,8 @@ import psutil
 import ray
 import torch
 
+from rlcore.controller.resource_pool import init_local
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WAYS = ("ray pickle", "ray zero-copy", "ray flat", "gloo per-tensor", "gloo flat")
@@ -405,8 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     store = int(min(max(2.5 * max(fit_bytes), GIB), 0.45 * avail))
 
     os.environ.setdefault("RAY_worker_niceness", "0")  # as rlcore's start_ray: ranks at the driver's priority
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=store,
-             log_to_driver=True, configure_logging=False)
+    init_local(2, log_to_driver=True, object_store_memory=store)
     results: list[dict] = []
     bench = None
     t_start = time.monotonic()

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 
 import ray
@@ -31,7 +32,7 @@ NODE_START_TRIES = 3
 NODE_START_TIMEOUT = "timed out during startup"
 
 
-def init_local(num_cpus: int, *, log_to_driver: bool) -> None:
+def init_local(num_cpus: int, *, log_to_driver: bool, **options) -> None:
     """``ray.init`` of a private Ray instance on this machine (never a running ``ray start`` cluster, whatever
     ``RAY_ADDRESS`` says), without the dashboard, its dashboard agent listening on a free port.
 
@@ -39,10 +40,15 @@ def init_local(num_cpus: int, *, log_to_driver: bool) -> None:
     stage beside a test session's Ray, two pipelines, ``rlcore diagnose`` during a run) finds it taken, retries
     for 3.3 s and gives up, and its node waits for that: ``ray.init`` 14.0 s against 9.6 s with a free port
     (median of 3 each, 2 cores). ``ray.init`` has no setting for that port, so it goes in as Ray's own
-    ``RayParams`` default, for this call only."""
+    ``RayParams`` default, for this call only. ``options``: more ``ray.init`` arguments (``object_store_memory``)."""
     with _agent_port_free():
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-                 configure_logging=False)
+                 configure_logging=False, **options)
+
+
+# held while RayParams.__init__ is replaced: two threads starting Ray at once would otherwise each restore what
+# the other put there, and leave the replacement in place for good
+_RAY_PARAMS_PATCH = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -50,20 +56,21 @@ def _agent_port_free() -> Iterator[None]:
     """Within it, a ``RayParams`` made without ``dashboard_agent_listen_port`` gets 0 (the agent binds a port the
     system picks) instead of 52365. A Ray whose ``RayParams`` has no such argument is left as it is."""
     cls = ray_parameter.RayParams
-    original = cls.__init__
-    if "dashboard_agent_listen_port" not in inspect.signature(original).parameters:
-        yield
-        return
+    with _RAY_PARAMS_PATCH:
+        original = cls.__init__
+        if "dashboard_agent_listen_port" not in inspect.signature(original).parameters:
+            yield
+            return
 
-    def init(self, *args, **kwargs):
-        kwargs.setdefault("dashboard_agent_listen_port", 0)
-        original(self, *args, **kwargs)
+        def init(self, *args, **kwargs):
+            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            original(self, *args, **kwargs)
 
-    cls.__init__ = init
-    try:
-        yield
-    finally:
-        cls.__init__ = original
+        cls.__init__ = init
+        try:
+            yield
+        finally:
+            cls.__init__ = original
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

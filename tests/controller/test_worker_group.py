@@ -180,6 +180,37 @@ def test_a_private_ray_s_dashboard_agent_listens_on_a_port_of_its_own(ray_local)
     assert parameter.RayParams(num_cpus=1).dashboard_agent_listen_port == 52365  # Ray's own default is back
 
 
+def test_two_threads_starting_ray_at_once_take_turns_with_the_agent_port_default_and_leave_ray_s_own():
+    """The default is swapped on Ray's class for the length of a start: a second thread waits for the first to put
+    it back (without that, each restores what the other swapped in, and the swap stays for good)."""
+    import threading
+
+    from ray._private import parameter
+
+    original = parameter.RayParams.__init__
+    first_in, release, second_in = threading.Event(), threading.Event(), threading.Event()
+
+    def first():
+        with resource_pool._agent_port_free():
+            first_in.set()
+            release.wait(10)
+
+    def second():
+        first_in.wait(10)
+        with resource_pool._agent_port_free():
+            second_in.set()
+            assert parameter.RayParams(num_cpus=1).dashboard_agent_listen_port == 0
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    assert first_in.wait(10) and not second_in.wait(0.5)  # the second waits while the first is inside
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert second_in.is_set() and parameter.RayParams.__init__ is original
+
+
 NICENESS = "RAY_worker_niceness"
 
 
