@@ -41,6 +41,7 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(INSTALL) -e ".[bench,test]"
 	$(PY) -m bench.run_bench --configs default,realistic,long
+	$(PY) -m bench.update_ceiling
 
 # rlcore serve under load (64 clients, batching vs --no-batching): its own section of bench/RESULTS.md
 bench-serve: $(STAMP)
