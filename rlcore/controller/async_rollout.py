@@ -22,6 +22,7 @@ follows the call to the method and refuses the wrong settings object.
 
 from __future__ import annotations
 
+import os
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, Callable, Concatenate, Generic, ParamSpec, Protocol, TypeVar
@@ -170,7 +171,7 @@ class GeneratorPool(Generic[G]):
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                  placement_group_bundle_index=index),
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-        ).remote(RankPlacement(0, 1, threads), index=index, queue=self.queue.queue, weights=self.weights,
+        ).remote(RankPlacement(0, 1, threads, workdir=os.getcwd()), index=index, queue=self.queue.queue, weights=self.weights,
                  use_gpu=self.use_gpu, **self.kwargs)
 
     # ------------------------------------------------------------------ work

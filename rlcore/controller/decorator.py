@@ -34,11 +34,16 @@ F = TypeVar("F", bound=Callable)
 
 @dataclass(frozen=True)
 class RankPlacement:
-    """Where one actor of a worker group sits: its rank, the group size, its torch threads."""
+    """Where one actor of a worker group sits: its rank, the group size, its torch threads, and the folder it works
+    in."""
 
     rank: int
     world_size: int
     num_threads: int = 1
+    workdir: str | None = None
+    """The driver's working folder, so that a relative path in the params (``models/sft``) names the same folder on
+    every rank. Ray starts an actor in its node's own folder (on a joined cluster, wherever ``ray start`` ran), not
+    the driver's. None: left where Ray started it."""
 
 
 class Dispatch(Enum):

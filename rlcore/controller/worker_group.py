@@ -20,6 +20,7 @@ dead one never keeps the controller waiting.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ class WorkerGroup(Generic[W]):
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pool.pg, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads), **(env or {})}},
-            ).remote(RankPlacement(rank, self.world_size, threads), *args, **kwargs)
+            ).remote(RankPlacement(rank, self.world_size, threads, workdir=os.getcwd()), *args, **kwargs)
             for rank in range(self.world_size)
         ]
         master_addr, master_port = self._get([self.workers[0].master_address.remote()], "master_address")[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from rlcore.controller.decorator import RankPlacement
@@ -12,6 +14,8 @@ class RankWorker:
     """One rank of a worker group; the worker classes add their models and methods."""
 
     def __init__(self, placement: RankPlacement, seed: int = 0):
+        if placement.workdir is not None:
+            enter_workdir(placement.workdir, type(self).__name__, placement.rank)
         self.rank = placement.rank
         self.world_size = placement.world_size
         self.seed = seed
@@ -32,3 +36,17 @@ class RankWorker:
         offload = bool(getattr(getattr(self, "model_spec", None), "offload_params", False))
         self.device = distributed.init_process_group(self.rank, self.world_size, master_addr, master_port,
                                                      use_gpu, timeout_s, cpu_collectives=offload)
+
+
+def enter_workdir(workdir: str, worker: str, rank: int) -> None:
+    """Work in the driver's folder ``workdir``; where this node has no such folder (a cluster whose nodes do not
+    share the project's file system at the same path), say so instead of reading and writing elsewhere."""
+    try:
+        os.chdir(workdir)
+    except OSError as err:
+        import ray  # a worker only ever runs this inside Ray
+
+        raise RuntimeError(
+            f"{worker} rank {rank} on node {ray.util.get_node_ip_address()}: cannot work in the stage's folder "
+            f"{workdir} ({err.strerror}); every node of the cluster needs the project at the same path (a shared "
+            "file system), as the stage reads and writes it by relative paths") from None

@@ -82,12 +82,39 @@ class ToyWorker(RankWorker):
 
 
 @pytest.fixture(scope="module")
-def group(ray_local):
+def group(ray_local, tmp_path_factory):
+    """Started from a folder of its own, not the one Ray started this node in (pytest's), as a stage runs in its
+    project while the cluster it joins started elsewhere."""
+    home, started_in = os.getcwd(), tmp_path_factory.mktemp("driver_folder")
     pool = ResourcePool(2, 1.0, False, 60)
-    wg = WorkerGroup(ToyWorker, pool, name="toy", timeout_s=60, tag="toy")
+    os.chdir(started_in)
+    try:
+        wg = WorkerGroup(ToyWorker, pool, name="toy", timeout_s=60, tag="toy")
+    finally:
+        os.chdir(home)
+    wg.started_in = started_in
     yield wg
     wg.shutdown()
     pool.release()
+
+
+def test_ranks_work_in_the_folder_the_group_was_started_from(group):
+    """Ray starts an actor in its node's folder (wherever `ray start` ran, on a cluster), so a relative path in the
+    params (`models/sft`) would name another folder on the ranks than on the driver: a stage that joined a cluster
+    started elsewhere wrote its model there and DVC found no output. The ranks work in the driver's folder."""
+    cwds = ray.get([w.__ray_call__.remote(lambda self: os.getcwd()) for w in group.workers], timeout=60)
+    assert cwds == [str(group.started_in)] * 2 and os.getcwd() != str(group.started_in)
+
+
+def test_a_rank_on_a_node_without_the_driver_s_folder_says_so_in_one_line(ray_local, tmp_path):
+    """A cluster whose nodes do not share the project's file system: the rank stops at its start, naming itself,
+    its node and the folder, instead of reading and writing elsewhere."""
+    missing = tmp_path / "not-on-this-node"
+    actor = ray.remote(ToyWorker).options(num_cpus=0).remote(RankPlacement(0, 1, 1, workdir=str(missing)), tag="t")
+    with pytest.raises(ray.exceptions.RayActorError) as err:
+        ray.get(actor.who.remote(), timeout=60)
+    assert "ToyWorker rank 0 on node " in str(err.value)
+    assert f"cannot work in the stage's folder {missing} (No such file or directory)" in str(err.value)
 
 
 def test_dp_compute_splits_by_rank_in_order(group):

@@ -159,16 +159,19 @@ def test_stale_batches_are_corrected_a_killed_generator_is_restarted_and_nothing
     assert placement_group_table(pg)["state"] == "REMOVED"
 
 
-def test_idle_fractions_see_a_generator_that_takes_longer_than_the_update(tiny, groups):
+def test_idle_fractions_see_a_generator_that_takes_longer_than_the_update(tiny, groups, tmp_path, monkeypatch):
     """max_staleness 0 with a generator that sleeps a known 0.4 s per batch inside its busy time: the trainer
     waits at least that long every step (trainer_idle_frac x the step's wall time, measured here), and the
-    generator's busy share of the steps adds up to at least 0.4 s a batch."""
+    generator's busy share of the steps adds up to at least 0.4 s a batch. (Started from a folder other than the
+    one Ray started the node in: the generator works in the driver's, as the trainer's ranks do.)"""
     folder, tok, prompts = tiny
     cfg = config(ppo={"train_batch_size": 4, "mode": "async", "async": {"max_staleness": 0}})
+    monkeypatch.chdir(tmp_path)
     gens = GeneratorPool(slow_generator.SlowGenerator, 1, 1.0, False, queue_size=1, max_restarts=0, timeout_s=60,
                          model=model_spec(cfg, folder), engine=engine_spec(cfg.rollout), shards=2, seed=cfg.seed)
     steps, delay = 4, slow_generator.DELAY_S
     try:
+        assert ray.get(gens.slots[0].actor.__ray_call__.remote(lambda self: os.getcwd()), timeout=60) == str(tmp_path)
         runner = AsyncRoundRunner(cfg, groups=groups, generators=gens, tokenizer=tok, prompts=prompts, seed=3,
                                   steps=steps)
         rows, walls = [], []
