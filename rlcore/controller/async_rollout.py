@@ -171,8 +171,8 @@ class GeneratorPool(Generic[G]):
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                  placement_group_bundle_index=index),
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
-        ).remote(RankPlacement(0, 1, threads, workdir=os.getcwd()), index=index, queue=self.queue.queue, weights=self.weights,
-                 use_gpu=self.use_gpu, **self.kwargs)
+        ).remote(RankPlacement(0, 1, threads, workdir=os.getcwd()), index=index, queue=self.queue.queue,
+                 weights=self.weights, use_gpu=self.use_gpu, **self.kwargs)
 
     # ------------------------------------------------------------------ work
     @property
