@@ -48,17 +48,25 @@ def versions() -> dict[str, str]:
 
 def matmul_flops(n: int = 1024, threads: int | None = None, seconds: float = 2.0) -> float:
     """Best-of-repeats fp32 GEMM rate (FLOP/s) with ``threads`` torch threads (default: all cores)."""
+    return gemm_flops(n, n, n, threads=threads, seconds=seconds)
+
+
+def gemm_flops(m: int, k: int, n: int, *, transposed: bool = False, threads: int | None = None,
+               seconds: float = 2.0) -> float:
+    """Best-of-repeats fp32 rate (FLOP/s) of ``[m, k] @ [k, n]`` with ``threads`` torch threads (default: all
+    cores); ``transposed``: ``[k, m]^T @ [k, n]`` (a weight gradient's product, its inner dimension the tokens)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads or os.cpu_count() or 1)
     try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a = torch.randn(k, m).t() if transposed else torch.randn(m, k)
+        b = torch.randn(k, n)
         torch.mm(a, b)  # warm-up
         best, end = float("inf"), time.perf_counter() + seconds
         while time.perf_counter() < end:
             start = time.perf_counter()
             torch.mm(a, b)
             best = min(best, time.perf_counter() - start)
-        return 2 * n**3 / best
+        return 2 * m * k * n / best
     finally:
         torch.set_num_threads(old)
 

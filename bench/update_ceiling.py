@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from bench import machine
 from bench.sections import write_section
 from bench.settings import BENCH_DIR, WORK_DIR
 
@@ -67,29 +68,6 @@ def median_s(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def best_s(fn, seconds: float = 1.0) -> float:
-    """The fastest of repeated calls over about ``seconds`` (a rate the machine can reach: the median of a few
-    25 ms products swings with other tenants of a shared host)."""
-    fn()
-    best, deadline = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def gemm_gflops(m: int, k: int, n: int, *, weight_grad: bool = False) -> float:
-    """One thread's best fp32 rate for ``[m, k] @ [k, n]``; ``weight_grad``: ``[k, m]^T @ [k, n]`` (a weight
-    gradient's product, whose inner dimension is the tokens)."""
-    gen = torch.Generator().manual_seed(0)
-    if weight_grad:
-        a, b = torch.randn(k, m, generator=gen), torch.randn(k, n, generator=gen)
-        return 2 * m * k * n / best_s(lambda: a.t() @ b) / 1e9
-    a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
-    return 2 * m * k * n / best_s(lambda: a @ b) / 1e9
 
 
 def build(args: argparse.Namespace):
@@ -167,8 +145,9 @@ def measure(args: argparse.Namespace) -> dict:
               f"T x {i} x {h} (down)": (tokens, i, h, False),
               f"{h} x T x {i} (a weight gradient)": (h, tokens, i, True)}
     return {
-        "peak": gemm_gflops(1024, 1024, 1024),
-        "shapes": {name: gemm_gflops(m, k, n, weight_grad=wg) for name, (m, k, n, wg) in shapes.items()},
+        "peak": machine.gemm_flops(1024, 1024, 1024, threads=args.threads, seconds=1.0) / 1e9,
+        "shapes": {name: machine.gemm_flops(m, k, n, transposed=t, threads=args.threads, seconds=1.0) / 1e9
+                   for name, (m, k, n, t) in shapes.items()},
         "tokens": tokens, "rows_tokens": int(mask.sum()), "params": sum(p.numel() for p in policy.parameters()),
         "update_s": update_s, "reference_s": reference_s, "profiled_s": total_us / 1e6,
         "matmul_share": matmul_us / total_us, "matmul_flops": matmul_flops, "matmul_s": matmul_us / 1e6,
