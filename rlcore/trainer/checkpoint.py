@@ -149,7 +149,17 @@ def fingerprint(params: dict[str, Any], *, root: Path, inputs: Iterable[str | Pa
     ``code`` (the stage's code dependencies, :func:`stage_code`; None: all of ``rlcore/`` and ``stages/``), the
     input files."""
     flat = {k: v for k, v in flatten(params).items() if not any(k == p or k.startswith(p) for p in IGNORED_PARAMS)}
-    return {"params": flat, "code": code_digests(root, code), "data": tree_digests(inputs)}
+    data = {input_key(path, root): digest for path, digest in tree_digests(inputs).items()}
+    return {"params": flat, "code": code_digests(root, code), "data": data}
+
+
+def input_key(path: str | Path, root: Path) -> str:
+    """An input file's name in a fingerprint: relative to ``root`` when it is under it, else absolute; normalised
+    (``..`` and ``.`` gone, symbolic links kept), so one file named relatively (``--data data/x.parquet``) or
+    absolutely, on the run that saved a checkpoint and on the one that resumes, has one name."""
+    full, base = os.path.abspath(path), os.path.abspath(root)
+    rel = os.path.relpath(full, base)
+    return full if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
 
 
 def first_difference(saved: dict[str, Any], now: dict[str, Any]) -> str | None:

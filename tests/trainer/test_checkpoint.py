@@ -37,6 +37,28 @@ def save(ck: StepCheckpoints, step: int, payload: str = "x") -> Path:
     return ck.commit(folder, step, {"payload": payload, "run_id": "run-1"})
 
 
+def test_an_input_named_relatively_or_absolutely_is_one_input(code_root, monkeypatch):
+    """A run that named its data absolutely (``--data /project/data/in.txt``), then run again from the project folder
+    with the same file named relatively (or through ``./`` and ``..``), resumes: inputs are named relative to the
+    root. One outside the root is named by its absolute path, however it was given."""
+    params = {"seed": 1, "sft": {"lr": 0.1, "save_every": 2}}
+
+    def checkpoints(inputs) -> StepCheckpoints:
+        return StepCheckpoints(code_root / "ckpt" / "sft", stage="sft", save_every=2, keep_last=0,
+                               fingerprint=fingerprint(params, root=code_root, inputs=inputs))
+
+    save(checkpoints([code_root / "data/in.txt"]), 2)
+    monkeypatch.chdir(code_root)
+    for named in ("data/in.txt", "./data/../data/in.txt"):
+        resume = checkpoints([named]).resume()
+        assert resume is not None and resume.step == 2, named
+    assert list(checkpoints(["data/in.txt"]).fingerprint["data"]) == ["data/in.txt"]
+    outside = code_root.parent / f"{code_root.name}-outside.txt"
+    outside.write_text("rows\n")
+    monkeypatch.chdir(code_root.parent)
+    assert list(fingerprint(params, root=code_root, inputs=[outside.name])["data"]) == [str(outside)]
+
+
 def test_due_every_n_steps_but_never_after_the_last():
     ck = StepCheckpoints("unused", stage="sft", save_every=3, keep_last=0, fingerprint={})
     assert [d for d in range(1, 11) if ck.due(d, 9)] == [3, 6]
