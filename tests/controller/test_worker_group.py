@@ -207,6 +207,35 @@ def test_a_private_ray_s_dashboard_agent_listens_on_a_port_of_its_own(ray_local)
     assert parameter.RayParams(num_cpus=1).dashboard_agent_listen_port == 52365  # Ray's own default is back
 
 
+IDLE_WORKERS = """
+import json, time, psutil
+from rlcore.controller.resource_pool import init_local
+init_local(2, log_to_driver=False)
+time.sleep(4)
+print(json.dumps([(p.name(), " ".join(p.cmdline())) for p in psutil.Process().children(recursive=True)]))
+"""
+
+
+def test_a_private_ray_starts_no_idle_workers_that_no_rank_could_use():
+    """Ray prestarts one idle worker process per CPU for a driver, in the default runtime environment; every rank asks
+    for an environment of its own (``OMP_NUM_THREADS``), so those processes only took CPU and memory while the ranks
+    started. A private Ray (in a process of its own here: this session's has run tasks) has none, before or after
+    they rename themselves ``ray::IDLE``."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", IDLE_WORKERS], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    processes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "raylet" in {name for name, _ in processes}
+    # (the raylet's own command line names the worker script too)
+    workers = [p for p in processes if p[0].startswith("ray::IDLE") or
+               (p[0] != "raylet" and "default_worker.py" in p[1])]
+    assert workers == []
+
+
 def test_two_threads_starting_ray_at_once_take_turns_with_the_agent_port_default_and_leave_ray_s_own():
     """The default is swapped on Ray's class for the length of a start: a second thread waits for the first to put
     it back (without that, each restores what the other swapped in, and the swap stays for good)."""
