@@ -14,6 +14,11 @@ STAMP := $(VENV)/.installed
 # start-up: `import torch` 6.1 s without them, 3.4 s with them, on the same loaded 2 cores.
 INSTALL = $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
+# The project's own sources likewise (the venv holds them only as an editable link): every stage, Ray worker and
+# command process imports ~90 of them, 0.1 s of compiling each (0.40 -> 0.30 s, median of 5). compileall writes only
+# the files whose .pyc is missing or older than the source; tests/ too, for the test modules Ray workers import.
+BYTECODE = $(PY) -m compileall -q rlcore stages tests
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv
@@ -25,12 +30,14 @@ setup: $(STAMP)
 # dvc needs a git repository; a fresh export without one gets a local one.
 run: $(STAMP)
 	@git rev-parse --git-dir >/dev/null 2>&1 || git init -q
+	@$(BYTECODE)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" dvc repro
 
 # two workers (pytest-xdist), a test file at a time each: much of a test's time here is process and Ray start-up.
 # --no-loadscope-reorder: the files in tests/conftest.py's order (longest first), not xdist's default of the files
 # with the most tests first, which left the end-to-end files to run last and alone. --durations: the slowest tests.
 test: $(STAMP)
+	@$(BYTECODE)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 # The documentation site (MkDocs + Material) into site/: open site/index.html, no server or network needed.

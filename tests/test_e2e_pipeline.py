@@ -72,7 +72,7 @@ def make_workdir(root: Path) -> dict:
     """A scratch copy of the repository's pipeline in ``root`` (its code, the tiny params, a reward file; git and
     DVC initialised); the environment its commands run in."""
     root.mkdir(parents=True, exist_ok=True)
-    for name in ("rlcore", "stages", "inputs", "dvc.yaml"):
+    for name in ("rlcore", "stages", "inputs", "dvc.yaml", ".dvcignore"):  # (its __pycache__ folders come along)
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
     params = merge(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
