@@ -44,6 +44,16 @@ class ProbeWorker(SFTWorker):
         super().init_model()
         self.ref = load_policy(self.model_spec, self.device, frozen=True)
 
+    def reconfigure(self, model: ModelSpec, optim: OptimSpec) -> None:
+        """This rank as a new ProbeWorker of ``model`` and ``optim`` would be after ``init_model`` (the models,
+        optimizer and random state replaced; the process and its process group kept: starting worker processes is
+        what costs time here)."""
+        for name in ("model", "ref", "opt", "sched", "tokenizer"):
+            self.__dict__.pop(name, None)
+        self.model_spec, self.optim_spec = model, optim
+        torch.manual_seed(self.seed + self.rank)
+        self.init_model()
+
     def full_state(self) -> dict[str, torch.Tensor]:
         return {k: v.cpu().clone() for k, v in self.model.strategy.rollout_state_dict(self.model.module).items()}
 
@@ -116,39 +126,48 @@ RUNS = {"fsdp-actor-reshards-packed": ("fsdp", True, False, True), "fsdp-ref-res
         "ddp-packed": ("ddp", False, False, True)}
 
 
+@pytest.fixture(scope="module")
+def probe_group(ray_local, tiny_model_dir):
+    """One two-rank group of ProbeWorkers for every run of this file, each run reconfiguring it
+    (:meth:`ProbeWorker.reconfigure`)."""
+    pool = ResourcePool(2, 1.0, False, 60)
+    wg = WorkerGroup(ProbeWorker, pool, name="sft", timeout_s=120, model=ModelSpec(str(tiny_model_dir)),
+                     optim=OptimSpec(lr=LR), seed=0)
+    try:
+        yield wg
+    finally:
+        wg.shutdown()
+        pool.release()
+
+
 @pytest.fixture(scope="module", params=sorted(RUNS))
-def dp_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+def dp_run(request, probe_group, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
     """The group's run with (strategy, reshard_after_forward, ref_reshard_after_forward, packed_forward) =
     ``RUNS[request.param]``; the reference training it is compared with is always padded and unsharded."""
     strategy, reshard, ref_reshard, packed = RUNS[request.param]
     batches = sft_batches(tiny_tokenizer)
     out = tmp_path_factory.mktemp("dp") / "saved"
-    pool = ResourcePool(2, 1.0, False, 60)
     spec = ModelSpec(str(tiny_model_dir), strategy=strategy, reshard_after_forward=reshard,
                      ref_reshard_after_forward=ref_reshard, packed_forward=packed)
-    wg = WorkerGroup(ProbeWorker, pool, name="sft", timeout_s=120, model=spec,
-                     optim=OptimSpec(lr=LR, weight_decay=WEIGHT_DECAY), seed=0)
-    try:
-        ray.get([w.init_model.remote() for w in wg.workers], timeout=120)
-        states = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
-        numels = ray.get([w.local_numel.remote() for w in wg.workers], timeout=120)
-        # Before training: without resharding, the actor starts its first step with gathered weights.
-        layouts = ray.get([w.sharded_after_forward.remote(batches[0]) for w in wg.workers], timeout=120)
-        halves = batches[0].chunk(2)
-        reduce_costs = ray.get([w.gradient_reduce_cost.remote(h) for w, h in zip(wg.workers, halves)], timeout=120)
-        metrics = [wg.call(SFTWorker.train_step, b, STEP) for b in batches]
-        trained = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
-        costs = ray.get([w.full_state_cost.remote() for w in wg.workers], timeout=120)
-        wg.call(SFTWorker.save, str(out))
-        # then a step whose gradient is NaN on rank 1 only (every rank must skip it), then a finite one
-        skipped = ray.get([w.train_step_with_nan_gradient_on.remote(h, STEP, 1)
-                           for w, h in zip(wg.workers, batches[1].chunk(2))], timeout=120)
-        after_skip = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
-        metrics.append(wg.call(SFTWorker.train_step, batches[0], STEP))
-        after_finite = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
-    finally:
-        wg.shutdown()
-        pool.release()
+    wg = probe_group
+    ray.get([w.reconfigure.remote(spec, OptimSpec(lr=LR, weight_decay=WEIGHT_DECAY)) for w in wg.workers],
+            timeout=120)
+    states = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
+    numels = ray.get([w.local_numel.remote() for w in wg.workers], timeout=120)
+    # Before training: without resharding, the actor starts its first step with gathered weights.
+    layouts = ray.get([w.sharded_after_forward.remote(batches[0]) for w in wg.workers], timeout=120)
+    halves = batches[0].chunk(2)
+    reduce_costs = ray.get([w.gradient_reduce_cost.remote(h) for w, h in zip(wg.workers, halves)], timeout=120)
+    metrics = [wg.call(SFTWorker.train_step, b, STEP) for b in batches]
+    trained = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
+    costs = ray.get([w.full_state_cost.remote() for w in wg.workers], timeout=120)
+    wg.call(SFTWorker.save, str(out))
+    # then a step whose gradient is NaN on rank 1 only (every rank must skip it), then a finite one
+    skipped = ray.get([w.train_step_with_nan_gradient_on.remote(h, STEP, 1)
+                       for w, h in zip(wg.workers, batches[1].chunk(2))], timeout=120)
+    after_skip = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
+    metrics.append(wg.call(SFTWorker.train_step, batches[0], STEP))
+    after_finite = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
     return {"batches": batches, "states": states, "numels": numels, "metrics": metrics[:2], "trained": trained,
             "skipped": skipped, "after_skip": after_skip, "after_finite": (metrics[2], after_finite),
             "costs": costs, "saved": load_file(str(out / "model.safetensors")), "saved_dir": out,
@@ -156,22 +175,16 @@ def dp_run(request, ray_local, tiny_model_dir, tiny_tokenizer, tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=["fsdp", "ddp"])
-def bf16_states(request, ray_local, tiny_model_dir, tiny_tokenizer):
+def bf16_states(request, probe_group, tiny_model_dir, tiny_tokenizer):
     """(rollout_state_dict, checkpoint_state_dict, dtype of the forward's logits) of rank 0 of a group
     that computes in bfloat16 with strategy ``request.param``."""
-    pool = ResourcePool(2, 1.0, False, 60)
-    wg = WorkerGroup(ProbeWorker, pool, name="sft", timeout_s=120,
-                     model=ModelSpec(str(tiny_model_dir), dtype="bfloat16", strategy=request.param),
-                     optim=OptimSpec(lr=LR))
-    try:
-        ray.get([w.init_model.remote() for w in wg.workers], timeout=120)
-        full = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
-        checkpoint = ray.get([w.checkpoint_state.remote() for w in wg.workers], timeout=120)
-        batch = sft_batches(tiny_tokenizer)[0]  # every rank runs the forward: under FSDP it is a collective
-        logits = ray.get([w.logits_dtype.remote(batch) for w in wg.workers], timeout=120)[0]
-    finally:
-        wg.shutdown()
-        pool.release()
+    wg = probe_group
+    spec = ModelSpec(str(tiny_model_dir), dtype="bfloat16", strategy=request.param)
+    ray.get([w.reconfigure.remote(spec, OptimSpec(lr=LR)) for w in wg.workers], timeout=120)
+    full = ray.get([w.full_state.remote() for w in wg.workers], timeout=120)
+    checkpoint = ray.get([w.checkpoint_state.remote() for w in wg.workers], timeout=120)
+    batch = sft_batches(tiny_tokenizer)[0]  # every rank runs the forward: under FSDP it is a collective
+    logits = ray.get([w.logits_dtype.remote(batch) for w in wg.workers], timeout=120)[0]
     return full[0], checkpoint[0], logits
 
 
