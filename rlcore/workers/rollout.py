@@ -127,6 +127,16 @@ class RolloutWorker(RankWorker):
         self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
         self.agents = AgentRunners(self.model_spec.path)
 
+    @register(Dispatch.ONE_TO_ALL)
+    def load_model(self, model: ModelSpec) -> None:
+        """Generate with the model at ``model.path`` from now on, in this process: what ``init_model`` of a new
+        group over it gives (a new engine; the tool runtimes, which hold the old folder's tokenizer, closed), without
+        starting new processes (several CPU-seconds of imports each)."""
+        self.agents.close()
+        self.engine = None  # the old model's memory goes before the new one loads
+        self.model_spec = model
+        self.init_model()
+
     @register(Dispatch.DP_COMPUTE)
     def generate(self, batch: Batch, spec: GenerateSpec) -> Batch:
         """Sample responses for this rank's ``prompts``/``prompt_mask``."""
