@@ -133,7 +133,7 @@ class RolloutWorker(RankWorker):
         group over it gives (a new engine; the tool runtimes, which hold the old folder's tokenizer, closed), without
         starting new processes (several CPU-seconds of imports each)."""
         self.agents.close()
-        self.engine = None  # the old model's memory goes before the new one loads
+        del self.engine  # the old model's memory goes before the new one loads
         self.model_spec = model
         self.init_model()
 
