@@ -45,7 +45,8 @@ def init_local(num_cpus: int, *, log_to_driver: bool, **options) -> None:
     Nor does Ray prestart idle worker processes for the driver (``prestart_worker_first_driver``): it starts one per
     CPU, with the default runtime environment, and every rank asks for its own (``OMP_NUM_THREADS``), so none was
     ever used: each cost ~0.6 s of CPU while a stage's ranks were starting and then held 79 MiB (42 MiB its own)
-    (measured: a score stage 0.66 -> 0.62 CPU-minutes, 30.1 -> 28.6 s). ``options``: more ``ray.init`` arguments (``object_store_memory``)."""
+    (measured: a score stage 0.66 -> 0.62 CPU-minutes, 30.1 -> 28.6 s). ``options``: more ``ray.init`` arguments
+    (``object_store_memory``)."""
     system_config = {"prestart_worker_first_driver": False, **options.pop("_system_config", {})}
     with _agent_port_free():
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
