@@ -5,6 +5,12 @@ Both are lazy: a test module that asks for neither never starts Ray or builds a 
 
 from __future__ import annotations
 
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,8 +24,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # The end-to-end files share one first `dvc repro` (tests/test_e2e_pipeline.py's first_repro): the experiments file
 # comes a few files after the pipeline's, so that the other worker reaches it when that run is done, not waiting.
 LONGEST_FIRST = (
-    "test_e2e_pipeline.py", "trainer/test_async_ppo.py", "engine/test_data_parallel.py", "test_e2e_experiments.py",
-    "test_ray_cluster.py",
+    "test_e2e_pipeline.py", "trainer/test_async_ppo.py", "engine/test_data_parallel.py", "test_ray_cluster.py",
+    "test_e2e_experiments.py",
     "trainer/test_ppo_estimators.py", "trainer/test_resume.py", "controller/test_worker_death.py",
     "trainer/test_reward_model_scoring.py", "engine/test_reward_model.py", "test_pipeline_spec.py",
     "commands/test_serve_abuse.py", "commands/test_generate.py", "controller/test_typed_calls.py",
@@ -55,6 +61,34 @@ def ray_local():
     init_local(2, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[dict[str, str]]:
+    """A single-node Ray cluster (`ray start --head`, 2 CPUs) for stage subprocesses to join with ``ray.address:
+    auto``: the environment that points them at it (its address and private auth token). A stage that starts a
+    private Ray instance of its own spends about 10 s of its run on Ray's start and shutdown (the tiny pipeline's
+    score stage: 23 s, 13 s joining a running head, the same output); the end-to-end files run about ten of them.
+    Its workers run at the driver's niceness, as a private instance's do; it is killed with its session at the end
+    (never `ray stop`, which would stop every Ray on the machine)."""
+    from tests.ray_nodes import Nodes, free_port
+
+    tmp = Path(tempfile.mkdtemp(prefix="rlh", dir="/tmp"))  # short: Ray's socket paths live under it
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.update(auth, RAY_worker_niceness="0", RAY_prestart_worker_first_driver="0")
+    nodes = Nodes(env)
+    try:
+        port = free_port()
+        out = nodes.start("head", "--head", "--num-cpus", "2", "--port", str(port), "--temp-dir", str(tmp),
+                          "--include-dashboard", "false", "--ray-client-server-port", str(free_port()))
+        ip = re.search(r"ray start --address='([^']+):\d+'", out)
+        assert ip, out
+        yield {**auth, "RAY_ADDRESS": f"{ip.group(1)}:{port}"}
+    finally:
+        left = nodes.kill_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert not any(left.values()), f"processes of the test head still running: {left}"
 
 
 @pytest.fixture(scope="session")

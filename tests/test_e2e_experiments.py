@@ -112,7 +112,8 @@ def test_compare_runs_each_cell_as_an_experiment_one_parent_row_each_in_the_mlfl
       and runs the rounds and evaluate; the report's numbers are its experiment's; in MLflow it is a parent run named
       after the experiment and its change, carrying every param, the commit and the gain evaluate measured, with
       exactly the stages that ran nested under it (the evaluate run holds the samples as an MLflow table);
-    * the same with Ray pointed at an address where nothing answers: DVC re-runs SFT (whose params include ray),
+    * the same with Ray pointed at an address where nothing answers (the baseline's is ``auto``, the session's
+      head): DVC re-runs SFT (whose params include ray),
       which stops at once; `dvc exp run` fails and the report names the cell with the last lines of its output.
 
     `dvc exp show` lists the experiment; the page and PNG land in docs/results; MLflow has the report's run; the
@@ -140,13 +141,13 @@ def test_compare_runs_each_cell_as_an_experiment_one_parent_row_each_in_the_mlfl
     (key, value), = overrides.items()
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "rlcore", "compare", "--name", "tiny",
-                           "--grid", f"{key}={value}", "--grid", "ray.address=local,127.0.0.1:1"],
+                           "--grid", f"{key}={value}", "--grid", "ray.address=auto,127.0.0.1:1"],
                           cwd=root, env=git_env, capture_output=True, text=True, timeout=900)
     took = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((root / "compare/tiny/results.json").read_text())
     ok, failed = data["cells"]
-    assert ok["error"] is None and ok["values"] == {key: value, "ray.address": "local"}
+    assert ok["error"] is None and ok["values"] == {key: value, "ray.address": "auto"}
     assert "dvc exp run exited with" in failed["error"] and "nothing answers at 127.0.0.1:1" in failed["error"]
     assert ran_stages(Path(ok["log"]).read_text()) == {"ppo@r1", "ppo@r2", "evaluate"}
     exp_eval = json.loads(run(["git", "show", f"{ok['rev']}:metrics/eval.json"], root, env))

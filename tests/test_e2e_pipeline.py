@@ -45,6 +45,10 @@ TINY = {
     # a reward function of the user's, at weight 0 (so every number stays the rule's): its file is a dependency of
     # score, the rounds and evaluate only
     "reward": {"functions": [{"path": "rewards/brevity.py", "name": "brevity", "weight": 0.0}]},
+    # the stages join the session's Ray head (tests/conftest.py's ray_head, through RAY_ADDRESS) instead of each
+    # starting and stopping a private instance of its own: about 10 s less a stage (`rlcore` commands run as
+    # processes elsewhere in the suite start private instances, the default's way)
+    "ray": {"address": "auto"},
 }
 BREVITY = """def brevity(data_source, solution_str, ground_truth, extra_info):
     return {"score": 1.0 / (1 + len(solution_str)), "chars": len(solution_str)}
@@ -90,10 +94,11 @@ def env_of(root: Path) -> dict:
             "PYTHONPATH": str(root), "RLCORE_CACHE": str(root / ".cache"), "RAY_ADDRESS": ""}
 
 
-def first_repro(tmp_path_factory) -> tuple[Path, str]:
-    """The first `dvc repro` of the tiny pipeline, run once per test session (its folder and its output): the two
-    end-to-end files start from copies of it. Under pytest-xdist the workers share it through a folder of the
-    session's run (the first worker to get here runs it, the other waits on the lock and finds it done)."""
+def first_repro(tmp_path_factory, ray_env: dict) -> tuple[Path, str]:
+    """The first `dvc repro` of the tiny pipeline, run once per test session (its folder and its output), its stages
+    joining the Ray head ``ray_env`` points at: the two end-to-end files start from copies of it. Under pytest-xdist
+    the workers share it through a folder of the session's run (the first worker to get here runs it, on its own
+    head; the other waits on the lock and finds it done)."""
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     base = tmp_path_factory.getbasetemp()
     shared = base.parent / f"e2e-first-repro-{run_id}" if run_id else base / "e2e-first-repro"
@@ -107,7 +112,7 @@ def first_repro(tmp_path_factory) -> tuple[Path, str]:
             if root.exists():  # a worker that died half way through it (its stages were killed with it)
                 shutil.rmtree(root)
             try:
-                text = run_group(["dvc", "repro"], root, make_workdir(root), timeout_s=900)
+                text = run_group(["dvc", "repro"], root, {**make_workdir(root), **ray_env}, timeout_s=900)
             except BaseException as err:
                 failed.write_text(str(err))
                 raise
@@ -144,18 +149,19 @@ def copy_workdir(src: Path, dst: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> tuple[Path, dict]:
-    """This file's own copy of the pipeline after its first `dvc repro`, and its commands' environment."""
-    src, _ = first_repro(tmp_path_factory)
+def workdir(tmp_path_factory, ray_head) -> tuple[Path, dict]:
+    """This file's own copy of the pipeline after its first `dvc repro`, and its commands' environment (its stages
+    join this session's Ray head)."""
+    src, _ = first_repro(tmp_path_factory, ray_head)
     root = tmp_path_factory.mktemp("pipeline") / "repo"
     copy_workdir(src, root)
-    return root, env_of(root)
+    return root, {**env_of(root), **ray_head}
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory) -> str:
+def first_run(tmp_path_factory, ray_head) -> str:
     """What the first `dvc repro` printed."""
-    return first_repro(tmp_path_factory)[1]
+    return first_repro(tmp_path_factory, ray_head)[1]
 
 
 def test_repro_writes_every_declared_output(workdir, first_run):
@@ -241,9 +247,9 @@ ASYNC_TIMED = {"async/queue_depth", "async/trainer_idle_frac", "async/generator_
 
 def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_round(workdir, first_run):
     """ppo@r1 again, as an asynchronous round (a generator worker beside the trainer's two ranks, a queue,
-    versioned weights) with max_staleness 0, checkpointing after each step, SIGKILLed (its whole process group)
-    as soon as the step-1 checkpoint exists; a module the stage does not run (the HTTP server's) is edited, and
-    the same command again says it resumes and ends with exactly the synchronous first run's plot rows, rollouts,
+    versioned weights) with max_staleness 0, checkpointing after each step, SIGKILLed (its whole process group; its
+    actors on the session's Ray head die with it) as soon as the step-1 checkpoint exists; a module the stage does
+    not run (the HTTP server's) is edited, and the same command again says it resumes and ends with exactly the synchronous first run's plot rows, rollouts,
     metrics and weights (timings aside). The batch handed out before the kill is generated again with the
     restored weights: no step of the resumed round is stale or drops a batch. Outputs go to other paths, so DVC's
     state is untouched."""
