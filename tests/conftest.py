@@ -5,9 +5,6 @@ Both are lazy: a test module that asks for neither never starts Ray or builds a 
 
 from __future__ import annotations
 
-import os
-import re
-import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -71,20 +68,14 @@ def ray_head() -> Iterator[dict[str, str]]:
     score stage: 23 s, 13 s joining a running head, the same output); the end-to-end files run about ten of them.
     Its workers run at the driver's niceness, as a private instance's do; it is killed with its session at the end
     (never `ray stop`, which would stop every Ray on the machine)."""
-    from tests.ray_nodes import Nodes, free_port
+    from tests.ray_nodes import Nodes, private_env
 
-    tmp = Path(tempfile.mkdtemp(prefix="rlh", dir="/tmp"))  # short: Ray's socket paths live under it
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_USAGE_STATS_ENABLED": "0"}
-    env.update(auth, RAY_worker_niceness="0", RAY_prestart_worker_first_driver="0")
-    nodes = Nodes(env)
+    tmp = Path(tempfile.mkdtemp(prefix="rlh", dir="/tmp"))
+    nodes = Nodes(private_env(RAY_worker_niceness="0", RAY_prestart_worker_first_driver="0"))
     try:
-        port = free_port()
-        out = nodes.start("head", "--head", "--num-cpus", "2", "--port", str(port), "--temp-dir", str(tmp),
-                          "--include-dashboard", "false", "--ray-client-server-port", str(free_port()))
-        ip = re.search(r"ray start --address='([^']+):\d+'", out)
-        assert ip, out
-        yield {**auth, "RAY_ADDRESS": f"{ip.group(1)}:{port}"}
+        address = nodes.start_head(tmp, "--num-cpus", "2", "--include-dashboard", "false")
+        auth = {k: nodes.env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED")}
+        yield {**auth, "RAY_ADDRESS": address}
     finally:
         left = nodes.kill_all()
         shutil.rmtree(tmp, ignore_errors=True)

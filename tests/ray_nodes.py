@@ -5,6 +5,8 @@ end-to-end pipeline's stages join (tests/conftest.py's ``ray_head``)."""
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -16,6 +18,14 @@ from pathlib import Path
 import psutil
 
 RAY = str(Path(sys.executable).parent / "ray")
+
+
+def private_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a cluster of a test's own: no ``RAY_ADDRESS`` of another, an auth token of its
+    own, no usage reports; ``extra`` on top."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0", **extra)
+    return env
 
 
 def free_port() -> int:
@@ -86,6 +96,16 @@ class Nodes:
             kill_session(proc.pid)  # the try's raylet, GCS and agents: their session is the ray start's
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{out}"
         return out
+
+    def start_head(self, tmp: Path, *args: str) -> str:
+        """``ray start --head`` on free ports, its files under ``tmp`` (short: Ray's socket paths live there), and
+        ``args``: the address other nodes and drivers join it at."""
+        port = free_port()
+        out = self.start("head", "--head", "--port", str(port), "--temp-dir", str(tmp), "--ray-client-server-port",
+                         str(free_port()), *args)
+        ip = re.search(r"ray start --address='([^']+):\d+'", out)
+        assert ip, out
+        return f"{ip.group(1)}:{port}"
 
     def kill_all(self) -> dict[str, list[int]]:
         with self.lock:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -37,7 +35,7 @@ import yaml
 from rlcore.controller.decorator import dispatch_of
 from rlcore.workers.actor import ActorRolloutRefWorker
 from tests.conftest import REPO_ROOT
-from tests.ray_nodes import Nodes, command_line, free_port, kill_session, session_pids
+from tests.ray_nodes import Nodes, command_line, free_port, kill_session, private_env, session_pids
 
 pytestmark = pytest.mark.ray_cluster
 
@@ -85,13 +83,9 @@ class Cluster:
 
 
 def start_cluster(nodes: Nodes, tmp: Path) -> Cluster:
-    port, dashboard = free_port(), free_port()
-    out = nodes.start("head", "--head", "--num-cpus", "2", "--port", str(port), "--temp-dir", str(tmp),
-                      "--include-dashboard", "true", "--dashboard-port", str(dashboard),
-                      "--ray-client-server-port", str(free_port()))
-    ip = re.search(r"ray start --address='([^']+):\d+'", out)
-    assert ip, out
-    address = f"{ip.group(1)}:{port}"
+    dashboard = free_port()
+    address = nodes.start_head(tmp, "--num-cpus", "2", "--include-dashboard", "true",
+                               "--dashboard-port", str(dashboard))
     nodes.start("worker", "--address", address, "--num-cpus", "2")
     c = Cluster(address, f"http://127.0.0.1:{dashboard}", nodes.env, nodes.sids, {})
     deadline = time.monotonic() + 30
@@ -106,9 +100,7 @@ def start_cluster(nodes: Nodes, tmp: Path) -> Cluster:
 def cluster_start():
     """The two-node cluster, starting in the background: a Future of the :class:`Cluster`."""
     tmp = Path(tempfile.mkdtemp(prefix="rlc", dir="/tmp"))  # short: Ray's socket paths live under it
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED="0")
-    nodes = Nodes(env)
+    nodes = Nodes(private_env())
     starter = ThreadPoolExecutor(1)
     try:
         yield starter.submit(start_cluster, nodes, tmp)
