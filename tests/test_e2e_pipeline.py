@@ -49,6 +49,10 @@ TINY = {
     # starting and stopping a private instance of its own: about 10 s less a stage (`rlcore` commands run as
     # processes elsewhere in the suite start private instances, the default's way)
     "ray": {"address": "auto"},
+    # one rank per worker group: this file checks the pipeline's mechanics (DVC, MLflow, resume); the two-rank
+    # default's data-parallel numerics are test_data_parallel's and its resumes test_resume's and test_ray_cluster's.
+    # Each rank is a process that spends ~6 CPU-s importing and loading before its first call: ~70 CPU-s less here
+    "resources": {"n_workers": 1},
 }
 BREVITY = """def brevity(data_source, solution_str, ground_truth, extra_info):
     return {"score": 1.0 / (1 + len(solution_str)), "chars": len(solution_str)}
@@ -246,7 +250,7 @@ ASYNC_TIMED = {"async/queue_depth", "async/trainer_idle_frac", "async/generator_
 
 
 def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_round(workdir, first_run):
-    """ppo@r1 again, as an asynchronous round (a generator worker beside the trainer's two ranks, a queue,
+    """ppo@r1 again, as an asynchronous round (a generator worker beside the trainer's rank, a queue,
     versioned weights) with max_staleness 0, checkpointing after each step, SIGKILLed (its whole process group; its
     actors on the session's Ray head die with it) as soon as the step-1 checkpoint exists; a module the stage does
     not run (the HTTP server's) is edited, and the same command again says it resumes and ends with exactly the
@@ -256,7 +260,6 @@ def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_r
     root, env = workdir
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["ppo"].update(save_every=1, mode="async", **{"async": {"max_staleness": 0, "queue_size": 1}})
-    params["resources"]["cpus_per_worker"] = 0.5  # two trainer ranks and a generator on two CPUs
     params["rollout"].update(n_workers=1, cpus_per_worker=1)
     (root / "params_ckpt.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cmd = [sys.executable, "-m", "stages.ppo", "--params", "params_ckpt.yaml", "--round", "r1", "--init", "models/sft",
