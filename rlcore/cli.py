@@ -106,8 +106,14 @@ class DeclaredConfig:
 
 
 def stage_config(path: str, sections: tuple[str, ...], stage: str) -> tuple[Config, dict[str, Any]]:
-    """The config, validated as a whole, as seen by ``stage``, and its declared sections as plain data."""
+    """The config, validated as a whole, as seen by ``stage``, and its declared sections as plain data. A stage that
+    declares ``ray`` runs on it: a ``ray.address`` where nothing answers fails here, in seconds, before the stage's
+    imports of torch, transformers and Ray (about 10 s of CPU) and before it opens its MLflow run."""
     cfg = load_config(path)
+    if "ray" in sections:
+        from rlcore.controller.address import check_reachable
+
+        check_reachable(cfg.ray.address)
     return DeclaredConfig(cfg, sections, stage), section_dict(cfg, sections)  # type: ignore[return-value]
 
 

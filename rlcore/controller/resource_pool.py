@@ -7,7 +7,6 @@ import inspect
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import ray
 from ray._private import parameter as ray_parameter
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
-from rlcore.errors import ConfigError
+from rlcore.controller.address import check_reachable
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +23,6 @@ log = logging.getLogger(__name__)
 # to different nodes while there are nodes to spread over, and share nodes beyond that (STRICT_SPREAD would
 # refuse to start more ranks than nodes).
 PLACEMENT_STRATEGIES = {"pack": "PACK", "spread": "SPREAD"}
-# ray.init to an address where nothing listens retries for minutes; a TCP connect answers in this many seconds.
-REACH_TIMEOUT_S = 5.0
 # Ray gives a local node 30 s (fixed in ray/_private/node.py) to register its raylet; on a loaded machine (a load
 # average of 10-25 on 2 cores, seen here) that fails now and then, and a stage would end before its first step.
 NODE_START_TRIES = 3
@@ -78,29 +75,6 @@ def _agent_port_free() -> Iterator[None]:
             yield
         finally:
             cls.__init__ = original
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    """``host:port`` or ``ray://host:port`` -> (host, port); None for what does not parse (``auto``)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
-
-def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """Fail in seconds, naming ``ray.address``, when nothing listens where it (or, for ``auto``, the
-    ``RAY_ADDRESS`` variable) points; an address that does not parse is left to Ray."""
-    target = (os.environ.get("RAY_ADDRESS") or address) if address == "auto" else address
-    hp = _host_port(target)
-    if hp is None:
-        return
-    try:
-        socket.create_connection(hp, timeout=timeout_s).close()
-    except OSError as err:
-        raise ConfigError(f"ray.address {address!r}: nothing answers at {hp[0]}:{hp[1]} ({err.strerror or err}); "
-                          f"start the head node there (ray start --head --port {hp[1]}) or set ray.address: local"
-                          ) from None
 
 
 def _cluster_counts() -> str:

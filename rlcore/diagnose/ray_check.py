@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 
 from rlcore.config import Config
+from rlcore.controller.address import REACH_TIMEOUT_S, host_port, unreachable
 from rlcore.diagnose.base import Check, Context, register, run_bounded
 
 # the line the Ray child process prints its answer on
@@ -39,15 +39,6 @@ def ray_probe(address: str, num_cpus: int) -> None:
     ray.shutdown()
 
 
-def _host_port(address: str) -> tuple[str, int] | None:
-    """``host:port`` or ``ray://host:port`` -> (host, port); None for ``auto`` and what does not parse."""
-    rest = address.removeprefix("ray://")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
-
 def resource_shortfall(cpus: float, gpus: float, cfg: Config) -> str | None:
     """What ``cpus``/``gpus`` lack for one resource pool of ``resources`` (None: enough)."""
     r = cfg.resources
@@ -65,15 +56,11 @@ def resource_shortfall(cpus: float, gpus: float, cfg: Config) -> str | None:
 def check_ray(ctx: Context) -> Check:
     address, num_cpus = ctx.cfg.ray.address, ctx.cfg.ray.num_cpus
     local = address == "local"
-    hp = _host_port(address)
-    if hp is not None:
-        try:
-            socket.create_connection(hp, timeout=min(5.0, ctx.timeout_s)).close()
-        except OSError as err:
-            return Check("ray", "fail", f"ray.address {address}: nothing answers at {hp[0]}:{hp[1]} "
-                         f"({err.strerror or err})",
-                         f"start the head node there (ray start --head --port {hp[1]}), or set ray.address: "
-                         "local for a private Ray on this machine")
+    if why := unreachable(address, min(REACH_TIMEOUT_S, ctx.timeout_s)):
+        port = host_port(address)[1]  # type: ignore[index]  # parsed, or nothing would be unreachable
+        return Check("ray", "fail", f"ray.address {address}: {why}",
+                     f"start the head node there (ray start --head --port {port}), or set ray.address: "
+                     "local for a private Ray on this machine")
     code = f"from rlcore.diagnose.ray_check import ray_probe; ray_probe({address!r}, {num_cpus})"
     rc, out, stderr = run_bounded([sys.executable, "-c", code], ctx.timeout_s, cwd=ctx.root)
     where = "local (private)" if local else f"ray.address {address}"

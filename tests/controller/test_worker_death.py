@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -18,7 +21,8 @@ from ray.util import placement_group_table
 from rlcore import cli
 from rlcore.cli import EXIT_WORKER_DIED, stage_errors
 from rlcore.controller import Dispatch, RankPlacement, register
-from rlcore.controller.resource_pool import ResourcePool, check_reachable
+from rlcore.controller.address import check_reachable
+from rlcore.controller.resource_pool import ResourcePool
 from rlcore.controller.worker_group import DEATH_GRACE_S, WorkerGroup
 from rlcore.errors import ConfigError, WorkerDied
 from rlcore.workers.rank import RankWorker
@@ -141,3 +145,25 @@ def test_an_address_where_nothing_listens_fails_in_seconds_naming_the_key():
     with pytest.raises(ConfigError, match=rf"^ray.address 'ray://127.0.0.1:{port}': nothing answers"):
         check_reachable(f"ray://127.0.0.1:{port}")
     assert time.monotonic() - start < 5
+
+
+def test_a_stage_pointed_where_nothing_listens_stops_in_one_line_before_its_imports_and_its_mlflow_run(tmp_path):
+    """A stage that runs on Ray checks ``ray.address`` with its params: exit 2 and one line naming the key, without
+    having imported torch, transformers, Ray or MLflow (seconds of CPU) or opened its MLflow run."""
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    params = tmp_path / "params.yaml"
+    params.write_text(f"ray: {{address: '127.0.0.1:{port}'}}\ntracking: {{uri: 'sqlite:///{tmp_path}/mlflow.db'}}\n")
+    code = ("import sys\nfrom stages.sft import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    print(e.code, sorted(m for m in ('torch', 'transformers', 'ray', 'mlflow') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code, "--params", str(params), "--data", str(tmp_path / "sft.parquet"),
+                           "--out", str(tmp_path / "sft"), "--metrics", str(tmp_path / "m.json")],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "2 []", proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"sft: error: ray.address '127.0.0.1:{port}': nothing answers at 127.0.0.1:{port} (Connection refused); "
+        f"start the head node there (ray start --head --port {port}) or set ray.address: local"]
+    assert not (tmp_path / "mlflow.db").exists()
