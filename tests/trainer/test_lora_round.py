@@ -27,11 +27,13 @@ def test_a_lora_round_checkpoints_resumes_and_exports(tiny, tmp_path):  # noqa: 
         try:
             runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompts, seed=5)
             first = runner.step(0)
-            assert math.isfinite(first["actor/kl_ref"]) and first["actor/kl_ref"] == 0.0  # the adapter starts at 0
+            # the adapter starts at 0, so the policy is the reference: their log-probs differ only by rounding (two
+            # forwards of the same weights, which MKL's AVX-512 kernels need not round alike: -6e-9 seen on a Xeon)
+            assert math.isfinite(first["actor/kl_ref"]) and abs(first["actor/kl_ref"]) < 1e-6
             (tmp_path / "state").mkdir()
             state = runner.save_state(tmp_path / "state")
             steps = [runner.step(i) for i in (1, 2)]
-            assert steps[-1]["actor/kl_ref"] > 0  # the policy left the adapter-disabled reference
+            assert steps[-1]["actor/kl_ref"] > 1e-4  # the policy left the adapter-disabled reference
             runner.save(str(tmp_path / "first"))
             batch = runner.last_batch
             trained = runner.actor.call(ActorRolloutRefWorker.compute_log_prob, batch.only(
