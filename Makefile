@@ -8,15 +8,19 @@ STAMP := $(VENV)/.installed
 
 # uv installs what pip would, in a quarter of the time (42 s against 2 min 55 s here). It reads no pip
 # configuration, so a local wheel folder pip is pointed at (PIP_FIND_LINKS: on these machines, torch 2.13.0's
-# CPU wheel) is passed on. --compile-bytecode: the .pyc files written once at install (about 1.5 min on 2 cores),
-# as pip does; uv leaves it to the first import otherwise, and where nothing may write them (PYTHONDONTWRITEBYTECODE,
-# set on these machines) every process compiled the sources of torch, transformers, ray, mlflow, ... again at
-# start-up: `import torch` 6.1 s without them, 3.4 s with them, on the same loaded 2 cores.
-INSTALL = $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+# CPU wheel) is passed on.
+INSTALL = $(VENV)/bin/uv pip install -q --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
-# The project's own sources likewise (the venv holds them only as an editable link): every stage, Ray worker and
-# command process imports ~90 of them, 0.1 s of compiling each (0.40 -> 0.30 s, median of 5). compileall writes only
-# the files whose .pyc is missing or older than the source; tests/ too, for the test modules Ray workers import.
+# Bytecode is written by the first import of each module, as Python does by default: these machines set
+# PYTHONDONTWRITEBYTECODE, under which every process compiled the sources of torch, transformers, ray, mlflow, ...
+# again at start-up (`import torch` 6.1 s without .pyc files, 3.4 s with them, on the same loaded 2 cores), so the
+# commands below run without it. Compiling the whole environment at install instead (uv's --compile-bytecode, as
+# pip does) took 55 s of make test's wall on 2 cores for 25,500 files, of which the pipeline and the tests import
+# about 4,000 (16 CPU-s to compile as they are first imported).
+unexport PYTHONDONTWRITEBYTECODE
+
+# The project's own sources likewise, before the parallel processes start (tests/ too, for the test modules Ray
+# workers import): compileall writes only the files whose .pyc is missing or older than the source.
 BYTECODE = $(PY) -m compileall -q rlcore stages tests
 
 $(STAMP): pyproject.toml
