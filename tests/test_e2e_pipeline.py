@@ -94,8 +94,11 @@ def make_workdir(root: Path) -> dict:
 
 
 def env_of(root: Path) -> dict:
+    # DVC_NO_ANALYTICS: as the repository's .dvc/config says (core.analytics: false), which `dvc init` here does not
+    # copy; otherwise every dvc command of the scratch pipelines spawns a process that posts a usage report (~0.8 CPU-s
+    # each, ~25 of them in a run of the suite, and a network call these machines refuse)
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "PYTHONPATH": str(root), "RLCORE_CACHE": str(root / ".cache"), "RAY_ADDRESS": ""}
+            "PYTHONPATH": str(root), "RLCORE_CACHE": str(root / ".cache"), "RAY_ADDRESS": "", "DVC_NO_ANALYTICS": "1"}
 
 
 def first_repro(tmp_path_factory, ray_env: dict) -> tuple[Path, str]:
