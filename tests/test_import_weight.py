@@ -15,31 +15,36 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from .conftest import REPO_ROOT
 
 MODEL_MACHINERY = ("transformers.modeling_utils", "torch.distributed.tensor", "torch.distributed.fsdp", "torch._dynamo",
                    "scipy")
 
 
+def run_python(script: str) -> str:
+    """The last line ``script`` prints, run in a fresh interpreter with ``json`` and ``sys`` imported."""
+    proc = subprocess.run([sys.executable, "-c", f"import json, sys\n{script}"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def imported(code: str, watch: tuple[str, ...]) -> list[str]:
     """The modules of ``watch`` in ``sys.modules`` after running ``code`` in a fresh interpreter."""
-    script = f"import json, sys\n{code}\nprint(json.dumps([m for m in {list(watch)!r} if m in sys.modules]))"
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(run_python(f"{code}\nprint(json.dumps([m for m in {list(watch)!r} if m in sys.modules]))"))
 
 
-def test_the_trainers_import_no_model_machinery():
-    code = ("import rlcore.trainer.ppo, rlcore.trainer.sft, rlcore.trainer.score, rlcore.trainer.evaluate, "
-            "rlcore.trainer.rm")
-    assert imported(code, MODEL_MACHINERY) == []
-
-
-@pytest.mark.parametrize("module", ["rlcore.workers.actor", "rlcore.workers.generator", "rlcore.workers.critic"])
-def test_a_worker_module_defers_model_machinery_to_loading_a_model(module):
-    assert imported(f"import {module}", MODEL_MACHINERY) == []
+def test_the_trainers_and_the_worker_modules_import_no_model_machinery():
+    """One interpreter imports the trainers, then each worker module, and says after each which of the machinery
+    modules were loaded: nothing after the last means nothing after any, and a failure names the first import that
+    brought some in (one process instead of one per module: each costs ~3 CPU-s of torch and transformers)."""
+    steps = ["rlcore.trainer.ppo, rlcore.trainer.sft, rlcore.trainer.score, rlcore.trainer.evaluate, rlcore.trainer.rm",
+             "rlcore.workers.actor", "rlcore.workers.generator", "rlcore.workers.critic"]
+    code = "seen = {}\n" + "".join(
+        f"import {s}\nseen[{s!r}] = [m for m in {list(MODEL_MACHINERY)!r} if m in sys.modules]\n" for s in steps)
+    code += "print(json.dumps(seen))"
+    seen = json.loads(run_python(code))
+    assert list(seen) == steps and seen[steps[-1]] == [], {s: seen[s] for s in steps if seen[s]}
 
 
 def test_reward_rules_and_the_scoring_process_import_neither_torch_nor_pandas():
