@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlcore.config import flatten, params_hash
+from rlcore.heap import long_lived
 from rlcore.pipeline_run import KEY_TAG, PipelineId, find_or_create, identify, ui_url, update_experiment
 
 
@@ -80,9 +81,12 @@ class MlflowTracker(_RunContext):
                  run_id: str | None = None, pipeline: tuple[PipelineId, dict[str, Any]] | None = None):
         for key, value in HTTP_LIMITS.items():  # the user's own settings win
             os.environ.setdefault(key, value)
-        import mlflow
-        from mlflow.entities import Metric
+        with long_lived():  # MLflow and its store (for sqlite: SQLAlchemy's models) stay loaded to the end
+            import mlflow
+            from mlflow.entities import Metric
 
+            mlflow.set_tracking_uri(uri)
+            self.experiment_id = mlflow.set_experiment(experiment).experiment_id
         self._mlflow = mlflow
         self._metric = Metric
         self._broken = False
@@ -90,8 +94,6 @@ class MlflowTracker(_RunContext):
         self._buffer: list = []
         self._flush_s = flush_s
         self._last_flush = time.monotonic()
-        mlflow.set_tracking_uri(uri)
-        self.experiment_id = mlflow.set_experiment(experiment).experiment_id
         self._client = mlflow.MlflowClient()
         self.resumed = False
         self.parent_id = None

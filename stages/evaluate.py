@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.config import Config
+from rlcore.heap import long_lived, script
 
 PARAMS = tuple(Config.model_fields)  # all of params.yaml: they label the pipeline run in MLflow
 
@@ -36,12 +37,14 @@ def main(argv: list[str] | None = None) -> None:
         from rlcore.inputs import recorded_tool_inputs
         if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
             params = {**params, "tool_inputs": tools}
-        # heavy imports (torch, transformers, ray) only after the params are known to be valid
-        from rlcore.engine.model import load_tokenizer
-        from rlcore.pipeline_run import pipeline_params
-        from rlcore.tracking import open_run
-        from rlcore.trainer.evaluate import run_evaluate
-        tokenizer = load_tokenizer(args.sft)
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid; what they load
+        # lives to the end of the process (rlcore.heap)
+        with long_lived():
+            from rlcore.engine.model import load_tokenizer
+            from rlcore.pipeline_run import pipeline_params
+            from rlcore.tracking import open_run
+            from rlcore.trainer.evaluate import run_evaluate
+            tokenizer = load_tokenizer(args.sft)
         with open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT,
                       pipeline=pipeline_params(args.params), params_file=args.params) as tracker:
             metrics, table = run_evaluate(cfg, models={"sft": args.sft, "final": args.final}, tokenizer=tokenizer,
@@ -61,4 +64,4 @@ def write_table(path: str, table: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.errors import ConfigError
+from rlcore.heap import long_lived, script
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
           "rollout", "reward", "algorithm", "actor", "critic",
@@ -42,13 +43,15 @@ def main(argv: list[str] | None = None) -> None:
         require_file(args.init, "initial model")
         if args.val_data and cfg.ppo.val_every:
             require_file(args.val_data, "validation data")
-        # heavy imports (torch, transformers, ray) only after the params are known to be valid
-        from rlcore.engine.model import load_tokenizer
-        from rlcore.pipeline_run import pipeline_params
-        from rlcore.tracking import open_run
-        from rlcore.trainer.checkpoint import stage_checkpoints
-        from rlcore.trainer.ppo import run_ppo_round
-        tokenizer = load_tokenizer(args.init)
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid; what they load
+        # lives to the end of the process (rlcore.heap)
+        with long_lived():
+            from rlcore.engine.model import load_tokenizer
+            from rlcore.pipeline_run import pipeline_params
+            from rlcore.tracking import open_run
+            from rlcore.trainer.checkpoint import stage_checkpoints
+            from rlcore.trainer.ppo import run_ppo_round
+            tokenizer = load_tokenizer(args.init)
         # the round's checkpoints depend on its own entry of ppo.rounds, not on rounds added or changed after it
         own = {**params, "ppo": {**params["ppo"], "rounds": {args.round: params["ppo"]["rounds"][args.round]}}}
         inputs = [args.data, args.init] + ([args.val_data] if args.val_data and cfg.ppo.val_every else [])
@@ -68,4 +71,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from rlcore.cli import parser, stage_config, stage_errors, write_json
+from rlcore.heap import script
 
 PARAMS = ("seed", "task")
 
@@ -27,4 +28,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

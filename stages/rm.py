@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
 from rlcore.errors import ConfigError
+from rlcore.heap import long_lived, script
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources", "rm")
 
@@ -32,13 +33,15 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(f"--name {args.name!r} is not a key of rm.models ({', '.join(cfg.rm.models) or 'none'})")
         for path, what in ((args.train, "training pairs"), (args.test, "held-out pairs"), (args.init, "initial model")):
             require_file(path, what)
-        # heavy imports (torch, transformers, ray) only after the params are known to be valid
-        from rlcore.engine.model import load_tokenizer
-        from rlcore.inputs import write_manifest
-        from rlcore.pipeline_run import pipeline_params
-        from rlcore.tracking import open_run
-        from rlcore.trainer.rm import run_rm
-        tokenizer = load_tokenizer(args.init)
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid; what they load
+        # lives to the end of the process (rlcore.heap)
+        with long_lived():
+            from rlcore.engine.model import load_tokenizer
+            from rlcore.inputs import write_manifest
+            from rlcore.pipeline_run import pipeline_params
+            from rlcore.tracking import open_run
+            from rlcore.trainer.rm import run_rm
+            tokenizer = load_tokenizer(args.init)
         own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}
         with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT,
                       pipeline=pipeline_params(args.params), params_file=args.params, round_name=args.name) as tracker:
@@ -51,4 +54,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.heap import long_lived, script
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
           "rollout", "reward", "score")
@@ -32,12 +33,14 @@ def main(argv: list[str] | None = None) -> None:
         if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
             params = {**params, "tool_inputs": tools}
         require_file(args.model, "SFT model")
-        # heavy imports (torch, transformers, ray) only after the params are known to be valid
-        from rlcore.engine.model import load_tokenizer
-        from rlcore.pipeline_run import pipeline_params
-        from rlcore.tracking import open_run
-        from rlcore.trainer.score import run_score
-        tokenizer = load_tokenizer(args.model)
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid; what they load
+        # lives to the end of the process (rlcore.heap)
+        with long_lived():
+            from rlcore.engine.model import load_tokenizer
+            from rlcore.pipeline_run import pipeline_params
+            from rlcore.tracking import open_run
+            from rlcore.trainer.score import run_score
+            tokenizer = load_tokenizer(args.model)
         with open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT,
                       pipeline=pipeline_params(args.params), params_file=args.params) as tracker:
             metrics = run_score(cfg, model_dir=args.model, tokenizer=tokenizer, data_path=args.data,
@@ -47,4 +50,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

@@ -10,6 +10,7 @@ multi-turn demonstrations (``extra_info.messages``) are trained on their assista
 from __future__ import annotations
 
 from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.heap import long_lived, script
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
           "sft", "checkpoint", "rollout.agent")
@@ -29,14 +30,16 @@ def main(argv: list[str] | None = None) -> None:
         from rlcore.inputs import recorded_tool_inputs
         if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
             params = {**params, "tool_inputs": tools}
-        # heavy imports (torch, transformers, ray) only after the params are known to be valid
-        from rlcore.engine.model import load_tokenizer, resolve_model_path
-        from rlcore.pipeline_run import pipeline_params
-        from rlcore.tracking import open_run
-        from rlcore.trainer.checkpoint import stage_checkpoints
-        from rlcore.trainer.sft import run_sft
-        base = resolve_model_path(cfg.model.path, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
-        tokenizer = load_tokenizer(base)
+        # heavy imports (torch, transformers, ray) only after the params are known to be valid; what they load
+        # lives to the end of the process (rlcore.heap)
+        with long_lived():
+            from rlcore.engine.model import load_tokenizer, resolve_model_path
+            from rlcore.pipeline_run import pipeline_params
+            from rlcore.tracking import open_run
+            from rlcore.trainer.checkpoint import stage_checkpoints
+            from rlcore.trainer.sft import run_sft
+            base = resolve_model_path(cfg.model.path, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
+            tokenizer = load_tokenizer(base)
         checkpoints = stage_checkpoints(cfg, stage="sft", save_every=cfg.sft.save_every, params=params, root=REPO_ROOT,
                                         inputs=[args.data, base])
         resume = checkpoints.resume()
@@ -51,4 +54,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    script(main)

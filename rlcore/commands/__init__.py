@@ -48,5 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The console script (``[project.scripts]``)."""
-    sys.exit(main())
+    """The console script (``[project.scripts]``; ``python -m rlcore``)."""
+    from rlcore.heap import script
+
+    sys.exit(script(main))

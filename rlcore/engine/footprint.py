@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlcore.config import Config
+from rlcore.heap import long_lived
 
 GIB = 2**30
 # A worker rank's resident memory with torch, transformers, peft and Ray's worker loaded, before any model
@@ -75,7 +76,8 @@ def model_shape(folder, loras: list[tuple[int, str | tuple[str, ...]]] = ()) -> 
         config = AutoConfig.from_pretrained(str(architecture_folder(folder)), local_files_only=True)
     key = config.to_json_string()
     if key not in _META_COUNTS:  # a stage asks twice (its LoRA checks, then the estimate): one meta model
-        with torch.device("meta"):
+        # (its class's modules, transformers' modeling code, are imported here in a stage's process: they stay)
+        with long_lived(), torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         _META_COUNTS[key] = (sum(p.numel() for p in model.parameters()), tuple(
             (name.rsplit(".", 1)[-1], m.in_features, m.out_features) for name, m in model.named_modules()

@@ -1,0 +1,135 @@
+"""What the garbage collector costs a stage's own process, with and without ``rlcore.heap``.
+
+    .venv/bin/python -m bench.heap                  # 5 pairs: the "heap" section of bench/RESULTS.md
+    .venv/bin/python -m bench.heap --pairs 3 --out /tmp/heap.md
+
+Each child process does what a ppo stage's driver does before and after its round, without Ray: the stage's heavy
+imports and its tokenizer (the tiny built-in model), the MLflow run's sqlite store (``rlcore.tracking``), the memory
+estimate's meta model (``rlcore.engine.footprint``), then it exits. ``heap`` children run it as a stage script does
+(``rlcore.heap.script``, the imports in a ``long_lived`` block as in ``stages/ppo.py``); ``plain`` children run the
+same calls as a library caller would, where ``rlcore.heap`` changes nothing. The two kinds alternate, so drift in
+the machine's speed falls on both. Per child: CPU seconds (user + system, from the parent's view of its finished
+child, so the interpreter's shutdown is counted), wall seconds, and the full (generation-2) collections that ran
+before the exit, with the time they took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.sections import write_section
+from bench.settings import BENCH_DIR
+
+SECTION = "heap"
+
+CHILD = r"""
+import gc, json, sys, time
+full = [0, 0.0]
+start = [0.0]
+def on_gc(phase, info):
+    if info["generation"] != 2:
+        return
+    if phase == "start":
+        start[0] = time.perf_counter()
+    else:
+        full[0] += 1
+        full[1] += time.perf_counter() - start[0]
+gc.callbacks.append(on_gc)
+model_dir, db, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+from rlcore import heap
+
+def main():
+    with heap.long_lived():
+        from rlcore.engine.model import load_tokenizer
+        from rlcore.pipeline_run import pipeline_params
+        from rlcore.tracking import MlflowTracker
+        from rlcore.trainer.checkpoint import stage_checkpoints
+        from rlcore.trainer.ppo import run_ppo_round
+        load_tokenizer(model_dir)
+    tracker = MlflowTracker(f"sqlite:///{db}", "bench-heap", "child", {})
+    tracker.close()
+    from rlcore.engine.footprint import model_shape
+    model_shape(model_dir)
+    print(json.dumps({"full_collections": full[0], "full_collection_s": full[1]}), flush=True)
+
+heap.script(main) if mode == "heap" else main()
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--pairs", type=int, default=5, help="children of each kind, alternating (default 5)")
+    p.add_argument("--out", default=str(BENCH_DIR / "RESULTS.md"), help="markdown file whose section to write")
+    return p.parse_args(argv)
+
+
+def child(model_dir: str, db: str, mode: str) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", CHILD, model_dir, db, mode], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""}, timeout=300)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench.heap: the {mode} child failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"cpu_s": cpu, "wall_s": wall, **out}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    from rlcore.config import Config
+    from rlcore.engine.tiny_model import materialize_tiny
+
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-heap-") as tmp:
+        model_dir = str(materialize_tiny(Path(tmp) / "model", seed=0, **Config().model.tiny.model_dump()))
+        results: dict[str, list[dict]] = {"plain": [], "heap": []}
+        child(model_dir, f"{tmp}/warm.db", "plain")  # compiles the bytecode both kinds then read
+        for i in range(args.pairs):
+            for mode in ("plain", "heap") if i % 2 == 0 else ("heap", "plain"):
+                results[mode].append(child(model_dir, f"{tmp}/{mode}{i}.db", mode))
+                r = results[mode][-1]
+                print(f"{mode:5s} cpu {r['cpu_s']:.2f} s wall {r['wall_s']:.2f} s full collections "
+                      f"{r['full_collections']} ({r['full_collection_s']:.2f} s)", flush=True)
+    med = {m: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for m, rows in results.items()}
+    lines = [
+        "# The garbage collector in a stage's own process",
+        "",
+        f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python -m bench.heap --pairs {args.pairs}` "
+        f"in {time.perf_counter() - began:.0f} s on {os.cpu_count()} CPUs. A child process does what a ppo stage's "
+        "driver does around its round, without Ray (the stage's imports and tokenizer, the MLflow sqlite store, the "
+        "memory estimate's meta model), then exits; `heap` children run it as a stage script (`rlcore.heap`), "
+        "`plain` ones as a library caller. Medians of the children of each kind, run alternately.",
+        "",
+        "| | plain | heap | heap/plain |",
+        "|---|---|---|---|",
+        f"| CPU seconds of the child, exit included | {med['plain']['cpu_s']:.2f} | {med['heap']['cpu_s']:.2f} | "
+        f"{med['heap']['cpu_s'] / med['plain']['cpu_s']:.2f} |",
+        f"| wall seconds | {med['plain']['wall_s']:.2f} | {med['heap']['wall_s']:.2f} | "
+        f"{med['heap']['wall_s'] / med['plain']['wall_s']:.2f} |",
+        f"| full collections before the exit | {med['plain']['full_collections']:.0f} | "
+        f"{med['heap']['full_collections']:.0f} | |",
+        f"| their seconds | {med['plain']['full_collection_s']:.2f} | {med['heap']['full_collection_s']:.2f} | |",
+        "",
+        "Per child, CPU seconds: " + "; ".join(
+            f"{m} " + ", ".join(f"{r['cpu_s']:.2f}" for r in results[m]) for m in ("plain", "heap")) + ".",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    write_section(args.out, SECTION, text)
+
+
+if __name__ == "__main__":
+    main()
