@@ -1,6 +1,6 @@
 """What the garbage collector costs a stage's own process, with and without ``rlcore.heap``.
 
-    .venv/bin/python -m bench.heap                  # 5 pairs: the "heap" section of bench/RESULTS.md
+    .venv/bin/python -m bench.heap                  # 5 pairs of each kind: the "heap" section of bench/RESULTS.md
     .venv/bin/python -m bench.heap --pairs 3 --out /tmp/heap.md
 
 Each child process does what a ppo stage's driver does before and after its round, without Ray: the stage's heavy
@@ -66,11 +66,60 @@ heap.script(main) if mode == "heap" else main()
 """
 
 
+# What a rank's process does before its first call, without Ray (``rlcore.controller.worker_group`` starts it with
+# ``rlcore.heap.RANK_PROCESS_ENV`` set or, for ``plain``, not): the worker module's imports, the worker, its
+# process group of one, init_model. Ray ends a rank's process without the interpreter's shutdown (os._exit here).
+RANK_CHILD = r"""
+import gc, json, os, sys, time
+full = [0, 0.0]
+start = [0.0]
+def on_gc(phase, info):
+    if info["generation"] != 2:
+        return
+    if phase == "start":
+        start[0] = time.perf_counter()
+    else:
+        full[0] += 1
+        full[1] += time.perf_counter() - start[0]
+gc.callbacks.append(on_gc)
+model_dir = sys.argv[1]
+from rlcore.workers.actor import ActorRolloutRefWorker
+from rlcore.config import Config
+from rlcore.controller.decorator import RankPlacement
+from rlcore.engine import distributed
+from rlcore.rollout import engine_spec
+from rlcore.trainer.common import model_spec
+from rlcore.workers.optim import OptimSpec
+cfg = Config()
+worker = ActorRolloutRefWorker(RankPlacement(0, 1, 1, None), model=model_spec(cfg, model_dir, "actor"),
+                               engine=engine_spec(cfg.rollout), optim=OptimSpec(lr=1e-5), with_ref=True, seed=1)
+worker.init_distributed("127.0.0.1", distributed.free_port(), False, 60.0)
+worker.init_model()
+t = os.times()
+print(json.dumps({"cpu_s": t.user + t.system, "full_collections": full[0], "full_collection_s": full[1]}), flush=True)
+os._exit(0)
+"""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--pairs", type=int, default=5, help="children of each kind, alternating (default 5)")
     p.add_argument("--out", default=str(BENCH_DIR / "RESULTS.md"), help="markdown file whose section to write")
     return p.parse_args(argv)
+
+
+def rank_child(model_dir: str, mode: str) -> dict:
+    from rlcore.heap import rank_process_env
+
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "", "OMP_NUM_THREADS": "1",
+           **(rank_process_env() if mode == "heap" else {})}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", RANK_CHILD, model_dir], capture_output=True, text=True, env=env,
+                          timeout=300)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"bench.heap: the {mode} rank child failed:\n{proc.stderr[-3000:]}")
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
 
 
 def child(model_dir: str, db: str, mode: str) -> dict:
@@ -93,43 +142,52 @@ def main(argv: list[str] | None = None) -> None:
     from rlcore.engine.tiny_model import materialize_tiny
 
     began = time.perf_counter()
+    kinds = {"driver": {"plain": [], "heap": []}, "rank": {"plain": [], "heap": []}}
     with tempfile.TemporaryDirectory(prefix="bench-heap-") as tmp:
         model_dir = str(materialize_tiny(Path(tmp) / "model", seed=0, **Config().model.tiny.model_dump()))
-        results: dict[str, list[dict]] = {"plain": [], "heap": []}
         child(model_dir, f"{tmp}/warm.db", "plain")  # compiles the bytecode both kinds then read
         for i in range(args.pairs):
             for mode in ("plain", "heap") if i % 2 == 0 else ("heap", "plain"):
-                results[mode].append(child(model_dir, f"{tmp}/{mode}{i}.db", mode))
-                r = results[mode][-1]
-                print(f"{mode:5s} cpu {r['cpu_s']:.2f} s wall {r['wall_s']:.2f} s full collections "
-                      f"{r['full_collections']} ({r['full_collection_s']:.2f} s)", flush=True)
-    med = {m: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for m, rows in results.items()}
+                for kind, run in (("driver", lambda: child(model_dir, f"{tmp}/{mode}{i}.db", mode)),
+                                  ("rank", lambda: rank_child(model_dir, mode))):
+                    r = run()
+                    kinds[kind][mode].append(r)
+                    print(f"{kind:6s} {mode:5s} cpu {r['cpu_s']:.2f} s wall {r['wall_s']:.2f} s full collections "
+                          f"{r['full_collections']} ({r['full_collection_s']:.2f} s)", flush=True)
     lines = [
-        "# The garbage collector in a stage's own process",
+        "# The garbage collector in rlcore's own processes",
         "",
         f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by `python -m bench.heap --pairs {args.pairs}` "
-        f"in {time.perf_counter() - began:.0f} s on {os.cpu_count()} CPUs. A child process does what a ppo stage's "
-        "driver does around its round, without Ray (the stage's imports and tokenizer, the MLflow sqlite store, the "
-        "memory estimate's meta model), then exits; `heap` children run it as a stage script (`rlcore.heap`), "
-        "`plain` ones as a library caller. Medians of the children of each kind, run alternately.",
+        f"in {time.perf_counter() - began:.0f} s on {os.cpu_count()} CPUs, the tiny built-in model. Two kinds of "
+        "child process, each with and without `rlcore.heap` (`heap`, `plain`), run alternately; medians of each.",
         "",
-        "| | plain | heap | heap/plain |",
-        "|---|---|---|---|",
-        f"| CPU seconds of the child, exit included | {med['plain']['cpu_s']:.2f} | {med['heap']['cpu_s']:.2f} | "
-        f"{med['heap']['cpu_s'] / med['plain']['cpu_s']:.2f} |",
-        f"| wall seconds | {med['plain']['wall_s']:.2f} | {med['heap']['wall_s']:.2f} | "
-        f"{med['heap']['wall_s'] / med['plain']['wall_s']:.2f} |",
-        f"| full collections before the exit | {med['plain']['full_collections']:.0f} | "
-        f"{med['heap']['full_collections']:.0f} | |",
-        f"| their seconds | {med['plain']['full_collection_s']:.2f} | {med['heap']['full_collection_s']:.2f} | |",
+        "* driver: what a ppo stage's own process does around its round, without Ray (the stage's imports and "
+        "tokenizer, the MLflow sqlite store, the memory estimate's meta model), then the interpreter's exit; `heap` "
+        "runs it as a stage script (`rlcore.heap.script`), `plain` as a library caller;",
+        "* rank: what the process Ray starts for an actor rank does before its first call (the worker module's "
+        "imports, the worker, its process group, `init_model`), ended as Ray ends it (no interpreter shutdown); "
+        "`heap` starts with `RLCORE_RANK_PROCESS` set, as a worker group starts it.",
         "",
-        "Per child, CPU seconds: " + "; ".join(
-            f"{m} " + ", ".join(f"{r['cpu_s']:.2f}" for r in results[m]) for m in ("plain", "heap")) + ".",
+        "| child | measure | plain | heap | heap/plain |",
+        "|---|---|---|---|---|",
     ]
-    text = "\n".join(lines) + "\n"
+    for kind, results in kinds.items():
+        med = {m: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for m, rows in results.items()}
+        p, h = med["plain"], med["heap"]
+        lines += [
+            f"| {kind} | CPU seconds | {p['cpu_s']:.2f} | {h['cpu_s']:.2f} | {h['cpu_s'] / p['cpu_s']:.2f} |",
+            f"| {kind} | wall seconds | {p['wall_s']:.2f} | {h['wall_s']:.2f} | {h['wall_s'] / p['wall_s']:.2f} |",
+            f"| {kind} | full collections (their seconds) | {p['full_collections']:.0f} "
+            f"({p['full_collection_s']:.2f}) | {h['full_collections']:.0f} ({h['full_collection_s']:.2f}) | |",
+        ]
+    lines.append("")
+    for kind, results in kinds.items():
+        lines.append(f"CPU seconds of each {kind} child: " + "; ".join(
+            f"{m} " + ", ".join(f"{r['cpu_s']:.2f}" for r in results[m]) for m in ("plain", "heap")) + ".")
+        lines.append("")
+    text = "\n".join(lines)
     print(text)
     write_section(args.out, SECTION, text)
-
 
 if __name__ == "__main__":
     main()

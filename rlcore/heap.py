@@ -9,18 +9,26 @@ interpreter shutdown walk them again and again. On the 2-core test machine that 
 In those processes the heavy loading runs in :func:`long_lived` blocks (no automatic collection during the block,
 and what it leaves alive is frozen afterwards with ``gc.freeze``, so no later collection walks it again), and
 :func:`script` freezes the heap before the interpreter shuts down. Young objects are collected as usual
-throughout. Called from Python instead (a test, a notebook), rlcore leaves the collector alone: freezing is
-process-wide, and would keep the caller's own objects from ever being collected.
+throughout. The processes Ray starts for a worker group's ranks are rlcore's too: the group starts them with
+``RLCORE_RANK_PROCESS`` set, and the worker module's imports (torch, transformers, rlcore) run with no automatic
+collection from the import of ``rlcore.workers`` until ``RankWorker.__init__`` (:func:`rank_loading`,
+:func:`rank_ready`); models are never frozen (a frozen object in a reference cycle would never be freed, and a
+worker may load one model after another). Called from Python instead (a test, a notebook), rlcore leaves the
+collector alone: freezing is process-wide, and would keep the caller's own objects from ever being collected.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
+
+RANK_PROCESS_ENV = "RLCORE_RANK_PROCESS"
+"""Set (to ``1``) in the environment of the processes Ray starts for a worker group's ranks."""
 
 _owned = False
 
@@ -58,3 +66,25 @@ def long_lived() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+def rank_process_env() -> dict[str, str]:
+    """The environment variable a rank's actor is started with (``runtime_env``'s ``env_vars``)."""
+    return {RANK_PROCESS_ENV: "1"}
+
+
+def rank_loading() -> None:
+    """Run by ``rlcore.workers`` when imported: in a process started for a rank (:data:`RANK_PROCESS_ENV`), no
+    automatic collection until :func:`rank_ready`. The variable is taken out of the environment, so that processes
+    the rank starts do not inherit it."""
+    global _owned
+    if os.environ.pop(RANK_PROCESS_ENV, None) == "1":
+        _owned = True
+        gc.disable()
+
+
+def rank_ready() -> None:
+    """Run by ``RankWorker.__init__``: the worker's modules are loaded; freeze them and collect as usual from here."""
+    if _owned and not gc.isenabled():
+        gc.freeze()
+        gc.enable()

@@ -81,3 +81,34 @@ def test_this_process_is_not_owned_so_a_block_here_changes_nothing():
     with heap.long_lived():
         assert gc.isenabled()
     assert gc.get_freeze_count() == frozen
+
+
+RANK_PROBE = r"""
+import gc, json, os
+import rlcore.workers  # what a rank's process imports first, before the worker module's torch
+from rlcore import heap
+loading = [gc.isenabled(), os.environ.get(heap.RANK_PROCESS_ENV)]
+junk = [[i] for i in range(50_000)]
+heap.rank_ready()
+print(json.dumps({"loading": loading, "ready": gc.isenabled(), "frozen": gc.get_freeze_count()}))
+"""
+
+
+def rank_probe(env: dict) -> dict:
+    import os
+
+    proc = subprocess.run([sys.executable, "-c", RANK_PROBE], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60, env={**{k: v for k, v in os.environ.items() if k != heap.RANK_PROCESS_ENV}, **env})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_rank_process_loads_without_collections_until_the_rank_is_built_and_hides_the_variable():
+    r = rank_probe(heap.rank_process_env())
+    assert r["loading"] == [False, None]  # off while loading; the variable already out of the environment
+    assert r["ready"] and r["frozen"] >= 50_000
+
+
+def test_any_other_process_that_imports_the_workers_keeps_its_collector():
+    r = rank_probe({})
+    assert r["loading"] == [True, None] and r["ready"] and r["frozen"] == 0

@@ -38,6 +38,7 @@ from rlcore.controller.resource_pool import PLACEMENT_STRATEGIES
 from rlcore.controller.weight_versions import WeightVersions
 from rlcore.controller.worker_group import is_lost
 from rlcore.errors import WorkerDied
+from rlcore.heap import rank_process_env
 from rlcore.protocol import Batch
 
 P = ParamSpec("P")
@@ -170,7 +171,7 @@ class GeneratorPool(Generic[G]):
             num_cpus=self.cpus, num_gpus=1 if self.use_gpu else 0, max_concurrency=1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                  placement_group_bundle_index=index),
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads)}},
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads), **rank_process_env()}},
         ).remote(RankPlacement(0, 1, threads, workdir=os.getcwd()), index=index, queue=self.queue.queue,
                  weights=self.weights, use_gpu=self.use_gpu, **self.kwargs)
 

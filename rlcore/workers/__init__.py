@@ -7,3 +7,7 @@
 
 Each is driven as ``group.call(Worker.method, batch, spec)`` (``rlcore.controller.worker_group``).
 """
+
+from rlcore import heap
+
+heap.rank_loading()  # before the worker modules' imports (torch, transformers) in a rank's own process

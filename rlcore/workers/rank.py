@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from rlcore import heap
 from rlcore.controller.decorator import RankPlacement
 from rlcore.engine import distributed
 
@@ -14,6 +15,7 @@ class RankWorker:
     """One rank of a worker group; the worker classes add their models and methods."""
 
     def __init__(self, placement: RankPlacement, seed: int = 0):
+        heap.rank_ready()
         if placement.workdir is not None:
             enter_workdir(placement.workdir, type(self).__name__, placement.rank)
         self.rank = placement.rank

@@ -178,6 +178,26 @@ def test_workers_form_one_gloo_group(group):
     assert [i["threads"] for i in infos] == [1, 1]  # one CPU per bundle -> one torch thread
 
 
+def test_a_ranks_process_loads_its_modules_without_collections_then_collects_as_usual(group):
+    """The group starts each rank's process with ``rlcore.heap.RANK_PROCESS_ENV``: the worker's modules (torch and
+    the rest) are frozen when the rank is built, the collector is on again after that, and the variable is gone
+    from the rank's environment, so a process the rank starts does not inherit it."""
+
+    def probe(self):
+        import gc
+        import subprocess
+        import sys
+
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('RLCORE_RANK_PROCESS'))"],
+                               capture_output=True, text=True, timeout=60).stdout.strip()
+        return gc.get_freeze_count(), gc.isenabled(), os.environ.get("RLCORE_RANK_PROCESS"), child
+
+    for worker in group.workers:
+        frozen, enabled, env, child = ray.get(worker.__ray_call__.remote(probe), timeout=60)
+        assert frozen > 50_000 and enabled  # a process that never froze has a count of 0
+        assert env is None and child == "None"
+
+
 def test_pool_that_cannot_fit_fails_naming_the_resources(group):
     start = time.monotonic()
     with pytest.raises(RuntimeError) as info:
