@@ -194,7 +194,7 @@ def test_a_ranks_process_loads_its_modules_without_collections_then_collects_as_
 
     for worker in group.workers:
         frozen, enabled, env, child = ray.get(worker.__ray_call__.remote(probe), timeout=60)
-        assert frozen > 50_000 and enabled  # a process that never froze has a count of 0
+        assert frozen > 50_000 and enabled  # a process that never froze: 0 (or the few hundred some start-ups freeze)
         assert env is None and child == "None"
 
 
