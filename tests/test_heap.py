@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 
@@ -97,10 +98,9 @@ print(json.dumps({"loading": loading, "ready": gc.isenabled(), "frozen": gc.get_
 
 
 def rank_probe(env: dict) -> dict:
-    import os
-
+    base = {k: v for k, v in os.environ.items() if k != heap.RANK_PROCESS_ENV}
     proc = subprocess.run([sys.executable, "-c", RANK_PROBE], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=60, env={**{k: v for k, v in os.environ.items() if k != heap.RANK_PROCESS_ENV}, **env})
+                          timeout=60, env={**base, **env})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
