@@ -34,7 +34,7 @@ _owned = False
 
 
 def owned() -> bool:
-    """Whether this process is one rlcore runs as a script (:func:`script`)."""
+    """Whether this process is one of rlcore's own: a script (:func:`script`) or a rank's (:func:`rank_loading`)."""
     return _owned
 
 
