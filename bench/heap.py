@@ -1,16 +1,23 @@
-"""What the garbage collector costs a stage's own process, with and without ``rlcore.heap``.
+"""What the garbage collector costs rlcore's own processes, with and without ``rlcore.heap``.
 
     .venv/bin/python -m bench.heap                  # 5 pairs of each kind: the "heap" section of bench/RESULTS.md
     .venv/bin/python -m bench.heap --pairs 3 --out /tmp/heap.md
 
-Each child process does what a ppo stage's driver does before and after its round, without Ray: the stage's heavy
-imports and its tokenizer (the tiny built-in model), the MLflow run's sqlite store (``rlcore.tracking``), the memory
-estimate's meta model (``rlcore.engine.footprint``), then it exits. ``heap`` children run it as a stage script does
-(``rlcore.heap.script``, the imports in a ``long_lived`` block as in ``stages/ppo.py``); ``plain`` children run the
-same calls as a library caller would, where ``rlcore.heap`` changes nothing. The two kinds alternate, so drift in
-the machine's speed falls on both. Per child: CPU seconds (user + system, from the parent's view of its finished
-child, so the interpreter's shutdown is counted), wall seconds, and the full (generation-2) collections that ran
-before the exit, with the time they took.
+Two kinds of child process, on the tiny built-in model, each run ``heap`` and ``plain`` alternately (so drift in the
+machine's speed falls on both):
+
+* driver: what a ppo stage's driver does before and after its round, without Ray: the stage's heavy imports and its
+  tokenizer, the MLflow run's sqlite store (``rlcore.tracking``), the memory estimate's meta model
+  (``rlcore.engine.footprint``), then the exit. ``heap`` runs it as a stage script does (``rlcore.heap.script``, the
+  imports in a ``long_lived`` block as in ``stages/ppo.py``), ``plain`` as a library caller would, where
+  ``rlcore.heap`` changes nothing. CPU seconds are user + system from the parent's view of its finished child, so
+  the interpreter's shutdown is counted.
+* rank: what the process Ray starts for an actor rank does before its first call (the worker module's imports, the
+  worker, its process group of one, ``init_model``), started with ``RLCORE_RANK_PROCESS`` (``heap``) or without it
+  (``plain``); CPU seconds are the child's own at the end of ``init_model``, as Ray ends a rank without the
+  interpreter's shutdown.
+
+Per child also the wall seconds and the full (generation-2) collections that ran, with the time they took.
 """
 
 from __future__ import annotations
