@@ -39,8 +39,9 @@ from bench.settings import BENCH_DIR
 
 SECTION = "heap"
 
-CHILD = r"""
-import gc, json, sys, time
+# The start of both child scripts: counts the full (generation-2) collections and the seconds they take.
+FULL_COLLECTIONS = r"""
+import gc, json, os, sys, time
 full = [0, 0.0]
 start = [0.0]
 def on_gc(phase, info):
@@ -52,6 +53,9 @@ def on_gc(phase, info):
         full[0] += 1
         full[1] += time.perf_counter() - start[0]
 gc.callbacks.append(on_gc)
+"""
+
+CHILD = FULL_COLLECTIONS + r"""
 model_dir, db, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 from rlcore import heap
 
@@ -76,19 +80,7 @@ heap.script(main) if mode == "heap" else main()
 # What a rank's process does before its first call, without Ray (``rlcore.controller.worker_group`` starts it with
 # ``rlcore.heap.RANK_PROCESS_ENV`` set or, for ``plain``, not): the worker module's imports, the worker, its
 # process group of one, init_model. Ray ends a rank's process without the interpreter's shutdown (os._exit here).
-RANK_CHILD = r"""
-import gc, json, os, sys, time
-full = [0, 0.0]
-start = [0.0]
-def on_gc(phase, info):
-    if info["generation"] != 2:
-        return
-    if phase == "start":
-        start[0] = time.perf_counter()
-    else:
-        full[0] += 1
-        full[1] += time.perf_counter() - start[0]
-gc.callbacks.append(on_gc)
+RANK_CHILD = FULL_COLLECTIONS + r"""
 model_dir = sys.argv[1]
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.config import Config
