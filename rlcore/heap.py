@@ -15,6 +15,9 @@ collection from the import of ``rlcore.workers`` until ``RankWorker.__init__`` (
 :func:`rank_ready`); models are never frozen (a frozen object in a reference cycle would never be freed, and a
 worker may load one model after another). Called from Python instead (a test, a notebook), rlcore leaves the
 collector alone: freezing is process-wide, and would keep the caller's own objects from ever being collected.
+
+The same two entry points (:func:`script`, :func:`rank_loading`) install ``rlcore.import_index`` before the
+process imports transformers: its lazy-import table is read from rlcore's cache instead of being built twice.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
+
+from rlcore import import_index
 
 T = TypeVar("T")
 
@@ -44,6 +49,7 @@ def script(main: Callable[[], T]) -> T:
     exit anyway (the interpreter's shutdown collection then skips it)."""
     global _owned
     _owned = True
+    import_index.install()  # before main's imports: transformers' lazy-import table from rlcore's cache
     try:
         return main()
     finally:
@@ -81,6 +87,7 @@ def rank_loading() -> None:
     if os.environ.pop(RANK_PROCESS_ENV, None) == "1":
         _owned = True
         gc.disable()
+        import_index.install()
 
 
 def rank_ready() -> None:

@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from rlcore import import_index
+
+# before any test module imports transformers: its lazy-import table from rlcore's cache (rlcore/import_index.py),
+# as in the processes rlcore runs
+import_index.install()
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # `make test` runs the suite on two pytest-xdist workers, a test file at a time each (--dist loadfile: a module's

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from rlcore import cache
 from rlcore.config import Config
 
 Status = Literal["ok", "warn", "fail"]
@@ -141,7 +142,7 @@ def find_dvc_root(start: Path) -> Path | None:
 def model_cache() -> Path:
     """Where the built-in model is materialised: ``rlcore.engine.model.TINY_CACHE`` (not imported
     from there: that module loads torch and transformers)."""
-    return Path(os.environ.get("RLCORE_CACHE", Path.home() / ".cache" / "rlcore"))
+    return cache.root()
 
 
 

@@ -27,10 +27,13 @@ does not fit (:func:`warning`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlcore import cache
 from rlcore.config import Config
 from rlcore.heap import long_lived
 
@@ -62,11 +65,45 @@ class ModelShape:
 _META_COUNTS: dict[str, tuple[int, tuple[tuple[str, int, int], ...]]] = {}
 
 
+def _meta_counts(config) -> tuple[int, tuple[tuple[str, int, int], ...]]:
+    """:data:`_META_COUNTS`'s entry for ``config``: from this process's memory (a stage asks twice: its LoRA checks,
+    then the estimate), else from rlcore's cache folder (a file per config and transformers and torch version),
+    else counted on a meta model. Counting imports transformers' modeling code (about 1.5 CPU-s in a stage's
+    process, which needs no model of its own) and builds the model; the file makes that once per model shape."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    key = config.to_json_string()
+    if key in _META_COUNTS:
+        return _META_COUNTS[key]
+    digest = hashlib.sha256(f"{transformers.__version__} {torch.__version__}\n{key}".encode()).hexdigest()
+    path = cache.root() / "model-shapes" / f"{digest[:32]}.json"
+    try:
+        saved = json.loads(path.read_text())
+        counts = (int(saved["params"]), tuple((str(n), int(i), int(o)) for n, i, o in saved["linears"]))
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or a torn or foreign file: count again
+        # (its class's modules, transformers' modeling code, are imported here in a stage's process: they stay)
+        with long_lived(), torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        counts = (sum(p.numel() for p in model.parameters()), tuple(
+            (name.rsplit(".", 1)[-1], m.in_features, m.out_features) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"params": counts[0], "linears": counts[1]}))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache folder: counted again next time
+    _META_COUNTS[key] = counts
+    return counts
+
+
 def model_shape(folder, loras: list[tuple[int, str | tuple[str, ...]]] = ()) -> ModelShape:
     """The shape of the model in ``folder`` (an adapter folder's base; or a Hugging Face config), counted on the meta
     device (no memory)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+    from transformers import AutoConfig, PretrainedConfig
 
     from rlcore.engine.lora import architecture_folder
 
@@ -74,15 +111,7 @@ def model_shape(folder, loras: list[tuple[int, str | tuple[str, ...]]] = ()) -> 
         config = folder
     else:
         config = AutoConfig.from_pretrained(str(architecture_folder(folder)), local_files_only=True)
-    key = config.to_json_string()
-    if key not in _META_COUNTS:  # a stage asks twice (its LoRA checks, then the estimate): one meta model
-        # (its class's modules, transformers' modeling code, are imported here in a stage's process: they stay)
-        with long_lived(), torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        _META_COUNTS[key] = (sum(p.numel() for p in model.parameters()), tuple(
-            (name.rsplit(".", 1)[-1], m.in_features, m.out_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings()))
-    params, linears = _META_COUNTS[key]
+    params, linears = _meta_counts(config)
     counts = {}
     for rank, targets in loras:
         counts[(rank, targets if isinstance(targets, str) else ",".join(targets))] = sum(

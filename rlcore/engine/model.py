@@ -6,7 +6,6 @@ its base; loaded for training with LoRA on, the adapter trains on."""
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
+from rlcore import cache
 from rlcore.engine import lora, packed
 from rlcore.engine.lora import LoraSpec
 from rlcore.engine.sequence import SequenceModel, forward_for
@@ -23,7 +23,7 @@ from rlcore.errors import ConfigError, InputNotFound
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Cache for the built-in model, outside the DVC-tracked folders.
-TINY_CACHE = Path(os.environ.get("RLCORE_CACHE", Path.home() / ".cache" / "rlcore"))
+TINY_CACHE = cache.root()
 
 
 def resolve_model_path(path: str, *, tiny_shape: dict, seed: int) -> Path:

@@ -181,7 +181,8 @@ def test_workers_form_one_gloo_group(group):
 def test_a_ranks_process_loads_its_modules_without_collections_then_collects_as_usual(group):
     """The group starts each rank's process with ``rlcore.heap.RANK_PROCESS_ENV``: the worker's modules (torch and
     the rest) are frozen when the rank is built, the collector is on again after that, and the variable is gone
-    from the rank's environment, so a process the rank starts does not inherit it."""
+    from the rank's environment, so a process the rank starts does not inherit it. transformers' lazy-import table
+    comes from rlcore's cache there (``rlcore.import_index``'s finder is installed)."""
 
     def probe(self):
         import gc
@@ -190,12 +191,15 @@ def test_a_ranks_process_loads_its_modules_without_collections_then_collects_as_
 
         child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('RLCORE_RANK_PROCESS'))"],
                                capture_output=True, text=True, timeout=60).stdout.strip()
-        return gc.get_freeze_count(), gc.isenabled(), os.environ.get("RLCORE_RANK_PROCESS"), child
+        from rlcore import import_index
+
+        index = any(isinstance(f, import_index._Finder) for f in sys.meta_path)
+        return gc.get_freeze_count(), gc.isenabled(), os.environ.get("RLCORE_RANK_PROCESS"), child, index
 
     for worker in group.workers:
-        frozen, enabled, env, child = ray.get(worker.__ray_call__.remote(probe), timeout=60)
+        frozen, enabled, env, child, index = ray.get(worker.__ray_call__.remote(probe), timeout=60)
         assert frozen > 50_000 and enabled  # a process that never froze: 0 (or the few hundred some start-ups freeze)
-        assert env is None and child == "None"
+        assert env is None and child == "None" and index
 
 
 def test_pool_that_cannot_fit_fails_naming_the_resources(group):

@@ -4,6 +4,7 @@ the offload and LoRA settings' validation, and ``rlcore init-model``'s real shap
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -46,6 +47,33 @@ def test_the_lora_count_is_peft_s_and_the_parts_follow_the_settings(tiny_model_d
     plain = footprint.trainer_estimate(cfg, deep, "actor", "ppo").parts["activations"]
     ckpt = footprint.trainer_estimate(config(**{"actor.gradient_checkpointing": True}), deep, "actor", "ppo").parts
     assert ckpt["activations"] < plain
+
+
+def test_a_shape_counted_once_is_read_back_from_the_cache_and_a_bad_file_is_counted_again(tiny_model_dir, tmp_path,
+                                                                                            monkeypatch):
+    """A stage after the first reads the counts from rlcore's cache folder without building a model; a torn file
+    is counted again (and replaced)."""
+    monkeypatch.setenv("RLCORE_CACHE", str(tmp_path))
+    monkeypatch.setattr(footprint, "_META_COUNTS", {})
+    spec = (4, ("q_proj", "v_proj"))
+    first = footprint.model_shape(tiny_model_dir, [spec])
+    model = load_causal_lm(tiny_model_dir)
+    assert first.params == sum(p.numel() for p in model.parameters())
+    (saved,) = (tmp_path / "model-shapes").iterdir()
+
+    from transformers import AutoModelForCausalLM
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built for a shape in the cache")
+
+    monkeypatch.setattr(footprint, "_META_COUNTS", {})  # a new process
+    with monkeypatch.context() as m:
+        m.setattr(AutoModelForCausalLM, "from_config", no_model)
+        assert footprint.model_shape(tiny_model_dir, [spec]) == first
+    saved.write_text('{"params": 1')
+    monkeypatch.setattr(footprint, "_META_COUNTS", {})
+    assert footprint.model_shape(tiny_model_dir, [spec]) == first
+    assert json.loads(saved.read_text())["params"] == first.params
 
 
 def test_the_estimate_warns_only_when_it_does_not_fit(tiny_model_dir, monkeypatch):
