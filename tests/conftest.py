@@ -24,12 +24,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # fixtures, such as the end-to-end pipeline, are built once). The files that take longest go first, so that the
 # two workers finish together instead of one of them ending on a long file alone. Only the order changes; a
 # file missing from this list runs after them, in the usual order.
-# The end-to-end files share one first `dvc repro` (tests/test_e2e_pipeline.py's first_repro): the experiments file
-# comes a few files after the pipeline's, so that the other worker reaches it when that run is done, not waiting.
+# The end-to-end files share one first `dvc repro` (tests/test_e2e_pipeline.py's first_repro) and its Ray head: they
+# run on one worker, one after the other (pytest_xdist_make_scheduler below).
 LONGEST_FIRST = (
-    "test_e2e_pipeline.py", "trainer/test_async_ppo.py", "engine/test_data_parallel.py", "test_ray_cluster.py",
-    "test_e2e_experiments.py",
-    "trainer/test_ppo_estimators.py", "trainer/test_resume.py", "controller/test_worker_death.py",
+    "test_e2e_pipeline.py", "test_e2e_experiments.py", "trainer/test_async_ppo.py", "engine/test_data_parallel.py",
+    "test_ray_cluster.py", "trainer/test_ppo_estimators.py", "trainer/test_resume.py", "controller/test_worker_death.py",
     "trainer/test_reward_model_scoring.py", "engine/test_reward_model.py", "test_pipeline_spec.py",
     "commands/test_serve_abuse.py", "commands/test_generate.py", "controller/test_typed_calls.py",
     "commands/test_diagnose.py", "controller/test_worker_group.py",
@@ -44,6 +43,25 @@ def pytest_collection_modifyitems(session, config, items):
         return rank.get(rel, len(rank))
 
     items.sort(key=key)  # stable: the usual order within a file and among the files not listed
+
+
+# files that pytest-xdist's --dist loadfile hands to one worker as one unit: the second end-to-end file would
+# otherwise start a Ray head of its own on the other worker (about 20 CPU-s with the CPU its daemons take while it
+# lives) and wait there for the first `dvc repro`
+SAME_WORKER = {"tests/test_e2e_experiments.py": "tests/test_e2e_pipeline.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SAME_WORKER.get(scope, scope)
+
+    return Scheduling(config, log)
 
 
 # A model small enough that a forward pass is a millisecond on CPU.

@@ -42,10 +42,16 @@ def init_local(num_cpus: int, *, log_to_driver: bool, **options) -> None:
     Nor does Ray prestart idle worker processes for the driver (``prestart_worker_first_driver``): it starts one per
     CPU, with the default runtime environment, and every rank asks for its own (``OMP_NUM_THREADS``), so none was
     ever used: each cost ~0.6 s of CPU while a stage's ranks were starting and then held 79 MiB (42 MiB its own)
-    (measured: a score stage 0.66 -> 0.62 CPU-minutes, 30.1 -> 28.6 s). ``options``: more ``ray.init`` arguments
+    (measured: a score stage 0.66 -> 0.62 CPU-minutes, 30.1 -> 28.6 s).
+
+    Without ``log_to_driver`` nothing reads what the workers print, and Ray's log monitor (which forwards it) is
+    not started: it re-lists the session's log folder ten times a second whether or not anyone listens (measured:
+    8.1 CPU-s over a test session's 390 s, the largest share of an idle private instance's 23). ``ray.init`` has no
+    setting for it either (``ray start`` has ``--include-log-monitor``). ``options``: more ``ray.init`` arguments
     (``object_store_memory``)."""
     system_config = {"prestart_worker_first_driver": False, **options.pop("_system_config", {})}
-    with _agent_port_free():
+    defaults = {"dashboard_agent_listen_port": 0, **({} if log_to_driver else {"include_log_monitor": False})}
+    with _ray_params_defaults(defaults):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
                  configure_logging=False, _system_config=system_config, **options)
 
@@ -56,18 +62,21 @@ _RAY_PARAMS_PATCH = threading.Lock()
 
 
 @contextlib.contextmanager
-def _agent_port_free() -> Iterator[None]:
-    """Within it, a ``RayParams`` made without ``dashboard_agent_listen_port`` gets 0 (the agent binds a port the
-    system picks) instead of 52365. A Ray whose ``RayParams`` has no such argument is left as it is."""
+def _ray_params_defaults(defaults: dict) -> Iterator[None]:
+    """Within it, a ``RayParams`` made without one of ``defaults``' arguments gets the value given here instead of
+    Ray's own (``dashboard_agent_listen_port``: 0, a port the system picks, instead of 52365). An argument this
+    Ray's ``RayParams`` does not have is left out."""
     cls = ray_parameter.RayParams
     with _RAY_PARAMS_PATCH:
         original = cls.__init__
-        if "dashboard_agent_listen_port" not in inspect.signature(original).parameters:
+        known = {k: v for k, v in defaults.items() if k in inspect.signature(original).parameters}
+        if not known:
             yield
             return
 
         def init(self, *args, **kwargs):
-            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            for key, value in known.items():
+                kwargs.setdefault(key, value)
             original(self, *args, **kwargs)
 
         cls.__init__ = init

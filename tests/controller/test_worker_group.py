@@ -240,11 +240,12 @@ print(json.dumps([(p.name(), " ".join(p.cmdline())) for p in psutil.Process().ch
 """
 
 
-def test_a_private_ray_starts_no_idle_workers_that_no_rank_could_use():
+def test_a_private_ray_starts_no_idle_workers_that_no_rank_could_use_nor_a_log_monitor_that_no_one_reads():
     """Ray prestarts one idle worker process per CPU for a driver, in the default runtime environment; every rank asks
     for an environment of its own (``OMP_NUM_THREADS``), so those processes only took CPU and memory while the ranks
     started. A private Ray (in a process of its own here: this session's has run tasks) has none, before or after
-    they rename themselves ``ray::IDLE``."""
+    they rename themselves ``ray::IDLE``. Started without ``log_to_driver``, it has no log monitor either (the
+    process that would forward the workers' output to this driver); Ray's own default is back afterwards."""
     import json
     import subprocess
     import sys
@@ -258,6 +259,11 @@ def test_a_private_ray_starts_no_idle_workers_that_no_rank_could_use():
     workers = [p for p in processes if p[0].startswith("ray::IDLE") or
                (p[0] != "raylet" and "default_worker.py" in p[1])]
     assert workers == []
+    assert [cmd for _, cmd in processes if "log_monitor.py" in cmd] == []
+    assert any("dashboard/agent.py" in cmd for _, cmd in processes)  # the rest of the node is there
+    from ray._private import parameter
+
+    assert parameter.RayParams(num_cpus=1).include_log_monitor is None
 
 
 def test_two_threads_starting_ray_at_once_take_turns_with_the_agent_port_default_and_leave_ray_s_own():
@@ -271,13 +277,13 @@ def test_two_threads_starting_ray_at_once_take_turns_with_the_agent_port_default
     first_in, release, second_in = threading.Event(), threading.Event(), threading.Event()
 
     def first():
-        with resource_pool._agent_port_free():
+        with resource_pool._ray_params_defaults({"dashboard_agent_listen_port": 0}):
             first_in.set()
             release.wait(10)
 
     def second():
         first_in.wait(10)
-        with resource_pool._agent_port_free():
+        with resource_pool._ray_params_defaults({"dashboard_agent_listen_port": 0}):
             second_in.set()
             assert parameter.RayParams(num_cpus=1).dashboard_agent_listen_port == 0
 
