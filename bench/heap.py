@@ -107,11 +107,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def rank_child(model_dir: str, mode: str) -> dict:
+def rank_child(model_dir: str, mode: str, extra_env: dict | None = None) -> dict:
     from rlcore.heap import rank_process_env
 
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "", "OMP_NUM_THREADS": "1",
-           **(rank_process_env() if mode == "heap" else {})}
+           **(rank_process_env() if mode == "heap" else {}), **(extra_env or {})}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", RANK_CHILD, model_dir], capture_output=True, text=True, env=env,
                           timeout=300)
@@ -121,11 +121,11 @@ def rank_child(model_dir: str, mode: str) -> dict:
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
 
 
-def child(model_dir: str, db: str, mode: str) -> dict:
+def child(model_dir: str, db: str, mode: str, extra_env: dict | None = None) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", CHILD, model_dir, db, mode], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""}, timeout=300)
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "", **(extra_env or {})}, timeout=300)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
