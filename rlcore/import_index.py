@@ -102,8 +102,12 @@ def cached(original):
             folder = os.path.realpath(os.path.dirname(module_path) if os.path.isfile(module_path) else module_path)
             blob = memory.get(folder)
             if blob is None:
+                try:
+                    files = fingerprint(folder)
+                except OSError:  # a file gone while the folder was walked (transformers being reinstalled)
+                    return original(module_path)
                 version = getattr(sys.modules.get("transformers"), "__version__", "?")  # set before its first scan
-                stamp = f"rlcore import index {FORMAT} transformers {version} {fingerprint(folder)}"
+                stamp = f"rlcore import index {FORMAT} transformers {version} {files}"
                 path = cache_dir() / f"{hashlib.sha256(folder.encode()).hexdigest()[:16]}.pkl"
                 blob = _read(path, stamp)
                 if blob is None:
@@ -128,8 +132,13 @@ def patch(module) -> None:
 
 
 class _Loader(importlib.abc.Loader):
+    """transformers' own loader for the module, which patches the module once it has run."""
+
     def __init__(self, loader):
         self.loader = loader
+
+    def __getattr__(self, name):  # get_source, get_filename, ...: the wrapped loader's
+        return getattr(self.loader, name)
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
