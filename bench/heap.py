@@ -135,6 +135,25 @@ def child(model_dir: str, db: str, mode: str, extra_env: dict | None = None) -> 
     return {"cpu_s": cpu, "wall_s": wall, **out}
 
 
+def timing_rows(kind: str, results: dict[str, list[dict]], before: str, after: str) -> tuple[list[str], tuple[dict, dict]]:
+    """The CPU and wall rows of a ``| child | measure | before | after | after/before |`` table for one kind of child,
+    and the medians of every measure of the two modes' children."""
+    med = {m: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for m, rows in results.items()}
+    b, a = med[before], med[after]
+    return [f"| {kind} | CPU seconds | {b['cpu_s']:.2f} | {a['cpu_s']:.2f} | {a['cpu_s'] / b['cpu_s']:.2f} |",
+            f"| {kind} | wall seconds | {b['wall_s']:.2f} | {a['wall_s']:.2f} | {a['wall_s'] / b['wall_s']:.2f} |"], (b, a)
+
+
+def child_cpu_lines(kinds: dict[str, dict[str, list[dict]]], before: str, after: str) -> list[str]:
+    """After the table: each child's CPU seconds, by kind and mode."""
+    lines = [""]
+    for kind, results in kinds.items():
+        lines.append(f"CPU seconds of each {kind} child: " + "; ".join(
+            f"{m} " + ", ".join(f"{r['cpu_s']:.2f}" for r in results[m]) for m in (before, after)) + ".")
+        lines.append("")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from rlcore.config import Config
@@ -171,20 +190,10 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---|---|---|",
     ]
     for kind, results in kinds.items():
-        med = {m: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for m, rows in results.items()}
-        p, h = med["plain"], med["heap"]
-        lines += [
-            f"| {kind} | CPU seconds | {p['cpu_s']:.2f} | {h['cpu_s']:.2f} | {h['cpu_s'] / p['cpu_s']:.2f} |",
-            f"| {kind} | wall seconds | {p['wall_s']:.2f} | {h['wall_s']:.2f} | {h['wall_s'] / p['wall_s']:.2f} |",
-            f"| {kind} | full collections (their seconds) | {p['full_collections']:.0f} "
-            f"({p['full_collection_s']:.2f}) | {h['full_collections']:.0f} ({h['full_collection_s']:.2f}) | |",
-        ]
-    lines.append("")
-    for kind, results in kinds.items():
-        lines.append(f"CPU seconds of each {kind} child: " + "; ".join(
-            f"{m} " + ", ".join(f"{r['cpu_s']:.2f}" for r in results[m]) for m in ("plain", "heap")) + ".")
-        lines.append("")
-    text = "\n".join(lines)
+        rows, (p, h) = timing_rows(kind, results, "plain", "heap")
+        lines += rows + [f"| {kind} | full collections (their seconds) | {p['full_collections']:.0f} "
+                         f"({p['full_collection_s']:.2f}) | {h['full_collections']:.0f} ({h['full_collection_s']:.2f}) | |"]
+    text = "\n".join(lines + child_cpu_lines(kinds, "plain", "heap"))
     print(text)
     write_section(args.out, SECTION, text)
 

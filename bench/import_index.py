@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.heap import child, rank_child
+from bench.heap import child, child_cpu_lines, rank_child, timing_rows
 from bench.sections import write_section
 from bench.settings import BENCH_DIR
 
@@ -72,16 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---|---|---|",
     ]
     for kind, results in kinds.items():
-        med = {m: {k: statistics.median(r[k] for r in rows) for k in ("cpu_s", "wall_s")} for m, rows in results.items()}
-        s, c = med["scan"], med["cached"]
-        lines += [f"| {kind} | CPU seconds | {s['cpu_s']:.2f} | {c['cpu_s']:.2f} | {c['cpu_s'] / s['cpu_s']:.2f} |",
-                  f"| {kind} | wall seconds | {s['wall_s']:.2f} | {c['wall_s']:.2f} | {c['wall_s'] / s['wall_s']:.2f} |"]
-    lines.append("")
-    for kind, results in kinds.items():
-        lines.append(f"CPU seconds of each {kind} child: " + "; ".join(
-            f"{m} " + ", ".join(f"{r['cpu_s']:.2f}" for r in results[m]) for m in ("scan", "cached")) + ".")
-        lines.append("")
-    text = "\n".join(lines)
+        lines += timing_rows(kind, results, "scan", "cached")[0]
+    text = "\n".join(lines + child_cpu_lines(kinds, "scan", "cached"))
     print(text)
     write_section(args.out, SECTION, text)
 
