@@ -30,7 +30,8 @@ WORKER_METHODS = ("generate", "compute_log_prob", "compute_ref_log_prob", "updat
 WORKER_RULES = {
     "generate": [("weight sync: gather weights (FSDP) or copy (DDP)", ("rollout_state_dict",)),
                  ("weight sync: load_state_dict", ("load_weights",)),
-                 ("sampling loop (KV-cache decode)", ("HFRolloutEngine.generate",))],
+                 # StaticRolloutEngine.generate (the default engine) or HFRolloutEngine.generate
+                 ("sampling loop (KV-cache decode)", ("RolloutEngine.generate",))],
     "compute_ref_log_prob": [("forward", ("response_log_probs",))],
     "compute_log_prob": [("forward", ("response_log_probs",))],
     "update_actor": [("reference forward (colocated reference)", ("ActorRolloutRefWorker._log_probs",)),
@@ -39,9 +40,10 @@ WORKER_RULES = {
                      ("backward (incl. any FSDP reduce-scatter)", ("backward",)),
                      ("forward + loss (incl. any FSDP all-gather)", ("_actor_loss",))],
 }
+REWARDS = "rewards (decode + reward functions)"
 CONTROLLER_RULES = [("waiting on workers (ray.get)", ("WorkerGroup._get",)),
                     ("dispatch (.remote: serialise Batch)", ("ActorMethod._remote", "Batch.chunk")),
-                    ("rewards (decode + reward functions)", ("score_responses",)),
+                    (REWARDS, ("score_responses",)),
                     ("advantages", ("RoundRunner._advantages",)),
                     ("metrics", ("RoundRunner._rollout_metrics",)),
                     ("other step work (Batch select/union/concat)", ("RoundRunner.step",)),
@@ -150,7 +152,7 @@ def decompose(phases: dict[str, float], buckets: dict[str, dict[str, float]]) ->
     def rank(prefix: str) -> float:
         return sum(sum(v for k, v in b.items() if k.startswith(prefix)) for b in ranks) / max(len(ranks), 1)
 
-    rewards = min(ctl.get("rewards (decode + rule score)", 0.0), phases.get("gen", 0.0))
+    rewards = min(ctl.get(REWARDS, 0.0), phases.get("gen", 0.0))
     worker = {"gen": rank("generate /"), "old_log_prob": rank("compute_log_prob /"),
               "ref": rank("compute_ref_log_prob /"), "update_actor": rank("update_actor /")}
     ray = sum(max(phases.get(p, 0.0) - w, 0.0) for p, w in worker.items()) - rewards
