@@ -82,14 +82,18 @@ def speed(root: Path) -> bytes:
     import matplotlib.pyplot as plt
 
     text = (root / "bench/RESULTS.md").read_text()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
-    for ax, config in zip(axes, ("default", "realistic")):
+    configs = [c for c in ("default", "realistic", "long") if f"# Configuration `{c}`" in text]
+    fig, axes = plt.subplots(1, len(configs), figsize=(5.5 * len(configs), 3.4), squeeze=False)
+    for ax, config in zip(axes[0], configs):
         rows = markdown_table(text[text.index(f"# Configuration `{config}`"):], "## Per-step data")
         steps = [int(r["step"].split()[0]) for r in rows]
+        warmup = [s for s, r in zip(steps, rows) if "warm-up" in r["step"]]
         for key, color, label in (("ours s", "#0969da", "rlcore"), ("TRL s", "#bc4c00", "TRL GRPOTrainer")):
             ax.plot(steps, [float(r[key]) for r in rows], "o-", ms=3, color=color, label=label)
-        ax.set(xlabel="RL step (0-1 warm-up)", ylabel="seconds per step", title=f"configuration `{config}`",
-               ylim=(0, None))
+        span = "" if not warmup else f" ({min(warmup)} warm-up)" if len(warmup) == 1 else \
+            f" ({min(warmup)}-{max(warmup)} warm-up)"
+        xlabel = f"RL step{span}"
+        ax.set(xlabel=xlabel, ylabel="seconds per step", title=f"configuration `{config}`", ylim=(0, None))
         ax.legend()
     return _png(fig)
 
