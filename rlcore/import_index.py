@@ -7,8 +7,9 @@ It does so twice in every process that loads a model or a tokenizer: ``import tr
 folder). On the 2-core test machine that is ~0.28 CPU-s a scan, ~0.55 s of each stage's, rank's and ``rlcore``
 command's start-up; a run of the test suite starts about 130 such processes.
 
-:func:`install` (run by ``import rlcore``, before any of rlcore's modules can import transformers) wraps that
-function when transformers loads it: the folder's index is read from a file under rlcore's cache folder
+:func:`install` (run first by the processes rlcore starts: ``rlcore.heap.script`` for stages and the ``rlcore``
+command, ``rlcore.heap.rank_loading`` for ranks and generators; and by the test session) wraps that function when
+transformers loads it: the folder's index is read from a file under rlcore's cache folder
 (``$RLCORE_CACHE``, default ``~/.cache/rlcore``) when the folder is unchanged since the file was written (the
 path, modification time and size of every file under it, ~15 ms to check), and written there after a scan
 otherwise. Whatever goes wrong with the file (missing, unreadable, written by another version, a folder that
@@ -65,7 +66,8 @@ def _load(blob: bytes):
     return _BuiltinsOnly(io.BytesIO(blob)).load()
 
 
-def _read(path: Path, stamp: str) -> bytes | None:
+def _read(path: Path, stamp: str) -> tuple[bytes, object] | None:
+    """The file's pickled index and the index, if the file holds one for ``stamp``."""
     try:
         blob = path.read_bytes()
     except OSError:
@@ -74,10 +76,9 @@ def _read(path: Path, stamp: str) -> bytes | None:
     if not sep or head.decode(errors="replace") != stamp:
         return None
     try:
-        _load(body)  # a torn or foreign file is a miss, not an error
-    except Exception:  # noqa: BLE001 (any unpickling failure: the scan runs instead)
+        return body, _load(body)
+    except Exception:  # noqa: BLE001 (a torn or foreign file is a miss, not an error: the scan runs instead)
         return None
-    return body
 
 
 def _write(path: Path, stamp: str, blob: bytes) -> None:
@@ -100,25 +101,28 @@ def cached(original):
             if _depth:  # transformers' own recursion into a sub-folder
                 return original(module_path)
             folder = os.path.realpath(os.path.dirname(module_path) if os.path.isfile(module_path) else module_path)
-            blob = memory.get(folder)
-            if blob is None:
+            if folder in memory:
+                return _load(memory[folder])  # a fresh copy each call, as two scans would give
+            try:
+                files = fingerprint(folder)
+            except OSError:  # a file gone while the folder was walked (transformers being reinstalled)
+                return original(module_path)
+            version = getattr(sys.modules.get("transformers"), "__version__", "?")  # set before its first scan
+            stamp = f"rlcore import index {FORMAT} transformers {version} {files}"
+            path = cache_dir() / f"{hashlib.sha256(folder.encode()).hexdigest()[:16]}.pkl"
+            found = _read(path, stamp)
+            if found is None:
+                _depth += 1
                 try:
-                    files = fingerprint(folder)
-                except OSError:  # a file gone while the folder was walked (transformers being reinstalled)
-                    return original(module_path)
-                version = getattr(sys.modules.get("transformers"), "__version__", "?")  # set before its first scan
-                stamp = f"rlcore import index {FORMAT} transformers {version} {files}"
-                path = cache_dir() / f"{hashlib.sha256(folder.encode()).hexdigest()[:16]}.pkl"
-                blob = _read(path, stamp)
-                if blob is None:
-                    _depth += 1
-                    try:
-                        blob = pickle.dumps(original(module_path), protocol=pickle.HIGHEST_PROTOCOL)
-                    finally:
-                        _depth -= 1
-                    _write(path, stamp, blob)
-                memory[folder] = blob
-            return _load(blob)  # a fresh copy each call, as two scans would give
+                    index = original(module_path)
+                finally:
+                    _depth -= 1
+                blob = pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
+                _write(path, stamp, blob)
+            else:
+                blob, index = found
+            memory[folder] = blob  # pickled before the caller can change the index
+            return index
 
     create_import_structure_from_path.__wrapped__ = original
     create_import_structure_from_path.rlcore_cached = True
