@@ -283,7 +283,7 @@ class PolicyLossOptions:
 
 
 _LOSS_TENSORS = frozenset({"log_prob", "advantages", "response_mask"})  # and old_log_prob, for ratio losses
-_LOSS_CALL_ARGS = frozenset({"agg_scale", "generator"})  # given per call, not settings
+_LOSS_CALL_ARGS = frozenset({"agg_scale", "generator", "is_weights"})  # given per call, not settings
 _LOSS_OPTION_NAMES = frozenset(f.name for f in fields(PolicyLossOptions))
 
 
@@ -298,6 +298,11 @@ class PolicyLoss:
     old_is_behaviour: bool = False
     """Its ``old_log_prob`` must be the behaviour (rollout) policy's, never recomputed: it corrects for the
     gap to the current policy itself (``bypass_mode``)."""
+
+    @property
+    def takes_is_weights(self) -> bool:
+        """Whether it weighs its per-token loss by off-policy importance weights (``is_weights``)."""
+        return "is_weights" in self.keywords
 
     @property
     def options(self) -> frozenset[str]:
@@ -326,6 +331,13 @@ def register_policy_loss(name: str, *, old_is_behaviour: bool = False):
     return decorator
 
 
+def _weighted(pg_losses: torch.Tensor, is_weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """The per-token losses ``[batch, response_len]`` times the off-policy importance weights of the proximal
+    over the behaviour policy (``rlcore.algos.off_policy``; verl's ``rollout_is_weights``), before aggregation;
+    unchanged without weights."""
+    return pg_losses if is_weights is None else pg_losses * is_weights
+
+
 def _metrics(like: torch.Tensor, clipfrac: Any, clipfrac_lower: Any, ppo_kl: Any) -> dict:
     """Detached 0-dim metric tensors on ``like``'s device."""
 
@@ -343,7 +355,8 @@ def _metrics(like: torch.Tensor, clipfrac: Any, clipfrac_lower: Any, ppo_kl: Any
 def ppo_clip_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
 ) -> "tuple[torch.Tensor, dict]":
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with asymmetric
@@ -365,6 +378,8 @@ def ppo_clip_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         clip_ratio_low: ``eps_low``.
         clip_ratio_high: ``eps_high``.
         clip_ratio_c: Dual-clip constant ``c`` (> 1).
@@ -383,7 +398,8 @@ def ppo_clip_loss(
     dual = torch.minimum(clipped, loss3)
     negative = advantages < 0
     pg_losses = torch.where(negative, dual, clipped)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor, scale=agg_scale)
+    loss = agg_loss(_weighted(pg_losses, is_weights), response_mask, loss_agg_mode,
+                    loss_scale_factor=loss_scale_factor, scale=agg_scale)
     clipfrac = masked_mean((loss2 > loss1).to(log_prob.dtype), response_mask)
     clipfrac_lower = masked_mean(((clipped > loss3) & negative).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, clipfrac_lower, masked_mean(-neg_kl, response_mask))
@@ -404,7 +420,8 @@ def _sequence_ratio(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response
 @register_policy_loss("gspo")
 def gspo_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
 ) -> "tuple[torch.Tensor, dict]":
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -414,7 +431,8 @@ def gspo_loss(
     ``s_it == s_i`` in value and ``grad s_it = s_i grad logp_it``.
     ``l_it = max(-A s_it, -A clip(s_it, 1 - eps_low, 1 + eps_high))``, aggregated with
     ``seq-mean-token-mean`` whatever ``actor.loss_agg_mode`` says: the paper's objective is a mean
-    over sequences of per-sequence means, and verl fixes the mode the same way.
+    over sequences of per-sequence means. (verl fixed the mode this way up to 0.9.0; verl 0.9.1 passes
+    ``loss_agg_mode`` through, token-mean by default, and recommends seq-mean-token-mean.)
     ``pg_clipfrac_lower`` is always 0. (The paper's clip range is about 3e-4 / 4e-4, not 0.2.)
 
     Args:
@@ -423,6 +441,8 @@ def gspo_loss(
         advantages: ``[batch, response_len]`` (constant over a sequence in GSPO).
         response_mask: ``[batch, response_len]``; 1 = token in the loss and in ``s_i``.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         clip_ratio_low: ``eps_low``.
         clip_ratio_high: ``eps_high``.
 
@@ -432,7 +452,8 @@ def gspo_loss(
     neg_kl, ratio = _sequence_ratio(old_log_prob, log_prob, response_mask)
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss = agg_loss(torch.maximum(loss1, loss2), response_mask, "seq-mean-token-mean", scale=agg_scale)
+    loss = agg_loss(_weighted(torch.maximum(loss1, loss2), is_weights), response_mask, "seq-mean-token-mean",
+                    scale=agg_scale)
     clipfrac = masked_mean((loss2 > loss1).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
 
@@ -440,7 +461,8 @@ def gspo_loss(
 @register_policy_loss("geo_mean")
 def geo_mean_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
 ) -> "tuple[torch.Tensor, dict]":
     """Geometric-Mean Policy Optimization, GMPO (Zhao et al. 2025, arXiv:2507.20673).
 
@@ -460,6 +482,8 @@ def geo_mean_loss(
         advantages: ``[batch, response_len]`` (sequence-level advantages broadcast).
         response_mask: ``[batch, response_len]``; 1 = token in the loss.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``); a sequence's loss
+            is multiplied by the geometric mean of its tokens' weights, as verl does. None: 1.
         clip_ratio_low: ``eps_low`` (in log space).
         clip_ratio_high: ``eps_high`` (in log space).
 
@@ -473,7 +497,10 @@ def geo_mean_loss(
     lengths = response_mask.to(log_prob.dtype).sum(dim=-1) + 1e-8
     ratio = torch.exp(masked_sum(pessimistic, response_mask, dim=-1) / lengths)
     seq_adv = masked_sum(advantages, response_mask, dim=-1) / lengths
-    loss = _normalize((-seq_adv * ratio).sum(), "sequences", response_mask, agg_scale, all_rows=True)
+    seq_losses = -seq_adv * ratio
+    if is_weights is not None:  # a sequence weighs the geometric mean of its tokens' weights (verl's)
+        seq_losses = seq_losses * torch.exp(masked_sum(torch.log(is_weights + 1e-10), response_mask, dim=-1) / lengths)
+    loss = _normalize(seq_losses.sum(), "sequences", response_mask, agg_scale, all_rows=True)
     was_clipped = neg_kl != neg_kl_clamped
     clipfrac = masked_mean((was_clipped & (advantages > 0)).to(log_prob.dtype), response_mask)
     clipfrac_lower = masked_mean((was_clipped & (advantages < 0)).to(log_prob.dtype), response_mask)
@@ -484,7 +511,7 @@ def geo_mean_loss(
 def gpg_loss(
     *, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None,
+    agg_scale: Optional[AggScale] = None, is_weights: Optional[torch.Tensor] = None,
 ) -> "tuple[torch.Tensor, dict]":
     """Group Policy Gradient loss (Chu et al. 2025, arXiv:2504.02546): plain REINFORCE
     ``l_t = -A_t logp_t`` without ratio or clipping, aggregated with ``agg_loss``.
@@ -497,12 +524,14 @@ def gpg_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
 
     Returns:
         ``(loss, metrics)``.
     """
-    loss = agg_loss(-log_prob * advantages, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor,
-                    scale=agg_scale)
+    loss = agg_loss(_weighted(-log_prob * advantages, is_weights), response_mask, loss_agg_mode,
+                    loss_scale_factor=loss_scale_factor, scale=agg_scale)
     return loss, _metrics(loss, 0.0, 0.0, 0.0)
 
 
@@ -510,7 +539,8 @@ def gpg_loss(
 def cispo_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
 ) -> "tuple[torch.Tensor, dict]":
     """Clipped IS-weight Policy Optimization, CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5).
 
@@ -526,6 +556,8 @@ def cispo_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         clip_ratio_low: ``eps_low``.
         clip_ratio_high: ``eps_high``.
 
@@ -535,7 +567,7 @@ def cispo_loss(
     neg_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(neg_kl)
     weight = torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss = agg_loss(-weight.detach() * advantages * log_prob, response_mask, loss_agg_mode,
+    loss = agg_loss(_weighted(-weight.detach() * advantages * log_prob, is_weights), response_mask, loss_agg_mode,
                     loss_scale_factor=loss_scale_factor, scale=agg_scale)
     clipfrac = masked_mean((ratio != weight).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
@@ -551,7 +583,8 @@ def _token_covariance(advantages: torch.Tensor, log_prob: torch.Tensor, mask: to
 def clip_cov_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
     clip_cov_ratio: float = 0.0002, clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0,
     generator: Optional[torch.Generator] = None,
 ) -> "tuple[torch.Tensor, dict]":
@@ -572,6 +605,8 @@ def clip_cov_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         clip_ratio_low, clip_ratio_high: PPO clip bounds.
         clip_cov_ratio: Fraction of valid tokens to detach.
         clip_cov_lb, clip_cov_ub: Covariance window for candidates.
@@ -598,7 +633,7 @@ def clip_cov_loss(
     keep = torch.ones(cov.numel(), dtype=log_prob.dtype, device=log_prob.device)
     keep[chosen] = 0.0
     keep = keep.view_as(cov)
-    loss = agg_loss(torch.maximum(loss1, loss2) * keep, response_mask, loss_agg_mode,
+    loss = agg_loss(_weighted(torch.maximum(loss1, loss2) * keep, is_weights), response_mask, loss_agg_mode,
                     loss_scale_factor=loss_scale_factor, scale=agg_scale)
     clipfrac = masked_mean((keep == 0).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
@@ -608,7 +643,8 @@ def clip_cov_loss(
 def kl_cov_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None, kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 1.0,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, kl_cov_ratio: float = 0.0002, ppo_kl_coef: float = 1.0,
 ) -> "tuple[torch.Tensor, dict]":
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617).
 
@@ -624,6 +660,8 @@ def kl_cov_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         kl_cov_ratio: Fraction of valid tokens that get the KL penalty.
         ppo_kl_coef: Penalty coefficient.
 
@@ -643,20 +681,22 @@ def kl_cov_loss(
         selected = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
         selected[flat_idx[torch.topk(cov, k).indices]] = True
         pg_losses = torch.where(selected.view_as(valid), pg_losses + ppo_kl_coef * abs_kl, pg_losses)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor, scale=agg_scale)
+    loss = agg_loss(_weighted(pg_losses, is_weights), response_mask, loss_agg_mode,
+                    loss_scale_factor=loss_scale_factor, scale=agg_scale)
     return loss, _metrics(loss, 0.0, 0.0, masked_mean(abs_kl, response_mask))
 
 
 def _dppo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
                response_mask: torch.Tensor, inside: torch.Tensor, *, clip_ratio_c: float, loss_agg_mode: str,
-               loss_scale_factor: Optional[float], agg_scale: Optional[AggScale]) -> "tuple[torch.Tensor, dict]":
+               loss_scale_factor: Optional[float], agg_scale: Optional[AggScale],
+               is_weights: Optional[torch.Tensor]) -> "tuple[torch.Tensor, dict]":
     """DPPO's surrogate once the trust-region test ``inside`` (bool ``[batch, response_len]``) is known:
     ``l_t = -A_t sg[min(r_t, c)] logp_t [inside_t]``."""
     neg_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(neg_kl)
     keep = inside.detach().to(log_prob.dtype)
     weight = torch.clamp(ratio, max=clip_ratio_c).detach()
-    loss = agg_loss(-advantages * weight * log_prob * keep, response_mask, loss_agg_mode,
+    loss = agg_loss(_weighted(-advantages * weight * log_prob * keep, is_weights), response_mask, loss_agg_mode,
                     loss_scale_factor=loss_scale_factor, scale=agg_scale)
     clipfrac = masked_mean(1.0 - keep, response_mask)
     truncated = masked_mean((ratio > clip_ratio_c).to(log_prob.dtype) * keep, response_mask)
@@ -667,7 +707,8 @@ def _dppo_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: t
 def dppo_tv_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
 ) -> "tuple[torch.Tensor, dict]":
     """Divergence PPO with the binary total-variation trust region, DPPO-Binary-TV (Qi et al. 2026,
@@ -690,6 +731,8 @@ def dppo_tv_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         clip_ratio_low, clip_ratio_high: TV bounds ``delta_low``, ``delta_high``.
         clip_ratio_c: Truncation ``c`` of the importance ratio.
 
@@ -699,14 +742,16 @@ def dppo_tv_loss(
     rise = log_prob.exp() - old_log_prob.exp()
     inside = torch.where(advantages > 0, rise <= clip_ratio_high, rise >= -clip_ratio_low)
     return _dppo_loss(log_prob, old_log_prob, advantages, response_mask, inside, clip_ratio_c=clip_ratio_c,
-                      loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, agg_scale=agg_scale)
+                      loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, agg_scale=agg_scale,
+                      is_weights=is_weights)
 
 
 @register_policy_loss("dppo_kl")
 def dppo_kl_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
 ) -> "tuple[torch.Tensor, dict]":
     """Divergence PPO with the binary KL trust region, DPPO-Binary-KL (Qi et al. 2026, arXiv:2602.04879).
@@ -723,6 +768,8 @@ def dppo_kl_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         clip_ratio_low, clip_ratio_high: KL bounds ``delta_low``, ``delta_high``.
         clip_ratio_c: Truncation ``c`` of the importance ratio.
 
@@ -734,13 +781,15 @@ def dppo_kl_loss(
     inside = torch.where(advantages > 0, (binary_kl <= clip_ratio_high) | (p <= p_old),
                          (binary_kl <= clip_ratio_low) | (p >= p_old))
     return _dppo_loss(log_prob, old_log_prob, advantages, response_mask, inside, clip_ratio_c=clip_ratio_c,
-                      loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, agg_scale=agg_scale)
+                      loss_agg_mode=loss_agg_mode, loss_scale_factor=loss_scale_factor, agg_scale=agg_scale,
+                      is_weights=is_weights)
 
 
 @register_policy_loss("sapo")
 def sapo_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    agg_scale: Optional[AggScale] = None, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05,
 ) -> "tuple[torch.Tensor, dict]":
     """Soft Adaptive Policy Optimization, SAPO (Gao et al. 2025, arXiv:2511.20347).
 
@@ -755,6 +804,8 @@ def sapo_loss(
     Args:
         old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         sapo_tau_pos: Gate temperature where ``A > 0``.
         sapo_tau_neg: Gate temperature where ``A <= 0``.
 
@@ -765,7 +816,7 @@ def sapo_loss(
     ratio = torch.exp(neg_kl)
     tau = torch.where(advantages > 0, torch.full_like(ratio, sapo_tau_pos), torch.full_like(ratio, sapo_tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    loss = agg_loss(-gate * advantages, response_mask, "seq-mean-token-mean", scale=agg_scale)
+    loss = agg_loss(_weighted(-gate * advantages, is_weights), response_mask, "seq-mean-token-mean", scale=agg_scale)
     return loss, _metrics(loss, 0.0, 0.0, masked_mean(-neg_kl, response_mask))
 
 
@@ -773,7 +824,7 @@ def sapo_loss(
 def dro_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None, dro_beta: float = 0.05,
+    agg_scale: Optional[AggScale] = None, is_weights: Optional[torch.Tensor] = None, dro_beta: float = 0.05,
 ) -> "tuple[torch.Tensor, dict]":
     """Direct Reward Optimisation's policy term, DRO (Richemond et al. 2024, arXiv:2405.19107), as verl
     implements it: a policy gradient with a quadratic trust-region penalty instead of a ratio or a clip,
@@ -786,6 +837,8 @@ def dro_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         dro_beta: Penalty coefficient ``beta`` (> 0).
 
     Returns:
@@ -797,7 +850,8 @@ def dro_loss(
     if dro_beta <= 0:
         raise ValueError(f"dro_beta must be > 0, got {dro_beta}")
     log_ratio = log_prob - old_log_prob
-    loss = agg_loss(-(log_prob * advantages - 0.5 * dro_beta * log_ratio.square()), response_mask, loss_agg_mode,
+    pg_losses = -(log_prob * advantages - 0.5 * dro_beta * log_ratio.square())
+    loss = agg_loss(_weighted(pg_losses, is_weights), response_mask, loss_agg_mode,
                     loss_scale_factor=loss_scale_factor, scale=agg_scale)
     return loss, _metrics(loss, 0.0, 0.0, masked_mean(-log_ratio, response_mask))
 
@@ -805,7 +859,8 @@ def dro_loss(
 @register_policy_loss("luspo")
 def luspo_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-    agg_scale: Optional[AggScale] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
 ) -> "tuple[torch.Tensor, dict]":
     """Length-Unbiased Sequence Policy Optimization, LUSPO (arXiv:2602.05261; TRL GRPOTrainer ``loss_type``
     ``luspo``).
@@ -823,6 +878,8 @@ def luspo_loss(
     Args:
         old_log_prob, log_prob, advantages, response_mask: ``[batch, response_len]``.
         agg_scale: Global normalisers of a micro-batch (``AggScale``; the mean is then over the global rows).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         clip_ratio_low, clip_ratio_high: ``eps_low``, ``eps_high``.
 
     Returns:
@@ -831,7 +888,7 @@ def luspo_loss(
     neg_kl, ratio = _sequence_ratio(old_log_prob, log_prob, response_mask)
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
-    total = masked_sum(torch.maximum(loss1, loss2), response_mask)
+    total = masked_sum(_weighted(torch.maximum(loss1, loss2), is_weights), response_mask)
     loss = _normalize(total, "sequences", response_mask, agg_scale, all_rows=True)
     clipfrac = masked_mean((loss2 > loss1).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
@@ -841,7 +898,8 @@ def luspo_loss(
 def vespo_loss(
     *, old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean", loss_scale_factor: Optional[float] = None,
-    agg_scale: Optional[AggScale] = None, vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0,
+    agg_scale: Optional[AggScale] = None,
+    is_weights: Optional[torch.Tensor] = None, vespo_k_pos: float = 2.0, vespo_lambda_pos: float = 3.0,
     vespo_k_neg: float = 3.0, vespo_lambda_neg: float = 2.0,
 ) -> "tuple[torch.Tensor, dict]":
     """Variational sEquence-level Soft Policy Optimization, VESPO (arXiv:2602.10693; TRL GRPOTrainer
@@ -863,6 +921,8 @@ def vespo_loss(
         loss_agg_mode: ``agg_loss`` mode.
         loss_scale_factor: ``seq-mean-token-sum-norm`` divisor.
         agg_scale: Global normalisers of a micro-batch (``AggScale``).
+        is_weights: ``[batch, response_len]`` off-policy weights (``actor.off_policy``) multiplying each
+            token's loss before aggregation, as verl does. None: 1.
         vespo_k_pos, vespo_lambda_pos: ``k``, ``lambda`` where ``A >= 0``.
         vespo_k_neg, vespo_lambda_neg: ``k``, ``lambda`` where ``A < 0``.
 
@@ -878,8 +938,8 @@ def vespo_loss(
         lam = torch.where(nonneg, torch.full_like(neg_kl, vespo_lambda_pos),
                           torch.full_like(neg_kl, vespo_lambda_neg)).clamp(min=1e-4)
         phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-    loss = agg_loss(-phi * advantages * log_prob, response_mask, loss_agg_mode, loss_scale_factor=loss_scale_factor,
-                    scale=agg_scale)
+    loss = agg_loss(_weighted(-phi * advantages * log_prob, is_weights), response_mask, loss_agg_mode,
+                    loss_scale_factor=loss_scale_factor, scale=agg_scale)
     return loss, _metrics(loss, 0.0, 0.0, masked_mean(-neg_kl, response_mask))
 
 
@@ -963,8 +1023,9 @@ def policy_loss(
         advantages: ``[batch, response_len]``.
         response_mask: ``[batch, response_len]``; 1 = token in the loss, 0 = ignored.
         **options: Keywords the chosen loss takes: ``PolicyLossOptions`` fields (a caller with typed
-            settings passes ``options_from(settings, POLICY_LOSSES.get(mode).options)``), ``agg_scale``
-            and, for ``clip_cov``, ``generator``.
+            settings passes ``options_from(settings, POLICY_LOSSES.get(mode).options)``), ``agg_scale``,
+            ``is_weights`` (every loss but ``bypass_mode``, which weighs by itself) and, for ``clip_cov``,
+            ``generator``.
 
     Returns:
         ``(loss, metrics)``: 0-dim loss tensor and a dict of detached 0-dim tensors with at

@@ -16,9 +16,14 @@ per token with a weight ``w`` that multiplies the token's policy loss:
 * ``icepop``, token-level masking (IcePop, Ling team 2025): a token whose ratio is outside ``[low, high]``
   gets ``w = 0``, the others ``w = 1``.
 
-Weights are 0 on padding. A weight multiplies the token's loss through its advantage (``A * w``): every
-policy loss here is positively homogeneous in the advantage, so that is the weighted loss itself; masked
-tokens stay in the loss normaliser, as a token with zero advantage does.
+Weights are 0 on padding. A weight multiplies the token's policy loss before aggregation (every policy loss in
+``rlcore.algos.losses`` takes them as ``is_weights``, as verl's take ``rollout_is_weights``; geo_mean weighs a
+sequence by the geometric mean of its tokens' weights). Weighing the advantage instead (``A * w``) is the same
+only for a loss that is positively homogeneous in the advantage, which dro (its log-ratio penalty), kl_cov (its
+penalty, and the tokens its covariance selects) and clip_cov (the tokens it cuts) are not. Masked tokens (mis,
+icepop) stay in the loss normaliser with a zero loss, as a zero weight does in verl (its rejection sampling drops
+them from the normaliser instead). The value loss is not weighted (verl's is not: its target, the return,
+is a regression target whatever policy sampled it).
 
 The policy loss ``bypass_mode`` (verl's rollout correction with two policies: the behaviour policy is the
 old one, nothing is recomputed) takes its weights between the *current* policy and the behaviour policy inside

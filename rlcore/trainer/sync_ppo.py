@@ -311,6 +311,7 @@ class RoundRunner:
                 # rollout's weights) measures the rollout/trainer mismatch from the rollout log-probs
                 keys = ACTOR_UPDATE_KEYS if self.recompute_log_prob and not fused else ACTOR_UPDATE_KEYS + (
                     "rollout_log_probs",)
+                keys += ("is_weights",) if "is_weights" in batch else ()
                 o = cfg.actor.off_policy
                 spec = dataclasses.replace(self.actor_spec, seed=self.seed + step, off_policy=OffPolicySpec(
                     o.correction, o.cap, o.low, o.high) if fused else None)
@@ -322,15 +323,16 @@ class RoundRunner:
         return batch, m
 
     def _off_policy_weights(self, batch: Batch) -> tuple[Batch, Metrics]:
-        """``actor.off_policy``: the advantages times the importance weights of the proximal (recomputed) policy
-        over the behaviour (rollout) policy; the weights' metrics (``off_policy/*``) whatever the correction."""
+        """``actor.off_policy``: the importance weights of the proximal (recomputed) policy over the behaviour
+        (rollout) policy as ``is_weights``, which the policy loss multiplies each token's loss by; the weights'
+        metrics (``off_policy/*``) whatever the correction."""
         o = self.cfg.actor.off_policy
         weights, stats = importance_weights(batch["old_log_probs"], batch["rollout_log_probs"],
                                             batch["response_mask"], o.correction, cap=o.cap, low=o.low, high=o.high)
         metrics = off_policy_metrics(stats)
         if o.correction == "none":
             return batch, metrics
-        return batch.replace(advantages=batch["advantages"] * weights, is_weights=weights), metrics
+        return batch.union(Batch({"is_weights": weights})), metrics
 
     def validate(self, prompts: Batch) -> Metrics:
         """Greedy pass@1 of the current policy (the rollout copy holds the latest weights) on ``prompts``."""

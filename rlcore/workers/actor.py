@@ -243,22 +243,24 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
                                                 part["responses"].to(self.device), temperature=spec.temperature,
                                                 with_entropy=True, entropy_grad=spec.entropy_coeff != 0)
         options = options_from(spec.loss, POLICY_LOSSES.get(spec.policy_loss).options)
-        advantages = part["advantages"].to(self.device)
+        weights = part["is_weights"].to(self.device) if "is_weights" in part else None
         if "old_log_probs" in part:
             old = part["old_log_probs"].to(self.device)
-        else:  # the proximal policy is this forward (spec.off_policy): weigh the advantages here
+        else:  # the proximal policy is this forward (spec.off_policy): its importance weights are taken here
             assert spec.off_policy is not None, "no old_log_probs and no proximal-from-update spec"
             old, o = lp.detach(), spec.off_policy
             weights, stats = importance_weights(old, part["rollout_log_probs"].to(self.device), rmask, o.correction,
                                                 cap=o.cap, low=o.low, high=o.high)
             self.off_stats = stats if self.off_stats is None else merge_stats(self.off_stats, stats)
-            advantages = advantages * weights
             if "ref_log_probs" in part:  # actor/kl_ref of the old policy, as _kl_to_ref takes it otherwise
                 kl = kl_penalty(old, part["ref_log_probs"].to(self.device), "kl") * rmask
                 self.fused_kl["kl_ref_sum"] += float(kl.sum())
                 self.fused_kl["kl_ref_tokens"] += float(rmask.sum())
-        pg, m = policy_loss(spec.policy_loss, old_log_prob=old, log_prob=lp, advantages=advantages,
-                            response_mask=rmask, agg_scale=scale, **options)
+        if weights is not None:
+            options["is_weights"] = weights
+        pg, m = policy_loss(spec.policy_loss, old_log_prob=old, log_prob=lp,
+                            advantages=part["advantages"].to(self.device), response_mask=rmask, agg_scale=scale,
+                            **options)
         if self.mismatch is not None and "rollout_log_probs" in part:
             self._track_mismatch(lp.detach(), part["rollout_log_probs"].to(self.device), rmask)
         mode, factor = spec.loss.loss_agg_mode, spec.loss.loss_scale_factor

@@ -17,6 +17,7 @@ from numpy.testing import assert_allclose
 
 from rlcore.algos.advantage import compute_advantage
 from rlcore.algos.losses import POLICY_LOSSES, policy_loss
+from rlcore.algos.off_policy import importance_weights
 
 from . import reference_impl as ref
 from .anchors import trl_grpo_loss as trl
@@ -294,3 +295,98 @@ def test_the_trl_inputs_spread_the_sequence_ratios():
     """Guard: VESPO's weights and LUSPO's clip see sequence ratios well below and above 1."""
     ratios = torch.cat([torch.exp(((new - old) * mask).sum(-1)) for old, new, _, mask in map(loss_inputs, SEEDS)])
     assert ratios.min() < 0.7 and ratios.max() > 1.5
+
+
+# ------------------------------------------------------------- off-policy weights on the loss (verl, TRL)
+
+# verl's own function for each loss rlcore shares with it, and the options both read (verl's from its config)
+VERL_LOSSES = {
+    "vanilla": verl.compute_policy_loss_vanilla, "gspo": verl.compute_policy_loss_gspo,
+    "geo_mean": verl.compute_policy_loss_geo_mean, "gpg": verl.compute_policy_loss_gpg,
+    "cispo": verl.compute_policy_loss_cispo, "clip_cov": verl.compute_policy_loss_clip_cov,
+    "kl_cov": verl.compute_policy_loss_kl_cov, "dppo_tv": verl.compute_policy_loss_dppo_tv,
+    "dppo_kl": verl.compute_policy_loss_dppo_kl, "sapo": verl.compute_policy_loss_sapo,
+    "dro": verl.compute_policy_loss_dro,
+}
+# wide covariance windows and ratios, so that clip_cov cuts and kl_cov penalises several tokens of these inputs
+COV_OPTIONS = dict(clip_cov_ratio=0.1, clip_cov_lb=0.1, clip_cov_ub=5.0, kl_cov_ratio=0.1, ppo_kl_coef=1.0)
+
+
+def behaviour_weights(old: torch.Tensor, mask: torch.Tensor, correction: str, seed: int) -> torch.Tensor:
+    """rlcore's importance weights of ``correction`` for a behaviour policy drawn around the proximal one
+    (``old``): TIS truncates some, MIS and IcePop zero some sequences and tokens."""
+    gen = torch.Generator().manual_seed(500 + seed)
+    behaviour = old + torch.randn(old.shape, generator=gen, dtype=F64) * 0.3
+    weights, _ = importance_weights(old, behaviour, mask, correction, cap=1.2, low=0.8, high=1.25)
+    return weights
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("correction", ["tis", "mis", "icepop"])
+@pytest.mark.parametrize("mode", sorted(VERL_LOSSES))
+def test_off_policy_weights_weigh_each_token_loss_as_verls_rollout_is_weights_do(mode, correction, agg, seed):
+    """``actor.off_policy`` with every policy loss verl has: rlcore's ``is_weights`` against verl's
+    ``rollout_is_weights`` on the same weights, values and gradients; clip_cov's cut tokens drawn at random in
+    both from the same seed (verl draws them with torch's global generator)."""
+    old, new, adv, mask = loss_inputs(seed)
+    weights = behaviour_weights(old, mask, correction, seed)
+    options = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, sapo_tau_pos=1.0, sapo_tau_neg=1.05,
+                   dro_beta=0.3, is_weights=weights, **COV_OPTIONS)
+    options = {k: v for k, v in options.items() if k in POLICY_LOSSES.get(mode).keywords}
+    if mode == "clip_cov":
+        options["generator"] = torch.Generator().manual_seed(11)
+        torch.manual_seed(11)
+    loss, exp, grad, exp_grad, _, _ = both(
+        VERL_LOSSES[mode], mode, old, new, adv, mask, agg, rl_options=options,
+        anchor_kwargs={"config": verl_actor_config(dro_beta=0.3, **COV_OPTIONS), "rollout_is_weights": weights})
+    assert_allclose(loss.item(), exp.item(), **TOL)
+    assert_allclose(grad.numpy(), exp_grad.numpy(), **TOL)
+
+
+@pytest.mark.parametrize("mode", ["dro", "kl_cov", "clip_cov"])
+def test_weighing_the_advantage_is_not_the_weighted_loss_where_a_loss_is_not_homogeneous_in_it(mode):
+    """Why the weights go on the loss: for these three, ``A * w`` (what rlcore did before) gives another loss
+    than verl's weighted one on some of the inputs (dro's penalty is not scaled; the covariance selects other
+    tokens), while the weights on the loss match verl on all of them."""
+    options = {k: v for k, v in dict(dro_beta=0.3, clip_ratio_low=0.2, clip_ratio_high=0.28, **COV_OPTIONS).items()
+               if k in POLICY_LOSSES.get(mode).keywords}
+    draw = (lambda: {"generator": torch.Generator().manual_seed(11)}) if mode == "clip_cov" else dict
+    gaps = []
+    for seed in SEEDS:
+        for correction in ("tis", "mis", "icepop"):
+            old, new, adv, mask = loss_inputs(seed)
+            weights = behaviour_weights(old, mask, correction, seed)
+            on_loss, _ = policy_loss(mode, old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
+                                     is_weights=weights, **options, **draw())
+            on_advantage, _ = policy_loss(mode, old_log_prob=old, log_prob=new, advantages=adv * weights,
+                                          response_mask=mask, **options, **draw())
+            torch.manual_seed(11)  # verl's clip_cov draws with the global generator
+            exp, _ = VERL_LOSSES[mode](old, new, adv, mask, "token-mean", rollout_is_weights=weights,
+                                       config=verl_actor_config(dro_beta=0.3, **COV_OPTIONS))
+            assert_allclose(on_loss.item(), exp.item(), **TOL)
+            gaps.append(abs(on_advantage.item() - exp.item()))
+    assert max(gaps) > 1e-4  # ten times the tolerance the match is held to
+
+
+@pytest.mark.parametrize("mode", ["luspo", "vespo"])
+def test_luspo_and_vespo_weigh_each_token_loss(mode):
+    """TRL has no weights of this kind for them (it folds a vLLM ratio into vespo's own weight): each token's loss
+    is positively homogeneous in its advantage there, so the weighted loss equals the loss of ``A * w``, token by
+    token, which is worked out without the weights."""
+    old, new, adv, mask = loss_inputs(1)
+    weights = behaviour_weights(old, mask, "tis", 1)
+    weighted, _ = policy_loss(mode, old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
+                              is_weights=weights)
+    scaled, _ = policy_loss(mode, old_log_prob=old, log_prob=new, advantages=adv * weights, response_mask=mask)
+    plain, _ = policy_loss(mode, old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask)
+    assert_allclose(weighted.item(), scaled.item(), **TOL)
+    assert abs(weighted.item() - plain.item()) > 1e-3
+
+
+def test_every_policy_loss_takes_off_policy_weights_but_the_one_that_weighs_by_itself():
+    """config.py refuses ``actor.off_policy`` with exactly the losses that cannot take the weights."""
+    from rlcore.names import BEHAVIOUR_OLD_POLICY_LOSSES
+
+    without = sorted(name for name in POLICY_LOSSES.names() if not POLICY_LOSSES.get(name).takes_is_weights)
+    assert without == sorted(BEHAVIOUR_OLD_POLICY_LOSSES) == ["bypass_mode"]

@@ -183,3 +183,41 @@ def test_a_mini_batch_with_an_infinite_advantage_is_skipped_and_the_other_one_tr
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5, msg=name)
         moved |= not torch.equal(got, start)
     assert moved
+
+
+def plain_dro(model, part: Batch, old: torch.Tensor | None, weights, beta: float):
+    """dro's loss written out on a plain padded forward, each token's loss times its off-policy weight, token-mean:
+    ``weights(lp)`` gives the weights from the forward's log-probs (the fused path's proximal policy)."""
+    ids = torch.cat([part["prompts"], part["responses"]], 1)
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, 4:-1].float()
+    lp = F.log_softmax(logits, -1).gather(-1, part["responses"][..., None])[..., 0]
+    old = lp.detach() if old is None else old
+    token = -(lp * part["advantages"] - 0.5 * beta * (lp - old) ** 2) * weights(lp.detach())
+    m = part["response_mask"].float()
+    return (token * m).sum() / m.sum()
+
+
+def test_off_policy_weights_multiply_each_token_loss_given_or_taken_from_the_update_forward(tiny_model_dir, part):
+    """``actor.off_policy`` on a loss that is not homogeneous in the advantage (dro): the weights the controller
+    sends (``is_weights``) and the ones the update takes from its own forward (no ``old_log_probs``: the fused
+    proximal policy, TIS against ``rollout_log_probs``) both multiply each token's loss, as written out here."""
+    from rlcore.workers.actor import OffPolicySpec
+
+    spec = dataclasses.replace(SPEC, policy_loss="dro", loss=PolicyLossOptions(dro_beta=0.4), kl=None)
+    scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
+    weights = torch.rand(4, 3, generator=torch.Generator().manual_seed(1)) * 2
+    plain = load_causal_lm(tiny_model_dir)
+    given = fresh_worker(tiny_model_dir)._actor_loss(part.union(Batch({"is_weights": weights})), spec, scale)
+    expected = plain_dro(plain, part, part["old_log_probs"], lambda lp: weights, 0.4)
+    assert given.loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    unweighted = fresh_worker(tiny_model_dir)._actor_loss(part, spec, scale)
+    assert abs(unweighted.loss.item() - expected.item()) > 1e-3
+
+    rollout = part["old_log_probs"] + 0.5  # a behaviour policy far enough off that TIS truncates some tokens
+    fused_part = Batch({**{k: v for k, v in part.tensors.items() if k != "old_log_probs"},
+                        "rollout_log_probs": rollout})
+    fused = fresh_worker(tiny_model_dir)._actor_loss(
+        fused_part, dataclasses.replace(spec, off_policy=OffPolicySpec("tis", cap=1.5)), scale)
+    tis = lambda lp: torch.exp(lp - rollout).clamp(max=1.5) * part["response_mask"]  # noqa: E731
+    expected = plain_dro(plain, part, None, tis, 0.4)
+    assert fused.loss.item() == pytest.approx(expected.item(), abs=1e-6)
