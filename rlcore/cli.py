@@ -110,6 +110,10 @@ def stage_config(path: str, sections: tuple[str, ...], stage: str) -> tuple[Conf
     declares ``ray`` runs on it: a ``ray.address`` where nothing answers fails here, in seconds, before the stage's
     imports of torch, transformers and Ray (about 10 s of CPU) and before it opens its MLflow run."""
     cfg = load_config(path)
+    if "resources" in sections:  # before the stage imports torch: its kernels are chosen then
+        from rlcore.kernels import pin
+
+        print(pin(cfg.resources.cpu_kernels), flush=True)
     if "ray" in sections:
         from rlcore.controller.address import check_reachable
 

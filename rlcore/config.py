@@ -53,7 +53,7 @@ class TinyModelConfig(_Section):
     """Hugging Face architecture of the built-in model."""
     hidden_size: int = Field(64, ge=8)
     """Width of the residual stream."""
-    num_layers: int = Field(2, ge=1)
+    num_layers: int = Field(3, ge=1)
     """Decoder layers."""
     num_heads: int = Field(4, ge=1)
     """Attention heads (hidden_size must be divisible by it)."""
@@ -100,7 +100,8 @@ class PairsConfig(_Section):
     n_train: int = Field(0, ge=0)
     """Pairs in data/processed/pairs_train.parquet (0: none written)."""
     n_test: int = Field(0, ge=0)
-    """Pairs in data/processed/pairs_test.parquet (drawn from the test split's questions)."""
+    """Pairs in data/processed/pairs_test.parquet, one from each of the test split's first n_test questions (so at
+    most task.n_test of them)."""
     flip_rate: float = Field(0.0, ge=0.0, le=1.0)
     """Share of training pairs whose chosen and rejected answers are swapped (label noise; the test pairs never are)."""
 
@@ -118,13 +119,14 @@ class TaskConfig(_Section):
     """Arithmetic operators to draw from."""
     n_sft: int = Field(2000, ge=1)
     """Problems in the SFT split."""
-    n_rl: int = Field(1000, ge=1)
+    n_rl: int = Field(4000, ge=1)
     """Prompts in the RL split."""
     n_test: int = Field(256, ge=1)
     """Held-out test problems."""
-    sft_carry_error_rate: float = Field(0.0, ge=0.0, le=1.0)
+    sft_carry_error_rate: float = Field(0.6, ge=0.0, le=1.0)
     """Imperfect demonstrator (arithmetic): share of carrying SFT problems whose demonstration is the
-    carry-free sum (58+67 -> 15). Rewards and the test split always use the true answer."""
+    carry-free sum (58+67 -> 15). Rewards and the test split always use the true answer, so RL with the
+    verifiable reward has to fix what imitation learned; 0 = clean demonstrations."""
     long_tail_frac: float = Field(0.0, ge=0.0, le=1.0)
     """Long-tailed responses (arithmetic): share of problems (every split) that ask for a long answer: the question
     ends with "=" and the demonstration is long_tail_length "." before the number (rewards accept the filler)."""
@@ -171,9 +173,6 @@ class TaskConfig(_Section):
         if (self.pairs.n_train or self.pairs.n_test) and self.name != "arithmetic":
             raise ValueError(f"task.pairs (built-in preference pairs) exist for task arithmetic only, not {self.name}: "
                              "give rm.models your own pairs files")
-        if self.pairs.n_test > self.n_test:
-            raise ValueError(f"task.pairs.n_test {self.pairs.n_test} exceeds task.n_test {self.n_test} (test pairs are "
-                             "made from the test split's questions)")
         if self.name in ("gsm8k", "file"):
             for key in ("train", "test"):
                 if key not in self.file:
@@ -229,6 +228,10 @@ class ResourcesConfig(_Section):
     """Ranks of each worker group (the data-parallel world size)."""
     cpus_per_worker: float = Field(1.0, gt=0)
     """Logical CPUs per rank; also its torch thread count (rounded, at least 1)."""
+    cpu_kernels: Literal["portable", "native"] = "portable"
+    """CPU kernels of every process rlcore starts (rlcore.kernels): portable = the AVX2 code paths of PyTorch, MKL
+    (conditional numerical reproducibility) and oneDNN, so the same params and seed give the same bits on any x86-64
+    CPU with AVX2; native = each library's fastest choice for this CPU, whose results differ between CPU models."""
     use_gpu: bool = False
     """One GPU per rank and the nccl backend (needs CUDA)."""
     placement: Literal["pack", "spread"] = "pack"
@@ -277,16 +280,18 @@ class ResourcesConfig(_Section):
 
 
 class SFTConfig(_Section):
-    steps: int = Field(300, ge=1)
-    """Optimizer steps."""
+    steps: int = Field(2000, ge=1)
+    """Optimizer steps. The tiny model's loss drops suddenly, at a step that depends on the seed (1300 on seed
+    11)."""
     batch_size: int = Field(64, ge=1)
     """Sequences per step across all ranks (divisible by resources.n_workers)."""
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward on one rank (gradient accumulation above it)."""
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(2e-3, gt=0)
     """Peak AdamW learning rate."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
+    weight_decay: float = Field(0.1, ge=0)
+    """AdamW weight decay. 0.1 makes the tiny model's SFT converge on every seed (0.0: stuck in a plateau on
+    some)."""
     warmup_steps: int = Field(20, ge=0)
     """Linear warm-up steps before cosine decay to 10% of lr."""
     grad_clip: float = Field(1.0, gt=0)
@@ -598,8 +603,9 @@ class BypassConfig(_Section):
 
 
 class ActorConfig(_Section):
-    lr: float = Field(1e-3, gt=0)
-    """AdamW learning rate of the policy."""
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate of the policy. On the default task 3e-4 gained on some seeds and lost on others;
+    1e-3 collapses."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     warmup_steps: int = Field(0, ge=0)
@@ -799,7 +805,7 @@ class PPORound(_Section):
 class PPOConfig(_Section):
     train_batch_size: int = Field(32, ge=1)
     """Prompts per RL step."""
-    rounds: dict[str, PPORound] = {"r1": PPORound(init="models/sft", steps=60)}
+    rounds: dict[str, PPORound] = {"r1": PPORound(init="models/sft", steps=400)}
     """Rounds in order; dvc.yaml makes one stage per key (ppo@r1, ...)."""
     dapo: DAPOConfig = DAPOConfig()
     """DAPO recipe tricks."""
@@ -820,7 +826,7 @@ class PPOConfig(_Section):
     balance_batch: bool = True
     """Reorder each step's groups so every data-parallel rank gets about the same number of tokens
     (rlcore.controller.balance); ranks then wait less for each other in the log-prob and update calls."""
-    val_every: int = Field(0, ge=0)
+    val_every: int = Field(50, ge=0)
     """Greedy pass@1 on the held-out test split every N steps and after the last (``val/*`` metrics); 0 = off.
     Reported only: nothing is selected on it."""
 

@@ -92,18 +92,24 @@ def _help_top(top: argparse.ArgumentParser) -> list[str]:
 
 
 def examples_table() -> str:
-    """One row per examples/*.yaml: its file, its first comment line, the keys it changes from params.yaml."""
-    from rlcore.commands.config import entries, render
-    from rlcore.config import Config, load_config
+    """One row per examples/*.yaml: its file, its first comment line, the keys it sets (a recipe holds only the keys
+    it changes from rlcore's defaults; ``rlcore config use`` writes it over them as params.yaml)."""
+    from rlcore.commands.config import render
+    from rlcore.recipes import leaf_keys, read_recipe
 
-    base = {r["key"]: r["value"] for r in entries(load_config(ROOT / "params.yaml"), Config())}
-    lines = ["| file | what it shows | keys it changes from params.yaml |", "| --- | --- | --- |"]
+    lines = ["| file | what it shows | keys it sets over the defaults |", "| --- | --- | --- |"]
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         about = path.read_text().splitlines()[0].lstrip("# ").strip()
-        rows = entries(load_config(path), Config())
-        changed = [f"`{r['key']}: {render(r['value'])}`" for r in rows if r["value"] != base.get(r["key"])]
+        recipe = read_recipe(path)
+        changed = [f"`{key}: {render(_at(recipe, key))}`" for key in leaf_keys(recipe)]
         lines.append(f"| `examples/{path.name}` | {_escape(about)} | {'<br>'.join(changed) or 'none'} |")
     return "\n".join(lines)
+
+
+def _at(mapping: dict, dotted: str):
+    for part in dotted.split("."):
+        mapping = mapping[part]
+    return mapping
 
 
 def compare_reports() -> str:

@@ -45,13 +45,20 @@ def params_source(args: argparse.Namespace) -> str | None:
 
 
 def config_from(args: argparse.Namespace) -> Config:
-    """The validated config: the params file (or the defaults) with ``--set`` overrides applied."""
+    """The validated config: the params file (or the defaults) with ``--set`` overrides applied. The command's
+    process computes with the CPU kernels it names (``resources.cpu_kernels``, :mod:`rlcore.kernels`), chosen here,
+    before the command imports torch."""
+    from rlcore.kernels import pin
+
     overrides = parse_overrides(getattr(args, "overrides", []))
     source = params_source(args)
     if source is not None:
-        return load_config(source, overrides)
-    print("rlcore: no params.yaml here; using the built-in defaults", file=sys.stderr)
-    return parse_config(apply_overrides({}, overrides), "--set")
+        cfg = load_config(source, overrides)
+    else:
+        print("rlcore: no params.yaml here; using the built-in defaults", file=sys.stderr)
+        cfg = parse_config(apply_overrides({}, overrides), "--set")
+    pin(cfg.resources.cpu_kernels)
+    return cfg
 
 
 def positive_int(text: str) -> int:

@@ -1,4 +1,5 @@
-"""``rlcore config``: the resolved params with defaults and docs (``show``), or a validation (``check``)."""
+"""``rlcore config``: the resolved params with defaults and docs (``show``), a validation (``check``), or a recipe
+written over the defaults as the pipeline's params.yaml (``use``, :mod:`rlcore.recipes`)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,28 @@ import difflib
 import json
 from typing import Any, Iterator
 
-from rlcore.commands.common import add_config_options, config_from, params_source
+from rlcore.commands.common import DEFAULT_PARAMS, add_config_options, config_from, params_source, parse_overrides
 
-HELP = "show the resolved params (value, default, doc) or check them"
-EXAMPLE = "rlcore config show rollout --set rollout.top_p=0.9   |   rlcore config check"
+HELP = "write a recipe over the defaults as params.yaml (use), show the resolved params (show), or check them"
+EXAMPLE = ("rlcore config use examples/dapo.yaml   |   rlcore config show rollout --set rollout.top_p=0.9   |   "
+           "rlcore config check")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="<action>", required=True)
+    use = sub.add_parser("use", help="write params.yaml: rlcore's defaults with recipes (examples/*.yaml) over them",
+                         description="Write the pipeline's params file: every key at rlcore's default, each recipe "
+                                     "file over them in order (a recipe holds only the keys it changes), then the "
+                                     "--set values; validated first, nothing is written if it is not valid. Each "
+                                     "key a recipe or --set chose is marked in the file.",
+                         epilog="examples:\n  rlcore config use examples/dapo.yaml && dvc repro\n"
+                                "  rlcore config use examples/dapo.yaml examples/quick.yaml   # at smoke-test sizes\n"
+                                "  rlcore config use                                          # the defaults",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    use.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe files, applied in order")
+    use.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override one param after the recipes (dotted key, YAML value); repeatable")
+    use.add_argument("--out", default=DEFAULT_PARAMS, metavar="FILE", help="the file to write (default: params.yaml)")
     show = sub.add_parser("show", help="the resolved config: each key's value, default, whether it differs, its doc",
                           description="The resolved config, whole or one section or key.",
                           epilog="example:\n  rlcore config show algorithm --set algorithm.adv_estimator=rloo",
@@ -35,9 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def one_line(doc: str | None) -> str:
     """The first sentence of a field's docstring, on one line."""
-    text = " ".join((doc or "").split())
-    end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
+    from rlcore.recipes import first_sentence
+
+    return first_sentence(doc)
 
 
 def type_name(annotation: Any) -> str:
@@ -132,6 +147,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     from rlcore.config import Config
 
+    if args.action == "use":
+        return use(args)
     cfg = config_from(args)
     source = params_source(args) or "built-in defaults"
     if args.action == "check":
@@ -156,3 +173,32 @@ def describe(row: dict[str, Any]) -> str:
     """One key's type, range and whole doc (``rlcore config show KEY`` and the docs' params reference)."""
     kind = row["type"] + (f", {row['range']}" if row["range"] else "")
     return f"{row['key']} ({kind}; default {render(row['default'])}): {row['text']}"
+
+
+def use(args: argparse.Namespace) -> int:
+    """``rlcore config use``: compose, validate, then write; the keys of the file it replaces that held values of
+    their own (neither the default nor the new value) are named, since they are gone."""
+    from pathlib import Path
+
+    from rlcore.config import Config, load_config
+    from rlcore.recipes import compose, render as render_params
+
+    cfg, origin = compose(args.recipes, parse_overrides(args.overrides))
+    out = Path(args.out)
+    lost: list[str] = []
+    if out.is_file():
+        try:
+            old = load_config(out)
+        except Exception:  # an invalid file being replaced: nothing of it to keep track of
+            old = None
+        if old is not None:
+            new = {r["key"]: r["value"] for r in entries(cfg, Config())}
+            lost = [f"{r['key']}={render(r['value'])}" for r in entries(old, Config())
+                    if r["changed"] and r["value"] != new.get(r["key"], r["default"])]
+    out.write_text(render_params(cfg, args.recipes, origin))
+    changed = sum(r["changed"] for r in entries(cfg, Config()))
+    what = " then ".join(args.recipes) + " over the defaults" if args.recipes else "rlcore's defaults"
+    print(f"{out}: {what} ({changed} key(s) differ from the defaults; `rlcore config show --changed` lists them)")
+    if lost:
+        print(f"{out}: replaced values of the previous file: {', '.join(lost)}")
+    return 0

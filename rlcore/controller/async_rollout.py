@@ -34,11 +34,10 @@ from ray.util.queue import Queue
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlcore.controller.decorator import RankPlacement
-from rlcore.controller.resource_pool import PLACEMENT_STRATEGIES
+from rlcore.controller.resource_pool import PLACEMENT_STRATEGIES, rank_env
 from rlcore.controller.weight_versions import WeightVersions
 from rlcore.controller.worker_group import is_lost
 from rlcore.errors import WorkerDied
-from rlcore.heap import rank_process_env
 from rlcore.protocol import Batch
 
 P = ParamSpec("P")
@@ -171,7 +170,7 @@ class GeneratorPool(Generic[G]):
             num_cpus=self.cpus, num_gpus=1 if self.use_gpu else 0, max_concurrency=1,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                                  placement_group_bundle_index=index),
-            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads), **rank_process_env()}},
+            runtime_env={"env_vars": rank_env(threads)},
         ).remote(RankPlacement(0, 1, threads, workdir=os.getcwd()), index=index, queue=self.queue.queue,
                  weights=self.weights, use_gpu=self.use_gpu, **self.kwargs)
 

@@ -16,6 +16,8 @@ from ray._private import parameter as ray_parameter
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 from rlcore.controller.address import check_reachable
+from rlcore.heap import rank_process_env
+from rlcore.kernels import inherited as kernel_env
 
 log = logging.getLogger(__name__)
 
@@ -207,3 +209,11 @@ class ResourcePool:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def rank_env(threads: int) -> dict[str, str]:
+    """The environment of a rank's (or generator's) process, Ray's ``runtime_env`` ``env_vars``: its thread count,
+    rlcore's mark of a rank process (``rlcore.heap``) and the driver's CPU kernel choice (``rlcore.kernels``; on a
+    cluster a worker does not inherit the driver's environment)."""
+    return {"OMP_NUM_THREADS": str(threads), **rank_process_env(), **kernel_env()}
+

@@ -39,9 +39,8 @@ from ray.exceptions import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlcore.controller.decorator import Dispatch, RankPlacement, dispatch_of
-from rlcore.controller.resource_pool import ResourcePool
+from rlcore.controller.resource_pool import ResourcePool, rank_env
 from rlcore.errors import WorkerDied
-from rlcore.heap import rank_process_env
 from rlcore.protocol import Batch
 
 W = TypeVar("W")
@@ -99,7 +98,7 @@ class WorkerGroup(Generic[W]):
                 num_gpus=(1.0 / share) if pool.use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pool.pg, placement_group_bundle_index=rank),
-                runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads), **rank_process_env(), **(env or {})}},
+                runtime_env={"env_vars": {**rank_env(threads), **(env or {})}},
             ).remote(RankPlacement(rank, self.world_size, threads, workdir=os.getcwd()), *args, **kwargs)
             for rank in range(self.world_size)
         ]

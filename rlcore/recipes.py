@@ -1,0 +1,169 @@
+"""Recipes: params files that hold only what they change, written over rlcore's defaults as one ``params.yaml``.
+
+A recipe (``examples/dapo.yaml``) is a YAML mapping of the keys it sets, nested as in params.yaml. DVC reads
+params.yaml as it is (``dvc.yaml`` interpolates ``${rollout.agent.tools}``, ``${ppo.rounds}``, ... and each
+stage lists the keys it depends on), so a pipeline needs every key there: ``rlcore config use`` writes the
+whole file, the defaults of :class:`rlcore.config.Config` with each recipe over them in order, then ``--set``
+overrides, validated before anything is written::
+
+    rlcore config use examples/dapo.yaml && dvc repro
+    rlcore config use examples/dapo.yaml examples/quick.yaml     # the same recipe at smoke-test sizes
+
+A key added to the schema later reaches every recipe with its default, since no recipe repeats the keys it
+leaves alone. The repository's own params.yaml is this rendering of the defaults (a test keeps them equal).
+Nothing heavy is imported here: this runs before any stage.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from rlcore.config import Config, ConfigError, apply_overrides, parse_config
+
+WIDTH = 118  # the repository's line length, comments included
+
+HEADER = ("Every knob of every stage: `dvc repro` reads this file (dvc.yaml), and so does the `rlcore` command. "
+          "Written by `rlcore config use{sources}`: rlcore's defaults{over}. Edit any value here; "
+          "`rlcore config show KEY` prints a key's whole doc and default, `rlcore config check` validates the file.")
+# a period that ends an abbreviation, not a sentence ("Dr. GRPO", "Ziegler et al. 2019", "e.g. 0.9")
+_NOT_AN_END = re.compile(r"(?:\b(?:al|Dr|e\.g|i\.e|vs|cf|Fig|Eq|No)\.|\b[A-Z]\.)$")
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """A recipe file's mapping (``{}`` for an empty one); a missing file or a non-mapping is a ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: recipe file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of params keys at the top level, got {type(raw).__name__}")
+    return raw
+
+
+def merge(base: dict[str, Any], over: dict[str, Any], schema: type[BaseModel] = Config) -> dict[str, Any]:
+    """``over`` on ``base``, two params mappings of ``schema``: a section (``actor``, ``actor.lora``) merges key by
+    key; any other value, a mapping of records too (``ppo.rounds``, ``rm.models``, ``task.file``), replaces the one
+    below it whole, as it would in a params file of its own. So a recipe file read alone (``rlcore config check
+    --params examples/dapo.yaml``) is the same config as the defaults with it over them."""
+    out = dict(base)
+    fields = {(f.alias or name): f for name, f in schema.model_fields.items()}
+    for key, value in over.items():
+        below, field = out.get(key), fields.get(key)
+        section = field is not None and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        if section and isinstance(value, dict) and isinstance(below, dict):
+            out[key] = merge(below, value, field.annotation)
+        else:
+            out[key] = value
+    return out
+
+
+def compose(recipes: list[str | Path], overrides: dict[str, Any] | None = None) -> tuple[Config, dict[str, str]]:
+    """The validated config of the defaults with each recipe over them in order, then the dotted ``overrides``;
+    and, for every leaf key a recipe or an override set, which one set it last (a path, or ``--set``)."""
+    raw: dict[str, Any] = Config().model_dump(mode="json")
+    origin: dict[str, str] = {}
+    for path in recipes:
+        recipe = read_recipe(path)
+        try:  # each recipe on its own, so that an error names the file it is in
+            parse_config(merge(Config().model_dump(mode="json"), recipe), str(path))
+        except ConfigError as err:
+            raise ConfigError(f"{err} (a recipe sets only the keys it changes; `rlcore config show` lists them all)") \
+                from None
+        raw = merge(raw, recipe)
+        origin.update({key: str(path) for key in leaf_keys(recipe)})
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+        origin.update({key: "--set" for key in overrides})
+    source = " + ".join([*map(str, recipes), *(["--set"] if overrides else [])]) or "the defaults"
+    return parse_config(raw, source), origin
+
+
+def leaf_keys(mapping: dict[str, Any], schema: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Dotted keys of the values a params mapping of ``schema`` sets: into sections, not into the values that are
+    mappings themselves (``ppo.rounds`` is one key, as :func:`merge` replaces it whole)."""
+    fields = {(f.alias or name): f for name, f in schema.model_fields.items()}
+    keys = []
+    for key, value in mapping.items():
+        field = fields.get(key)
+        section = field is not None and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        if section and isinstance(value, dict):
+            keys += leaf_keys(value, field.annotation, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def render(cfg: Config, recipes: list[str | Path] = (), origin: dict[str, str] | None = None) -> str:
+    """The whole params.yaml of ``cfg``: every section and key in schema order, each key under the first sentence
+    of its doc, and a key whose value a recipe or ``--set`` chose marked with where it came from."""
+    sources = "".join(f" {p}" for p in recipes) + (" --set ..." if origin and "--set" in origin.values() else "")
+    over = f", with {' then '.join(map(str, recipes))} over them (keys marked `<-`)" if recipes else ""
+    if origin and "--set" in origin.values() and not recipes:
+        over = ", with --set values over them (keys marked `<-`)"
+    lines = _comment(HEADER.format(sources=sources, over=over), "", whole=True) + [""]
+    _section(cfg, "", 0, origin or {}, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _section(model: BaseModel, prefix: str, indent: int, origin: dict[str, str], lines: list[str]) -> None:
+    pad = " " * indent
+    for name, field in type(model).model_fields.items():
+        key = field.alias or name
+        value = getattr(model, name)
+        dotted = f"{prefix}{key}"
+        if isinstance(value, BaseModel):
+            if indent == 0 and lines[-1]:
+                lines.append("")
+            if field.description:
+                lines += _comment(field.description, pad)
+            lines.append(f"{pad}{key}:")
+            _section(value, dotted + ".", indent + 2, origin, lines)
+            continue
+        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else ()
+        lines += _comment(field.description, pad, choices=choices)
+        text = f"{pad}{key}: {_flow(value)}"
+        marks = sorted({where for k, where in origin.items() if k == dotted or k.startswith(dotted + ".")})
+        lines.append(text + (f"  # <- {', '.join(marks)}" if marks else ""))
+
+
+def first_sentence(doc: str | None) -> str:
+    """A docstring's first sentence, on one line (a period after an abbreviation does not end it)."""
+    text = " ".join((doc or "").split())
+    for match in re.finditer(r"\. ", text):
+        if not _NOT_AN_END.search(text[: match.start() + 1]):
+            return text[: match.start() + 1]
+    return text
+
+
+def _comment(doc: str | None, pad: str, whole: bool = False, choices: tuple = ()) -> list[str]:
+    """The first sentence of a field's doc (``whole``: all of it) as comment lines at ``pad``, and the values a
+    ``Literal`` field takes."""
+    text = " ".join((doc or "").split()) if whole else first_sentence(doc)
+    if choices:
+        text += f" One of: {', '.join(map(str, choices))}."
+    if not text:
+        return []
+    return textwrap.wrap(text, WIDTH - len(pad), initial_indent=f"{pad}# ", subsequent_indent=f"{pad}# ",
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def _flow(value: Any) -> str:
+    """A value as one line of YAML (mappings and lists in flow style)."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    plain = json.loads(json.dumps(value, default=lambda v: v.model_dump(mode="json")))
+    return yaml.safe_dump(plain, default_flow_style=True, width=10_000, sort_keys=False).strip().removesuffix(
+        "\n...").strip()
