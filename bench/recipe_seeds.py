@@ -1,10 +1,17 @@
 """A recipe over seeds: the whole pipeline (`dvc repro`) once per seed, each in a scratch copy of the repository.
 
-Each seed gets new data, a new SFT model (and reward model), a new RL round and the evaluation, with the recipe's
-params file and ``seed`` changed, tracking off; the table has each seed's held-out greedy pass@1 of the SFT and
-the final model, the gain, and the reward models' held-out pairwise accuracy where the recipe trains one.
+Each seed gets new data, a new SFT model (and reward model), a new RL round and the evaluation: params.yaml is
+what `rlcore config use RECIPE --set seed=S` writes (tracking off); the table has each seed's held-out greedy
+pass@1 of the SFT and the final model, the gain, and the reward models' held-out pairwise accuracy where the
+recipe trains one.
 
-    .venv/bin/python -m bench.recipe_seeds --params examples/rlhf.yaml --seeds 1,2,3 [--keep DIR] [--set KEY=VALUE]
+    .venv/bin/python -m bench.recipe_seeds --recipe examples/rlhf.yaml --seeds 1,2,3 [--keep DIR] [--cache DIR]
+        [--set KEY=VALUE]
+
+``--cache DIR``: one DVC cache for every copy (``dvc cache dir``), so a stage that another recipe already ran for
+the same seed with the same code, inputs and params (the data, SFT and scoring of the recipes that change only the
+RL step) is restored from DVC's run cache instead of run again. ``--keep DIR``: each seed's copy is kept there, and
+a run stopped half way goes on where it stopped (DVC skips the stages that finished).
 """
 
 from __future__ import annotations
@@ -19,15 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ("rlcore", "stages", "inputs", "examples", "dvc.yaml")
 
 
-def run_seed(params: dict, seed: int, root: Path) -> dict:
-    """``dvc repro`` of ``params`` with ``seed`` in ``root`` (a fresh copy, or a kept one from a run that stopped:
-    DVC skips the stages that finished there); the metrics that matter."""
+def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: Path | None) -> dict:
+    """``dvc repro`` of the recipes (and ``--set`` values) with ``seed`` in ``root`` (a fresh copy, or a kept one
+    from a run that stopped: DVC skips the stages that finished there); the metrics that matter."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(root),
            "RAY_ADDRESS": "", "TQDM_DISABLE": "1"}
     if not (root / "dvc.yaml").exists():
@@ -36,7 +41,12 @@ def run_seed(params: dict, seed: int, root: Path) -> dict:
             (shutil.copytree if src.is_dir() else shutil.copy)(src, root / name)
         for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"]):
             subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True)
-    (root / "params.yaml").write_text(yaml.safe_dump({**params, "seed": seed}, sort_keys=False))
+        if cache is not None:
+            subprocess.run(["dvc", "cache", "dir", "--local", str(cache.resolve())], cwd=root, env=env, check=True,
+                           capture_output=True)
+    use = [str(Path(sys.executable).parent / "rlcore"), "config", "use", *recipes, "--set", "tracking.enabled=false",
+           *(f"--set={s}" for s in sets), "--set", f"seed={seed}"]
+    subprocess.run(use, cwd=root, env=env, check=True, capture_output=True)
     start = time.monotonic()
     proc = subprocess.run(["dvc", "repro"], cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -51,22 +61,24 @@ def run_seed(params: dict, seed: int, root: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", required=True, help="the recipe's params file")
+    ap.add_argument("--recipe", action="append", required=True, metavar="FILE",
+                    help="a recipe (examples/*.yaml), relative to the repository; repeatable, applied in order")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override (YAML value)")
     ap.add_argument("--keep", default=None, help="keep each seed's copy under this folder")
+    ap.add_argument("--cache", default=None, help="one DVC cache for every copy (its run cache shares stages)")
     args = ap.parse_args(argv)
-    from rlcore.config import apply_overrides
+    from rlcore.commands.common import parse_overrides
+    from rlcore.recipes import compose
 
-    params = yaml.safe_load(Path(args.params).read_text())
-    params = apply_overrides(params, {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)})
-    params.setdefault("tracking", {})["enabled"] = False
+    compose([REPO / r for r in args.recipe], parse_overrides(args.set))  # a bad recipe stops here, in one line
+    cache = Path(args.cache) if args.cache else None
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         root = Path(args.keep) / f"seed{seed}" if args.keep else Path(tempfile.mkdtemp(prefix=f"recipe{seed}-"))
         root.mkdir(parents=True, exist_ok=True)
         try:
-            rows.append(run_seed(params, seed, root))
+            rows.append(run_seed(args.recipe, args.set, seed, root, cache))
         finally:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)

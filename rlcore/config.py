@@ -340,6 +340,12 @@ class AgentConfig(_Section):
     max_turns: int = Field(4, ge=1)
     """Model turns per trajectory; a trajectory whose last allowed turn still calls a tool stops, truncated. The
     token budget of a whole trajectory (model and observation tokens) is task.max_response_length."""
+    min_answer_tokens: int = Field(8, ge=1)
+    """Tokens of the trajectory's budget an observation leaves for the model's next turn: an observation that would
+    leave fewer is cut to fit (each tool message's text to its longest prefix that does, marked "..."; counted in
+    agent/observations_cut), so the model reads what its tools said, errors included, and can still answer. A
+    trajectory ends at an observation only when not even the chat template's part of it fits (agent/truncated_budget).
+    """
     max_tool_response_chars: int = Field(1024, ge=1)
     """A tool's output longer than this is cut to it with a note, and counted as an error (agent/tool_errors)."""
     timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)

@@ -13,7 +13,7 @@ from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_erro
 from rlcore.heap import long_lived, script
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
-          "sft", "checkpoint", "rollout.agent")
+          "sft", "checkpoint", "rollout.agent.loop", "rollout.agent.tools")
 
 
 def main(argv: list[str] | None = None) -> None:

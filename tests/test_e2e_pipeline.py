@@ -328,7 +328,8 @@ def stale_stages(root: Path, env: dict) -> set[str]:
 
 
 def test_estimator_switch_makes_only_ppo_and_evaluate_stale(workdir, first_run):
-    """An estimator switch makes the rounds and evaluate stale, an evaluation setting evaluate alone. `dvc repro`
+    """An estimator switch makes the rounds and evaluate stale, an evaluation setting evaluate alone, a limit of
+    the tool loop the stages that generate (SFT reads only the loop and its tools' schemas). `dvc repro`
     re-runs exactly the stages `dvc status` lists (checked once, by the first run and the
     second repro above); re-running them here would cost three stage start-ups for no new check."""
     root, env = workdir
@@ -342,6 +343,10 @@ def test_estimator_switch_makes_only_ppo_and_evaluate_stale(workdir, first_run):
         params["evaluate"]["temperature"] = 0.7  # an evaluation setting: only evaluate
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         assert stale_stages(root, env) == {"evaluate"}
+        params["evaluate"]["temperature"] = yaml.safe_load(original)["evaluate"]["temperature"]
+        params["rollout"]["agent"]["timeout_s"] = 3.0  # a limit of the tool loop: not SFT's (it reads loop, tools)
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        assert stale_stages(root, env) == {"score", "ppo@r1", "ppo@r2", "evaluate"}
     finally:
         (root / "params.yaml").write_text(original)
 

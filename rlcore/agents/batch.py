@@ -5,7 +5,8 @@ Tensors (``[rows, budget]`` unless said): ``responses`` (the whole trajectory af
 observation tokens), ``response_mask`` (1 on the model's own tokens only: the loss, the KL, the entropy and the
 log-prob mismatch read it), ``response_attention_mask`` (1 on every trajectory token: what forwards attend to),
 ``rollout_log_probs`` (the sampled tokens' log-probs, 0 elsewhere); and per row ``agent_turns``,
-``agent_tool_calls``, ``agent_tool_errors``, ``agent_truncated`` (1: the budget or ``max_turns`` cut the trajectory).
+``agent_tool_calls``, ``agent_tool_errors``, ``agent_truncated`` (1: the budget or ``max_turns`` cut the trajectory),
+``agent_cut_observations`` (observations cut to leave room for the answer: the tool loop's budget rule).
 Per-row fields: ``agent_messages`` (the turns after the prompt, ``{"role", "content"}``), ``agent_final`` (the last
 assistant turn's text: what the reward functions score), ``agent_stop`` (``answer``, ``max_turns`` or ``budget``),
 ``agent_errors`` (error kind -> count), ``agent_turn_rewards`` and ``agent_env_reward`` (an environment's).
@@ -49,7 +50,8 @@ def trajectory_batch(runtime: AgentRuntime, engine, part: Batch, sampling, gener
                              generator=generator, rows=row_infos(part))
     counts = {"agent_turns": [t.turns for t in trajs], "agent_tool_calls": [t.tool_calls for t in trajs],
               "agent_tool_errors": [sum(t.errors.values()) for t in trajs],
-              "agent_truncated": [int(t.stop != ANSWER) for t in trajs]}
+              "agent_truncated": [int(t.stop != ANSWER) for t in trajs],
+              "agent_cut_observations": [t.cut_observations for t in trajs]}
     tensors = {"responses": out["responses"].cpu(), "response_mask": out["response_mask"].cpu(),
                "rollout_log_probs": out["log_probs"].cpu(), "response_attention_mask": out["attention"].cpu(),
                **{k: torch.tensor(v, dtype=torch.long) for k, v in counts.items()}}
@@ -67,7 +69,9 @@ def transcript(messages) -> str:
 def agent_metrics(batch: Batch, prefix: str = "agent") -> dict[str, float]:
     """A tool-loop batch's ``{prefix}/tool_calls_per_sample``, ``turns`` (means per sample), ``tool_errors`` (the
     batch's count) and ``tool_errors/<kind>`` for every kind, ``truncated`` (the share of samples cut by the budget or
-    max_turns) and ``truncated_budget``/``truncated_max_turns``, ``observation_tokens`` (per sample), and an
+    max_turns) and ``truncated_budget``/``truncated_max_turns``, ``observation_tokens`` (per sample),
+    ``observations_cut`` (per sample: observations cut to leave room for the answer), ``error_observations`` (per
+    sample: tool errors the model read as observations, whole or cut), and an
     environment's ``env_reward_mean`` and ``turn_reward_mean`` (its steps' rewards); nothing for a single-turn batch."""
     if "agent_turns" not in batch:
         return {}
@@ -81,6 +85,8 @@ def agent_metrics(batch: Batch, prefix: str = "agent") -> dict[str, float]:
          "truncated_budget": stops.count("budget") / max(len(stops), 1),
          "truncated_max_turns": stops.count("max_turns") / max(len(stops), 1),
          "observation_tokens": observed.mean().item(),
+         "observations_cut": batch["agent_cut_observations"].float().mean().item(),
+         "error_observations": float(np.mean([_errors_read(m) for m in batch["agent_messages"]])),
          **{f"tool_errors/{k}": float(v) for k, v in kinds.items()}}
     env = [r for r in batch["agent_env_reward"] if r is not None]
     if env:
@@ -89,3 +95,9 @@ def agent_metrics(batch: Batch, prefix: str = "agent") -> dict[str, float]:
     if turn_rewards:
         m["turn_reward_mean"] = float(np.mean(turn_rewards))
     return {f"{prefix}/{k}": v for k, v in m.items()}
+
+
+def _errors_read(messages) -> int:
+    """Tool messages of a trajectory (the ones its tokens hold) that report an error."""
+    return sum(m["role"] == "tool" and str(m["content"]).startswith("error:") for m in messages)
+

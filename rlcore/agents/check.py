@@ -27,11 +27,14 @@ def describe_tools(spec: AgentSpec) -> dict:
 
 def tool_schemas(agent: Any, root: str | Path = ".") -> list[dict] | None:
     """The OpenAI schemas of the function tools of params.yaml ``rollout.agent`` (an ``AgentConfig``), for the chat
-    template's ``tools``; None for the single-turn loop or an environment. Raises :class:`ConfigError` naming a
-    tool file that is missing, does not import or defines no such function, or a function it cannot describe."""
+    template's ``tools``; None for the single-turn loop or an environment. Reads only ``loop`` and ``tools`` (what
+    the sft stage declares: the tool loop's limits change no schema), describing the tools under the default
+    limits. Raises :class:`ConfigError` naming a tool file that is missing, does not import or defines no such
+    function, or a function it cannot describe."""
     from rlcore.agents.loop import tool_kinds
+    from rlcore.config import AgentConfig
 
-    spec = agent_spec(agent, root)
+    spec = agent_spec(AgentConfig(loop=agent.loop, tools=list(agent.tools)), root)
     if spec is None:
         return None
     for t in spec.tools:

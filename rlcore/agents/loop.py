@@ -13,7 +13,13 @@ A row stops when:
 * its turn calls no tool (tools), or the environment says the episode is over (an environment): the answer;
 * the turn that used the last of ``max_turns`` still calls a tool (or the environment goes on): truncated;
 * its tokens run out: the budget (``task.max_response_length``, model and observation tokens together) ends
-  inside a turn, or the next observation and one more token do not fit: truncated.
+  inside a turn, or not even the chat template's part of the next observation fits with ``min_answer_tokens`` left
+  after it: truncated.
+
+The budget rule for observations: an observation that would leave fewer than ``min_answer_tokens`` of the budget
+for the model's next turn is cut to fit, each tool message's text to the same number of characters and ``...``
+(the longest prefix that fits; ``agent/observations_cut`` counts them), so the model always reads the start of what
+its tools said, an error included, and has room to answer.
 
 Tools run in the worker's tool processes (:class:`~rlcore.agents.tools.ToolPool`) while the other rows keep
 decoding; the engine only waits for tools when no row has anything to decode (for the first result, then up to as
@@ -56,6 +62,8 @@ class Trajectory:
     """Calls the loop answered (errors included)."""
     errors: Counter = field(default_factory=Counter)
     stop: str = ""
+    cut_observations: int = 0
+    """Observations cut to leave room for the answer (the budget rule, module docstring)."""
     turn_rewards: list[float] = field(default_factory=list)
     env_reward: float | None = None
     waiting: list[tuple[ToolCall | None, Future]] = field(default_factory=list)
@@ -226,12 +234,41 @@ class AgentRuntime:
                 observations.append(messages)
         fits = []
         for r, messages, ids in zip(rows, observations, self.template.observations_ids(observations)):
-            if len(ids) + 1 > t.room(r):  # the observation and one more token must fit
+            room = t.room(r) - max(self.spec.min_answer_tokens, 1)  # what the observation may take
+            if len(ids) > room:
+                messages, ids = self._cut(messages, room)
+                trajs[r].cut_observations += ids is not None
+            if ids is None:  # not even the template's part of it fits
                 self._stop(t, r, trajs[r], BUDGET)
             else:
                 trajs[r].messages.extend(messages)  # the turns the trajectory's tokens hold
                 fits.append((r, ids))
         t.append_many([r for r, _ in fits], [ids for _, ids in fits])
+
+    def _cut(self, messages: list[dict[str, Any]], room: int) -> tuple[list[dict[str, Any]], list[int] | None]:
+        """``messages`` with each text cut to the most characters (the same number for all, ``...`` marking a cut)
+        whose observation takes at most ``room`` tokens, and its tokens; ``(messages, None)`` if not even the
+        template's part of it (empty texts) fits."""
+        def cut_to(n: int) -> list[dict[str, Any]]:
+            return [{**m, "content": m["content"] if len(m["content"]) <= n else m["content"][:n] + "..."}
+                    for m in messages]
+
+        def tokens(candidate: list[dict[str, Any]]) -> list[int]:
+            return self.template.observations_ids([candidate])[0]
+
+        low, high = 0, max(len(m["content"]) for m in messages)  # cut_to(high) is the whole observation
+        if len(tokens(cut_to(0))) > room:  # not even "..." fits: the template's part alone, or nothing
+            empty = [{**m, "content": ""} for m in messages]
+            ids = tokens(empty)
+            return (empty, ids) if len(ids) <= room else (messages, None)
+        while low < high:  # the largest n whose observation fits (fewer characters never take more tokens)
+            mid = (low + high + 1) // 2
+            if len(tokens(cut_to(mid))) <= room:
+                low = mid
+            else:
+                high = mid - 1
+        best = cut_to(low)
+        return best, tokens(best)
 
     def _stop(self, t, r: int, traj: Trajectory, why: str) -> None:
         traj.stop = why

@@ -32,6 +32,9 @@ class AgentSpec:
     """Model turns per trajectory; a trajectory whose last allowed turn still calls a tool is truncated."""
     max_tool_response_chars: int = 1024
     """A tool's output longer than this is cut to it, marked, and counted as an error (``oversized``)."""
+    min_answer_tokens: int = 8
+    """Tokens of the budget an observation leaves for the model's next turn: an observation that would leave fewer
+    is cut to fit (``rlcore.agents.loop``), so the model reads what the tool said, an error included."""
     timeout_s: float = 10.0
     """Per tool call (and environment step): past it, the tool process is killed and the call is an error."""
     memory_mb: int = 1024
@@ -51,5 +54,6 @@ def tool_spec(agent: Any, root: str | Path = ".") -> AgentSpec:
     against ``root``."""
     tools = tuple(ToolRef(str((Path(root) / t.path).resolve()), t.name) for t in agent.tools)
     return AgentSpec(tools=tools, parser=agent.parser, max_turns=agent.max_turns,
-                     max_tool_response_chars=agent.max_tool_response_chars, timeout_s=agent.timeout_s,
+                     max_tool_response_chars=agent.max_tool_response_chars,
+                     min_answer_tokens=agent.min_answer_tokens, timeout_s=agent.timeout_s,
                      memory_mb=agent.memory_mb, processes=agent.processes, deterministic=agent.deterministic)

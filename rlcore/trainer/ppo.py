@@ -114,9 +114,10 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
             val_rows = list(resume.state["val_rows"])
             if rollouts is not None:
                 rollouts.update(runner.samples)
-        elif every:
+        elif every:  # the model the round starts from: in step 0's row too (a validation after its update wins)
             val_rows.append(runner.validate(val))
             tracker.log_metrics(val_rows[-1], step=0)
+        before_first = dict(val_rows[0]) if val_rows and resume is None else {}
         def checkpoint(done: int) -> None:
             assert checkpoints is not None
             folder = checkpoints.begin(done)
@@ -132,6 +133,8 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
             for step in (bar := tqdm(range(first, rnd.steps), initial=first, total=rnd.steps,
                                      desc=f"ppo {round_name}", unit="step")):
                 metrics = runner.step(step)
+                if step == first:
+                    metrics = {**before_first, **metrics}
                 if every and ((step + 1) % every == 0 or step + 1 == rnd.steps):
                     val_rows.append(runner.validate(val))
                     metrics.update(val_rows[-1])  # logged at the step whose update it follows
@@ -171,12 +174,17 @@ def log_rollouts_page(tracker, rows: list[dict], title: str) -> None:
 
 def round_summary(rows: list[Metrics], val_rows: list[Metrics], steps: int, wall_s: float) -> Metrics:
     """The round's metrics file: first/last validation, accuracy of the first and last 10 steps, the reward
-    functions' errors and timeouts of all steps."""
+    functions' errors and timeouts of all steps; with the tool loop, each ``agent/*`` metric's mean over the last
+    10 steps (``ppo/agent/<name>_last10``) and the last validation's (``ppo/val/agent/<name>``), as eval.json has
+    the evaluation's."""
     tail = rows[-min(10, len(rows)):]
     out: Metrics = {}
     if val_rows:
         out = {"ppo/val_greedy_pass@1_first": val_rows[0]["val/greedy_pass@1"],
-               "ppo/val_greedy_pass@1_last": val_rows[-1]["val/greedy_pass@1"]}
+               "ppo/val_greedy_pass@1_last": val_rows[-1]["val/greedy_pass@1"],
+               **{f"ppo/{k}": v for k, v in val_rows[-1].items() if k.startswith("val/agent/")}}
+    agent = sorted({k for r in tail for k in r if k.startswith("agent/")})
+    out.update({f"ppo/{k}_last10": float(np.mean([r[k] for r in tail if k in r])) for k in agent})
     return {
         **out,
         "ppo/acc_first_step": rows[0]["rollout/acc"],

@@ -26,6 +26,11 @@ def call(name: str, **args) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': args}, separators=(',', ':'))}</tool_call>"
 
 
+def call_of_length(n: int) -> str:
+    """An echo call of exactly ``n`` characters (tokens: the tokenizer is per character)."""
+    return call("echo", text="q" * (n - len(call("echo", text="", times=1))), times=1)
+
+
 SCRIPT = [
     ["7"],                                                  # 0 answers at once
     [call("add", a=2, b=3), "5"],                           # 1 a call, its result, the answer
@@ -33,11 +38,14 @@ SCRIPT = [
     ["<tool_call>{add}</tool_call>", "0"],                  # 3 malformed
     [call("nope"), "0"],                                    # 4 unknown tool
     ["z" * 200],                                            # 5 a turn longer than the budget
-    [call("echo", text="abcdefghij", times=20), "x"],       # 6 an observation that does not fit
+    [call("echo", text="abcdefghij", times=20), "x"],       # 6 an observation too long for the budget: cut
     [call("raise_error", message="bad"), "x"],              # 7 the tool raises
     [call("sleep_forever"), "late"],                        # 8 the tool times out
     [call("add", a=1), "y" * 40],                           # 9 a fast tool, then a long turn
+    [call_of_length(BUDGET - 13), "x"],                     # 10 a call that leaves room for no observation
+    [call("raise_error", message="m" * 40), "x"],           # 11 an error too long for the budget: cut, then read
 ]
+MIN_ANSWER = 8  # AgentSpec's default
 
 
 @pytest.fixture(scope="module")
@@ -96,32 +104,59 @@ def test_the_model_saw_exactly_the_tokens_of_its_trajectory(ran):
 
 def test_stops_truncation_and_the_budget(tok, ran):
     out, _ = ran
-    assert out["agent_stop"].tolist() == ["answer", "answer", "max_turns", "answer", "answer", "budget", "budget",
-                                          "answer", "answer", "answer"]
-    assert out["agent_truncated"].tolist() == [0, 0, 1, 0, 0, 1, 1, 0, 0, 0]
+    assert out["agent_stop"].tolist() == ["answer", "answer", "max_turns", "answer", "answer", "budget", "answer",
+                                          "answer", "answer", "answer", "budget", "answer"]
+    assert out["agent_truncated"].tolist() == [0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0]
     # row 2: two calling turns; only the first call ran
     assert (out["agent_turns"][2], out["agent_tool_calls"][2]) == (2, 1)
     # row 5: the turn is cut at the budget, every column the model's
     assert out["response_mask"][5].sum() == BUDGET and out["responses"][5].tolist() == ids(tok, "z" * BUDGET)
-    # row 6: the echo's 200 characters do not fit after the call: the trajectory ends there, unobserved
+    # row 10: after its call, 12 columns are left: the tool message's template alone (9 tokens) and the 8 kept for
+    # the answer do not fit, so the trajectory ends there, unobserved
+    first = len(ids(tok, SCRIPT[10][0])) + 1
+    assert BUDGET - first == 12
+    assert out["response_attention_mask"][10].sum() == first == out["response_mask"][10].sum()
+    assert [m["role"] for m in out["agent_messages"][10]] == ["assistant"] and out["agent_tool_calls"][10] == 1
+
+
+def test_an_observation_too_long_for_the_budget_is_cut_to_leave_room_for_the_answer(tok, runtime, ran):
+    """Row 6: the echo's 200 characters do not fit after the call: the observation is the longest prefix of them
+    (and "...") that leaves ``min_answer_tokens`` of the budget, and the model answers after it."""
+    out, _ = ran
     first = len(ids(tok, SCRIPT[6][0])) + 1
-    assert out["response_attention_mask"][6].sum() == first == out["response_mask"][6].sum()
-    assert [m["role"] for m in out["agent_messages"][6]] == ["assistant"] and out["agent_tool_calls"][6] == 1
+    room = BUDGET - first - MIN_ANSWER
+    tool = out["agent_messages"][6][1]
+    assert tool["role"] == "tool" and tool["content"].endswith("...")
+    kept = tool["content"][:-3]
+    assert ("abcdefghij" * 20).startswith(kept) and len(kept) > 0
+    observation = runtime.template.observation_ids([tool])
+    assert len(observation) <= room
+    longer = {**tool, "content": ("abcdefghij" * 20)[:len(kept) + 1] + "..."}
+    assert len(runtime.template.observation_ids([longer])) > room  # one character more would not fit
+    n = first + len(observation) + 2  # then the answer "x" and EOS
+    assert out["response_attention_mask"][6].sum() == n and out["responses"][6, n - 2] == ids(tok, "x")[0]
+    assert out["agent_cut_observations"].tolist() == [0] * 6 + [1] + [0] * 4 + [1]
+    # row 11: the same rule for an error: the model reads its start, then answers
+    error = out["agent_messages"][11][1]["content"]
+    assert error.startswith("error: ValueError: mmm") and error.endswith("...")
+    assert [m["role"] for m in out["agent_messages"][11]] == ["assistant", "tool", "assistant"]
 
 
 def test_every_failure_is_an_error_observation_counted_by_kind(ran):
     out, _ = ran
     errors = list(out["agent_errors"])
     assert errors[3] == {"malformed": 1} and errors[4] == {"unknown_tool": 1}
-    assert errors[7] == {"raised": 1} and errors[8] == {"timeout": 1}
+    assert errors[7] == {"raised": 1} and errors[8] == {"timeout": 1} and errors[11] == {"raised": 1}
     assert out["agent_messages"][4][1]["content"] == "error: unknown tool 'nope' (tools: add, echo, raise_error, " \
                                                      "sleep_forever)"
     assert out["agent_messages"][7][1]["content"] == "error: ValueError: bad"
     assert out["agent_messages"][3][1]["content"].startswith("error: malformed tool call: not valid JSON")
     m = agent_metrics(out)
-    assert m["agent/tool_errors"] == 4.0 and m["agent/tool_errors/timeout"] == 1.0
-    assert m["agent/tool_calls_per_sample"] == pytest.approx(8 / 10)  # rows 1-4 and 6-9 ran one call each
-    assert m["agent/truncated"] == pytest.approx(0.3) and m["agent/turns"] == pytest.approx(17 / 10)
+    assert m["agent/tool_errors"] == 5.0 and m["agent/tool_errors/timeout"] == 1.0
+    assert m["agent/tool_calls_per_sample"] == pytest.approx(10 / 12)  # rows 1-4 and 6-11 ran one call each
+    assert m["agent/truncated"] == pytest.approx(3 / 12) and m["agent/turns"] == pytest.approx(21 / 12)
+    # every error became an observation the model read (rows 3, 4, 7, 8 and 11), one of them cut; two cuts in all
+    assert m["agent/error_observations"] == pytest.approx(5 / 12) and m["agent/observations_cut"] == pytest.approx(2 / 12)
 
 
 def test_a_row_waiting_for_its_tool_does_not_hold_the_others(ran):
