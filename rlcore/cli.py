@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from contextlib import contextmanager
@@ -48,10 +49,14 @@ def stage_errors(stage: str) -> Iterator[None]:
       node gone): one line naming the worker group, rank and method, exit code 75 (the worker groups
       and the placement group are gone by then; the re-run resumes from the last step checkpoint).
     * Ctrl-C or SIGTERM: one line, exit code 130 or 143; during a training loop the first one lets the
-      step in flight finish and writes a step checkpoint first (``rlcore.interrupt``).
+      step in flight finish and writes a step checkpoint first (``rlcore.interrupt``). The process that started
+      this one exiting counts as SIGTERM (``dvc repro`` killed: DVC does not pass its SIGTERM on, and the stage
+      would otherwise train on, orphaned, with its workers and tool processes); either way the worker groups
+      stop before the stage exits, and their tool processes with them.
     * Anything else is a bug: it propagates with its full traceback (exit code 1).
     """
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _term_with_parent(signal.SIGTERM)
     try:
         yield
     except UserError as err:
@@ -72,8 +77,23 @@ def stage_errors(stage: str) -> Iterator[None]:
         print(f"{stage}: interrupted", file=sys.stderr)
         raise SystemExit(128 + signal.SIGINT) from None
     finally:
+        _term_with_parent(0)  # as it was: a caller's own process (a test, a notebook) keeps running
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _term_with_parent(signum: int) -> None:
+    """Have the kernel send this process ``signum`` when its parent exits (Linux ``PR_SET_PDEATHSIG``; 0: none;
+    elsewhere nothing): a stage whose ``dvc repro`` was killed stops as if it got SIGTERM itself. A parent already
+    gone by then counts at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signum), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    if signum and os.getppid() != parent:
+        os.kill(os.getpid(), signum)
 
 
 def _leave_ray() -> None:

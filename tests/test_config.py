@@ -231,6 +231,58 @@ def test_bad_input_is_one_line_and_exit_2_while_a_bug_keeps_its_traceback(capsys
     assert info.value.code == 130
 
 
+# a parent that starts a "stage" (stage_errors around a training loop that never ends by itself), says its pid and
+# exits when told to: as `dvc repro` does when it is killed (it does not pass SIGTERM on to the stage)
+ORPHANING_PARENT = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=open(sys.argv[2], "w"), stderr=subprocess.STDOUT)
+print(child.pid, flush=True)
+sys.stdin.readline()
+"""
+STAGE = """
+import time
+from rlcore.cli import stage_errors
+from rlcore.interrupt import training_loop
+with stage_errors("demo"):
+    with training_loop() as stop:
+        print("in the loop", flush=True)
+        while not stop.requested:
+            time.sleep(0.05)
+        print("step done, stopping", flush=True)
+        stop.stop_now()
+"""
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is alive and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_stage_whose_parent_exits_stops_as_on_sigterm(tmp_path):
+    """`dvc repro` killed leaves no stage training on, orphaned: the stage gets SIGTERM when its parent exits,
+    lets the step in flight finish and ends with SIGTERM's one line."""
+    import time
+
+    out = tmp_path / "stage.out"
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANING_PARENT, STAGE, str(out)], cwd=REPO_ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 60
+    while "in the loop" not in out.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(pid)
+    parent.stdin.close()  # the parent exits
+    parent.wait(timeout=30)
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(pid), "the orphaned stage is still running"
+    text = out.read_text()
+    assert "step done, stopping" in text and "demo: terminated (SIGTERM)" in text, text
+
+
 def test_a_bug_in_a_real_stage_prints_its_traceback_and_exits_1(tmp_path):
     code = ("import sys; import rlcore.trainer.prepare as p; "
             "p.write_splits = lambda cfg, out: {}['missing_key']; "

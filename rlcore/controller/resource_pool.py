@@ -106,15 +106,35 @@ def start_ray(address: str, num_cpus: int) -> str:
         # Ray starts its worker processes 15 nice levels below the driver; the ranks do the compute, so on
         # a shared machine they would lose the CPU to everything else. A user's own setting wins.
         os.environ.setdefault("RAY_worker_niceness", "0")
-        _start_local(num_cpus)
+        with _keeping_signal_handlers():
+            _start_local(num_cpus)
         return f"ray: started a private Ray instance on this machine: {_cluster_counts()}"
     check_reachable(address)
-    ctx = ray.init(address=address, log_to_driver=True, configure_logging=False)
+    with _keeping_signal_handlers():
+        ctx = ray.init(address=address, log_to_driver=True, configure_logging=False)
     info = getattr(ctx, "address_info", None) or {}
     head = info.get("gcs_address") or address
     dashboard = getattr(ctx, "dashboard_url", None)
     where = f"head {head}" + (f", dashboard http://{dashboard}" if dashboard else "")
     return f"ray: joined the cluster at ray.address {address} ({where}): {_cluster_counts()}"
+
+
+@contextlib.contextmanager
+def _keeping_signal_handlers() -> Iterator[None]:
+    """Around ``ray.init``: Ray's driver installs C-level handlers for SIGTERM (and SIGINT) that log the signal and
+    end the process at once, over the Python handlers the process had; a stage's (``rlcore.interrupt``: finish
+    the step in flight, checkpoint, stop the workers) are put back afterwards. In the main thread only, where
+    Python handlers live."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            if callable(handler):  # a Python handler (Python's record of it outlives Ray's C-level one)
+                signal.signal(sig, handler)
 
 
 def _start_local(num_cpus: int) -> None:

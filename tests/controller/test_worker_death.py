@@ -167,3 +167,24 @@ def test_a_stage_pointed_where_nothing_listens_stops_in_one_line_before_its_impo
         f"sft: error: ray.address '127.0.0.1:{port}': nothing answers at 127.0.0.1:{port} (Connection refused); "
         f"start the head node there (ray start --head --port {port}) or set ray.address: local"]
     assert not (tmp_path / "mlflow.db").exists()
+
+
+SIGTERM_AFTER_RAY = """
+import os, signal, sys, time
+from rlcore.controller.resource_pool import start_ray
+signal.signal(signal.SIGTERM, lambda s, f: (print("the stage's handler", flush=True), sys.exit(0)))
+print(start_ray("local", 1), flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+print("not stopped", flush=True)
+"""
+
+
+def test_a_private_ray_leaves_the_stage_its_own_sigterm_handler():
+    """ray.init installs a C-level SIGTERM handler that logs the signal and ends the driver at once, over the
+    stage's (rlcore.interrupt: finish the step, checkpoint, stop the workers); start_ray puts the stage's back."""
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_AFTER_RAY], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "started a private Ray instance" in proc.stdout and "the stage's handler" in proc.stdout
+    assert "SIGTERM received" not in proc.stderr
