@@ -5,12 +5,14 @@ Two ours children alternate in blocks, so each change is measured paired.
     .venv/bin/python -m bench.ab --ours-set resources.ref_reshard_after_forward=true
     .venv/bin/python -m bench.ab --ours-set resources.n_workers=1 --ours-set resources.cpus_per_worker=2
     .venv/bin/python -m bench.ab --steps 12      # no overrides: A/A, the noise floor
+    .venv/bin/python -m bench.ab --config realistic --ours-set resources.cpu_kernels=native   # a bench config
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 
 from bench import report
@@ -18,7 +20,7 @@ from bench.children import Child
 from bench.monitor import LoadMeter
 from bench.prepare import ensure_prepared
 from bench.run_bench import alternate, ours_env, parse_sets, renice
-from bench.settings import WORK_DIR
+from bench.settings import CONFIGS, FIXTURE_SET_ENV, SET_ENV, WORK_DIR
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -29,6 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block", type=int, default=3)
     p.add_argument("--nice", type=int, default=None)
     p.add_argument("--quiet-wait", type=float, default=60.0)
+    p.add_argument("--config", default="default", choices=sorted(CONFIGS),
+                   help="the benchmark configuration both sides run (make bench's names)")
     return p.parse_args(argv)
 
 
@@ -39,6 +43,8 @@ def phase_means(records: list[dict]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     renice(args.nice)
+    sets, fixture = CONFIGS[args.config]
+    os.environ[SET_ENV], os.environ[FIXTURE_SET_ENV] = json.dumps(sets), json.dumps(fixture)
     ensure_prepared()
     overrides = parse_sets(args.ours_set)
     envs = {"A": ours_env({}), "B": ours_env(overrides)}
@@ -56,11 +62,11 @@ def main(argv: list[str] | None = None) -> None:
             child.close()
     used, clean = report.choose_steps(measured)
     med = {n: statistics.median(r["wall_s"] for r in used[n]) for n in kids}
-    out = {"B": {"overrides": overrides}, "clean_only": clean,
+    out = {"config": args.config, "B": {"overrides": overrides}, "clean_only": clean,
            "steps_used": {n: len(used[n]) for n in kids}, "median_s": med, "B_over_A": med["B"] / med["A"],
            "phases": {n: phase_means(used[n]) for n in kids}, "quiet_wait_s": waited}
     tag = "+".join(f"{k}={v}" for k, v in overrides.items()) or "A-A"
-    (WORK_DIR / f"ab_{tag}.json").write_text(json.dumps({**out, "records": measured}, indent=1))
+    (WORK_DIR / f"ab_{args.config}_{tag}.json").write_text(json.dumps({**out, "records": measured}, indent=1))
     print(json.dumps(out, indent=1))
 
 

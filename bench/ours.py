@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -123,6 +124,9 @@ def ray_probe(runner, reps: int) -> dict[str, float]:
 
 
 def main() -> None:
+    from rlcore.kernels import pin
+
+    print(pin(rl_config(ours_overrides()).resources.cpu_kernels), file=sys.stderr, flush=True)  # before torch, as a stage
     t0 = time.perf_counter()
     with running_runner() as runner:
         wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),

@@ -54,6 +54,9 @@ def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: 
     ev = json.loads((root / "metrics" / "eval.json").read_text())
     out = {"seed": seed, "sft": ev["sft/greedy_pass@1"], "final": ev["final/greedy_pass@1"],
            "gain": ev["gain/greedy_pass@1"], "minutes": (time.monotonic() - start) / 60}
+    for key in ("agent/tool_calls_per_sample", "agent/error_observations", "agent/truncated_budget"):
+        if f"final/{key}" in ev:  # the tool loop's, in the evaluation of the final model
+            out[f"final {key}"] = ev[f"final/{key}"]
     for rm in sorted((root / "metrics").glob("rm_*.json")):
         out[f"{rm.stem} accuracy"] = json.loads(rm.read_text())["rm/test_accuracy"]
     return out
@@ -67,14 +70,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override (YAML value)")
     ap.add_argument("--keep", default=None, help="keep each seed's copy under this folder")
     ap.add_argument("--cache", default=None, help="one DVC cache for every copy (its run cache shares stages)")
+    ap.add_argument("--out", default=None, metavar="FILE.json",
+                    help="add each seed's row to this file under the recipe's name (a seed already there is skipped)")
     args = ap.parse_args(argv)
     from rlcore.commands.common import parse_overrides
     from rlcore.recipes import compose
 
     compose([REPO / r for r in args.recipe], parse_overrides(args.set))  # a bad recipe stops here, in one line
     cache = Path(args.cache) if args.cache else None
-    rows = []
+    name = " + ".join(Path(r).stem for r in args.recipe) + "".join(f" --set {s}" for s in args.set)
+    out = Path(args.out) if args.out else None
+    done = json.loads(out.read_text()) if out is not None and out.is_file() else {}
+    rows = [r for r in done.get(name, []) if str(r["seed"]) in args.seeds.split(",")]
     for seed in (int(s) for s in args.seeds.split(",")):
+        if any(r["seed"] == seed for r in rows):
+            continue
         root = Path(args.keep) / f"seed{seed}" if args.keep else Path(tempfile.mkdtemp(prefix=f"recipe{seed}-"))
         root.mkdir(parents=True, exist_ok=True)
         try:
@@ -83,6 +93,11 @@ def main(argv: list[str] | None = None) -> None:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)
         print(json.dumps(rows[-1]), flush=True)
+        if out is not None:
+            done = json.loads(out.read_text()) if out.is_file() else {}
+            done[name] = sorted([r for r in done.get(name, []) if r["seed"] != seed] + [rows[-1]],
+                                key=lambda r: r["seed"])
+            out.write_text(json.dumps(done, indent=1) + "\n")
     keys = list(dict.fromkeys(k for r in rows for k in r))
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for r in rows:

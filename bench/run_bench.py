@@ -162,11 +162,20 @@ def ours_env(overrides: dict) -> dict[str, str]:
     return {"BENCH_OURS_SET": json.dumps(overrides), "RAY_worker_niceness": "0"}
 
 
+def trl_kernels(info: dict) -> dict[str, str]:
+    """TRL computes with the CPU kernels ours does (``resources.cpu_kernels``, rlcore.kernels): the same code
+    paths on both sides, whatever this CPU offers."""
+    from rlcore.kernels import PORTABLE, has_avx2
+
+    mode = rl_config(info["ours_overrides"]).resources.cpu_kernels
+    return dict(PORTABLE) if mode == "portable" and has_avx2() else {}
+
+
 def start_children(info: dict, total: int, mem: MemoryMonitor, kids: dict[str, Child]) -> None:
     """Start ours, then TRL (one at a time, so their set-ups do not compete) and wait until both are ready."""
     info["setup_s"] = {}
     for name, module, env in (("ours", "bench.ours", ours_env(info["ours_overrides"])),
-                              ("trl", "bench.trl_side", {"BENCH_TOTAL_STEPS": str(total)})):
+                              ("trl", "bench.trl_side", {"BENCH_TOTAL_STEPS": str(total), **trl_kernels(info)})):
         kids[name] = Child(name, module, env=env)
         mem.add(name, kids[name].pid)
         info[f"{name}_ready"] = kids[name].expect("ready")
