@@ -126,7 +126,8 @@ def ray_probe(runner, reps: int) -> dict[str, float]:
 def main() -> None:
     from rlcore.kernels import pin
 
-    print(pin(rl_config(ours_overrides()).resources.cpu_kernels), file=sys.stderr, flush=True)  # before torch, as a stage
+    if warning := pin(rl_config(ours_overrides()).resources.cpu_kernels):  # before torch, as a stage does
+        print(warning, file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     with running_runner() as runner:
         wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),

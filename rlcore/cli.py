@@ -133,7 +133,8 @@ def stage_config(path: str, sections: tuple[str, ...], stage: str) -> tuple[Conf
     if "resources" in sections:  # before the stage imports torch: its kernels are chosen then
         from rlcore.kernels import pin
 
-        print(pin(cfg.resources.cpu_kernels), flush=True)
+        if warning := pin(cfg.resources.cpu_kernels):
+            print(warning, file=sys.stderr, flush=True)
     if "ray" in sections:
         from rlcore.controller.address import check_reachable
 

@@ -229,9 +229,10 @@ class ResourcesConfig(_Section):
     cpus_per_worker: float = Field(1.0, gt=0)
     """Logical CPUs per rank; also its torch thread count (rounded, at least 1)."""
     cpu_kernels: Literal["portable", "native"] = "portable"
-    """CPU kernels of every process rlcore starts (rlcore.kernels): portable = the AVX2 code paths of PyTorch, MKL
-    (conditional numerical reproducibility) and oneDNN, so the same params and seed give the same bits on any x86-64
-    CPU with AVX2; native = each library's fastest choice for this CPU, whose results differ between CPU models."""
+    """CPU kernels of every process rlcore starts (rlcore.kernels): portable = PyTorch's and oneDNN's AVX2 code paths
+    and MKL's vendor-neutral reproducible branch, so the same params and seed give the same bits on any x86-64 CPU
+    with AVX2, Intel or AMD (MKL's matrix products run slower); native = each library's fastest choice for this CPU,
+    whose results differ between CPU models."""
     use_gpu: bool = False
     """One GPU per rank and the nccl backend (needs CUDA)."""
     placement: Literal["pack", "spread"] = "pack"

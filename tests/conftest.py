@@ -12,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from rlcore import import_index
+from rlcore import import_index, kernels
 
 # before any test module imports transformers: its lazy-import table from rlcore's cache (rlcore/import_index.py),
 # as in the processes rlcore runs
 import_index.install()
+# before any test module imports torch: the CPU kernels of resources.cpu_kernels' default (rlcore/kernels.py), as the
+# stages and their workers compute with, so that a round run in a test's own process and the same round run as a
+# stage (or on a worker group this process starts) give the same bits
+kernels.pin("portable")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

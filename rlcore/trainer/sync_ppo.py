@@ -309,8 +309,9 @@ class RoundRunner:
             with timer(t, "update_actor"):
                 # without a recompute, the update's first mini-batch (before any optimizer step, the
                 # rollout's weights) measures the rollout/trainer mismatch from the rollout log-probs
-                keys = ACTOR_UPDATE_KEYS if self.recompute_log_prob and not fused else ACTOR_UPDATE_KEYS + (
-                    "rollout_log_probs",)
+                keys: tuple[str, ...] = ACTOR_UPDATE_KEYS
+                if not (self.recompute_log_prob and not fused):
+                    keys += ("rollout_log_probs",)
                 keys += ("is_weights",) if "is_weights" in batch else ()
                 o = cfg.actor.off_policy
                 spec = dataclasses.replace(self.actor_spec, seed=self.seed + step, off_policy=OffPolicySpec(
