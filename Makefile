@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
+.PHONY: run test test-recipes docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
 
 # uv installs what pip would, in a quarter of the time (42 s against 2 min 55 s here). It reads no pip
 # configuration, so a local wheel folder pip is pointed at (PIP_FIND_LINKS: on these machines, torch 2.13.0's
@@ -42,7 +42,13 @@ run: $(STAMP)
 # with the most tests first, which left the end-to-end files to run last and alone. --durations: the slowest tests.
 test: $(STAMP)
 	@$(BYTECODE)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -m "not recipes"
+
+# every recipe in examples/ through `dvc repro` at smoke-test sizes, one after another in one scratch repository (about
+# 16 minutes on 2 cores: over make test's budget, so a target of its own; CI runs it after make test)
+test-recipes: $(STAMP)
+	@$(BYTECODE)
+	$(PY) -m pytest -q -m recipes tests/test_recipes.py --durations=20
 
 # The documentation site (MkDocs + Material) into site/: open site/index.html, no server or network needed.
 # --strict: a broken link or a missing page fails the build (make test builds it the same way).

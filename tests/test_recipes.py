@@ -7,7 +7,9 @@ repository, one recipe after another, as a user who tries them in turn:
 * at the recipe's own sizes, DVC builds the pipeline the recipe asks for (every stage, the foreach stages of its
   task files, reward functions, tools, reward models and rounds included), from params.yaml as DVC reads it;
 * at smoke-test sizes (`rlcore config use examples/<recipe>.yaml examples/quick.yaml`, as the examples page says),
-  `dvc repro` runs every stage to the end and the outputs a user would look at are there.
+  `dvc repro` runs every stage to the end and the outputs a user would look at are there. These runs (marker
+  ``recipes``) take about 16 minutes of a 2-core machine for the 14 recipes, more than the whole of `make test`'s
+  budget: `make test-recipes` runs them, and CI runs it after `make test` (.ci/run).
 
 DVC re-runs only the stages a recipe's params change, and restores from its run cache a stage an earlier recipe
 ran with the same code, inputs and params. The stages join the session's Ray head (``--set ray.address=auto``) with
@@ -32,8 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 # the default recipe first: the data, SFT and scoring it runs are most of the other recipes' too
 RECIPES = sorted((p.stem for p in (REPO / "examples").glob("*.yaml") if p.stem != "quick"), key=lambda n: n != "grpo")
 # the resources of this suite, not of the recipes: the session's Ray head, one rank per group of half a CPU (as
-# examples/async.yaml needs on the 2-CPU head, so that its SFT and scoring are the others' too)
-SUITE = ["--set", "ray.address=auto", "--set", "resources.n_workers=1", "--set", "resources.cpus_per_worker=0.5"]
+# examples/async.yaml needs on the 2-CPU head, so that its SFT and scoring are the others' too), no MLflow (each
+# stage would import it and write its runs: tests/test_e2e_pipeline.py checks the tracking)
+SUITE = ["--set", "ray.address=auto", "--set", "resources.n_workers=1", "--set", "resources.cpus_per_worker=0.5",
+         "--set", "tracking.enabled=false"]
 
 
 def expected_stages(cfg) -> set[str]:
@@ -104,6 +108,7 @@ SHOWS = {
 }
 
 
+@pytest.mark.recipes
 @pytest.mark.parametrize("name", RECIPES)
 def test_every_recipe_runs_to_the_end_at_smoke_test_sizes(repo, ray_head, name):
     from rlcore.config import load_config
