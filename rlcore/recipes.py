@@ -59,14 +59,24 @@ def merge(base: dict[str, Any], over: dict[str, Any], schema: type[BaseModel] = 
     below it whole, as it would in a params file of its own. So a recipe file read alone (``rlcore config check
     --params examples/dapo.yaml``) is the same config as the defaults with it over them."""
     out = dict(base)
-    fields = {(f.alias or name): f for name, f in schema.model_fields.items()}
+    sections = _sections(schema)
     for key, value in over.items():
-        below, field = out.get(key), fields.get(key)
-        section = field is not None and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-        if section and isinstance(value, dict) and isinstance(below, dict):
-            out[key] = merge(below, value, field.annotation)
+        below = out.get(key)
+        if key in sections and isinstance(value, dict) and isinstance(below, dict):
+            out[key] = merge(below, value, sections[key])
         else:
             out[key] = value
+    return out
+
+
+def _sections(schema: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """The fields of ``schema`` that are sections of their own (by their params key), with their schemas; a field
+    that may be null (``reward.model``) is a value: a recipe gives it whole."""
+    out = {}
+    for name, field in schema.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out[field.alias or name] = kind
     return out
 
 
@@ -77,11 +87,7 @@ def compose(recipes: list[str | Path], overrides: dict[str, Any] | None = None) 
     origin: dict[str, str] = {}
     for path in recipes:
         recipe = read_recipe(path)
-        try:  # each recipe on its own, so that an error names the file it is in
-            parse_config(merge(Config().model_dump(mode="json"), recipe), str(path))
-        except ConfigError as err:
-            raise ConfigError(f"{err} (a recipe sets only the keys it changes; `rlcore config show` lists them all)") \
-                from None
+        parse_config(merge(Config().model_dump(mode="json"), recipe), str(path))  # alone: an error names its file
         raw = merge(raw, recipe)
         origin.update({key: str(path) for key in leaf_keys(recipe)})
     if overrides:
@@ -94,13 +100,11 @@ def compose(recipes: list[str | Path], overrides: dict[str, Any] | None = None) 
 def leaf_keys(mapping: dict[str, Any], schema: type[BaseModel] = Config, prefix: str = "") -> list[str]:
     """Dotted keys of the values a params mapping of ``schema`` sets: into sections, not into the values that are
     mappings themselves (``ppo.rounds`` is one key, as :func:`merge` replaces it whole)."""
-    fields = {(f.alias or name): f for name, f in schema.model_fields.items()}
+    sections = _sections(schema)
     keys = []
     for key, value in mapping.items():
-        field = fields.get(key)
-        section = field is not None and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-        if section and isinstance(value, dict):
-            keys += leaf_keys(value, field.annotation, f"{prefix}{key}.")
+        if key in sections and isinstance(value, dict):
+            keys += leaf_keys(value, sections[key], f"{prefix}{key}.")
         else:
             keys.append(f"{prefix}{key}")
     return keys
@@ -135,7 +139,8 @@ def _section(model: BaseModel, prefix: str, indent: int, origin: dict[str, str],
         choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else ()
         lines += _comment(field.description, pad, choices=choices)
         text = f"{pad}{key}: {_flow(value)}"
-        marks = sorted({where for k, where in origin.items() if k == dotted or k.startswith(dotted + ".")})
+        marks = sorted({where for k, where in origin.items()  # the key, one below it, or a value it is part of
+                        if k == dotted or k.startswith(dotted + ".") or dotted.startswith(k + ".")})
         lines.append(text + (f"  # <- {', '.join(marks)}" if marks else ""))
 
 
