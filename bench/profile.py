@@ -44,8 +44,8 @@ REWARDS = "rewards (decode + reward functions)"
 CONTROLLER_RULES = [("waiting on workers (ray.get)", ("WorkerGroup._get",)),
                     ("dispatch (.remote: serialise Batch)", ("ActorMethod._remote", "Batch.chunk")),
                     (REWARDS, ("score_responses",)),
-                    ("advantages", ("RoundRunner._advantages",)),
-                    ("metrics", ("RoundRunner._rollout_metrics",)),
+                    ("advantages", ("PPOStep._advantages",)),
+                    ("metrics", ("rollout_metrics",)),
                     ("other step work (Batch select/union/concat)", ("RoundRunner.step",)),
                     ("between steps (bench harness)", ("next_command", "wire.emit"))]
 

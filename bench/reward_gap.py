@@ -91,7 +91,7 @@ def one_batch() -> dict[str, float]:
     from rlcore.rewards.rule import compute_score
     from rlcore.rollout import EngineSpec, SamplingParams
     from rlcore.trainer.rollout_data import place_scores
-    from rlcore.trainer.sync_ppo import actor_update_spec
+    from rlcore.trainer.ppo_step import actor_update_spec
     from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
     from rlcore.workers.optim import OptimSpec
     from rlcore.workers.rollout import GenerateSpec

@@ -1,4 +1,5 @@
-"""An asynchronous PPO round (``ppo.mode: async``): generators fill a bounded queue while the trainer trains.
+"""The rollout source of an asynchronous PPO round (``ppo.mode: async``): generators fill a bounded queue while the
+trainer trains.
 
 The round has two kinds of workers on separate resource bundles: the trainer's worker group (actor, reference,
 critic: the synchronous round's groups) and ``rollout.n_workers`` generators
@@ -17,7 +18,9 @@ finish out of order: a batch that still arrives more than s versions old is drop
 synchronous round does, with the same prompts, seeds and weights: the same batches and metrics.
 
 With s > 0 the trainer recomputes the old log-probs (the proximal policy, the weights before this update)
-and ``actor.off_policy`` corrects for the behaviour policy that sampled (the rollout's log-probs).
+and ``actor.off_policy`` corrects for the behaviour policy that sampled (the rollout's log-probs). The round is the
+synchronous one's (:class:`~rlcore.trainer.round.RoundRunner`, the same :class:`~rlcore.trainer.ppo_step.PPOStep`)
+with :class:`AsyncRollouts` as its source.
 
 A generator that dies (process killed, node lost) is restarted in its bundle and its unfinished batches are
 generated again (``ppo.async.max_generator_restarts``; after that the round goes on with fewer), counted in
@@ -38,14 +41,16 @@ from typing import Any
 import numpy as np
 
 from rlcore.config import Config
-from rlcore.controller.async_rollout import GeneratorPool, Rollout, WorkItem
-from rlcore.controller.worker_group import Pending
+from rlcore.controller.async_rollout import GeneratorPool, Rollout as Generated, WorkItem
+from rlcore.controller.worker_group import Pending, WorkerGroup
 from rlcore.protocol import Batch, Metrics
 from rlcore.rollout import engine_spec
 from rlcore.trainer.common import model_spec, timer
+from rlcore.trainer.groups import RoundGroups
+from rlcore.trainer.round import RoundRunner
+from rlcore.trainer.rollout_data import PromptSampler
+from rlcore.trainer.rollouts import Rollout, RoundScoring
 from rlcore.trainer.sampling import generate_spec, generation_input
-from rlcore.trainer.rollout_data import sample_rows
-from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner, recomputes_old_log_probs
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.generator import GeneratorWorker
 from rlcore.workers.rollout import GenerateSpec
@@ -64,23 +69,26 @@ def start_generators(cfg: Config, init_dir: str) -> GeneratorPool[GeneratorWorke
                          shards=cfg.resources.n_workers, seed=cfg.seed)
 
 
-class AsyncRoundRunner(RoundRunner):
-    """:class:`RoundRunner` whose step trains on the next batch out of the rollout queue (see the module
-    docstring); ``steps`` is the round's length (no batch is handed out for a step past it)."""
+class AsyncRollouts:
+    """The batches of an asynchronous round, out of the generators' queue (see the module docstring); ``steps`` is
+    the round's length (no batch is handed out for a step past it)."""
 
-    def __init__(self, cfg: Config, *, groups: RoundGroups, generators: GeneratorPool[GeneratorWorker], tokenizer,
-                 prompts: Batch,
-                 seed: int, steps: int):
-        super().__init__(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
-        self.gens, self.steps = generators, steps
+    def __init__(self, cfg: Config, *, generators: GeneratorPool[GeneratorWorker],
+                 actor: WorkerGroup[ActorRolloutRefWorker], scoring: RoundScoring, prompts: Batch, seed: int,
+                 steps: int):
+        self.cfg, self.gens, self.actor, self.scoring = cfg, generators, actor, scoring
+        self.prompts, self.seed, self.steps = prompts, seed, steps
+        self.sampler = PromptSampler(len(prompts), seed)
         self.max_staleness = cfg.ppo.async_.max_staleness
-        self.recompute_log_prob = recomputes_old_log_probs(cfg, cfg.actor.recompute_log_prob or self.max_staleness > 0)
         self.spec = generate_spec(cfg, temperature=cfg.rollout.temperature, seed=0)
         self.next_item = 0  # id of the next batch handed out (ids count up; a batch generated again keeps its id)
         self.outstanding: dict[int, tuple[np.ndarray, WorkItem]] = {}  # handed out, not trained on: prompt rows
+        self.version = 0  # the trainer's policy version, as the round last said
+        self.trained_at = 0  # the policy version the step's batch is trained on (the version before its update)
         self.published = -1
-        self.ready: tuple[Rollout, Batch, Metrics] | None = None  # the next step's batch, scored while the ranks trained
+        self.ready: tuple[Generated, Batch, Metrics] | None = None  # the next step's batch, scored while the ranks trained
         self.carried: Metrics = {"async/dropped_samples": 0, "async/generator_deaths": 0}
+        self.busy_before = 0.0
         # Scoring the next batch while the update runs hides the controller's work behind the ranks' when they
         # compute on GPUs; on CPUs it takes cores from the update instead (measured on 2 cores: the update 0.099 s
         # -> 0.112-0.142 s, async/sync 0.99 -> 0.84-0.95), so it is off there.
@@ -88,11 +96,11 @@ class AsyncRoundRunner(RoundRunner):
 
     # ---------------------------------------------------------------- weights
     def publish(self) -> None:
-        """Put the trainer's current weights into the object store as version ``policy_version``."""
+        """Put the trainer's current weights into the object store as version :attr:`version`."""
         ref = self.actor.call(ActorRolloutRefWorker.rollout_weights)
         assert ref is not None, "rank 0 returns the weights' reference"
-        self.gens.publish(self.policy_version, ref)
-        self.published = self.policy_version
+        self.gens.publish(self.version, ref)
+        self.published = self.version
 
     # ------------------------------------------------------------------ work
     def _hand_out(self, step: int) -> None:
@@ -109,7 +117,7 @@ class AsyncRoundRunner(RoundRunner):
     def _spec(self, item: WorkItem) -> GenerateSpec:
         return dataclasses.replace(self.spec, seed=item.seed)
 
-    def _next_rollout(self, m: Metrics, version: int, until: Pending | None = None) -> Rollout | None:
+    def _next_rollout(self, m: Metrics, version: int, until: Pending | None = None) -> Generated | None:
         """The next batch out of the queue fresh enough to train on at policy ``version``; stale ones are dropped
         and handed out again. With ``until``, None as soon as that call is done and no batch is there."""
         deadline = time.monotonic() + self.cfg.ray.timeout_s
@@ -134,85 +142,87 @@ class AsyncRoundRunner(RoundRunner):
                 continue
             return got
 
-    def _scored(self, got: Rollout, step: int) -> tuple[Batch, Metrics]:
+    def _scored(self, got: Generated, step: int) -> tuple[Batch, Metrics]:
         """The generated batch with its prompts' fields and rewards, and the reward metrics (``reward/*``)."""
         rows, _ = self.outstanding[got.item_id]
         start = time.perf_counter()
-        batch, rewards = self._score(self.prompts.select(rows).repeat(self.cfg.rollout.n).union(got.batch),
-                                     f"ppo step {step}")
+        batch, rewards = self.scoring.score(self.prompts.select(rows).repeat(self.cfg.rollout.n).union(got.batch),
+                                            f"ppo step {step}")
         return batch, {**rewards.metrics(), "timing_s/reward": time.perf_counter() - start}
 
-    def _prefetch(self, step: int, update: Pending) -> None:
+    def next(self, step: int, version: int, t: Metrics) -> Rollout:
+        """The oldest batch fresh enough for a trainer at ``version`` (scored while the last update ran, when
+        prefetching): what the step paid for it is waiting for it (``timing_s/wait``) and scoring it."""
+        m: Metrics = self.carried  # what the last step's prefetch saw belongs to this step
+        self.carried = {"async/dropped_samples": 0, "async/generator_deaths": 0}
+        self.version = self.trained_at = version
+        if self.published != version:  # the first step (load_state publishes what it restores)
+            self.publish()
+        self.busy_before = self.gens.busy_s
+        self._hand_out(step)
+        m["async/queue_depth"] = self.gens.queue.depth() + (self.ready is not None)
+        with timer(t, "wait"):
+            if self.ready is None:
+                got = self._next_rollout(m, version)
+                assert got is not None
+                self.ready = (got, *self._scored(got, step))
+        got, batch, reward_m = self.ready
+        self.ready = None
+        self.outstanding.pop(got.item_id)
+        # (no rollout/sample_tries: DAPO's dynamic sampling is refused in async mode, so it would always be 1)
+        m.update({**reward_m, "rollout/groups_kept": len(batch) // self.cfg.rollout.n})
+        return Rollout(batch, m, got.version, gen_s=got.gen_s)
+
+    def during_update(self, step: int, pending: Pending) -> None:
         """While the update of ``step`` runs on the ranks: take the next step's batch out of the queue as soon as
         it is there and score it, so the trainer finds it ready (the controller is idle otherwise)."""
-        if step + 1 >= self.steps:
+        if not self.prefetch or step + 1 >= self.steps:
             return
-        got = self._next_rollout(self.carried, self.policy_version + 1, until=update)
+        got = self._next_rollout(self.carried, self.version + 1, until=pending)
         if got is not None:
             self.ready = (got, *self._scored(got, step + 1))
 
-    def step(self, step: int) -> Metrics:
-        t: Metrics = {}
-        m: Metrics = self.carried  # what the last step's prefetch saw belongs to this step
-        self.carried = {"async/dropped_samples": 0, "async/generator_deaths": 0}
-        if self.published != self.policy_version:  # the first step (load_state publishes what it restores)
+    def updated(self, step: int, version: int, t: Metrics) -> None:
+        """The new weights published as ``version``, and the batches of the next step handed out."""
+        self.version = version
+        with timer(t, "publish"):
             self.publish()
-        busy_before = self.gens.busy_s
-        with timer(t, "step"):
-            self._hand_out(step)
-            m["async/queue_depth"] = self.gens.queue.depth() + (self.ready is not None)
-            with timer(t, "gen"):  # what the step paid for its rollouts: waiting for them, then scoring them
-                with timer(t, "wait"):
-                    if self.ready is None:
-                        got = self._next_rollout(m, self.policy_version)
-                        assert got is not None
-                        self.ready = (got, *self._scored(got, step))
-                got, batch, reward_m = self.ready
-                self.ready = None
-                self.outstanding.pop(got.item_id)
-            # (no rollout/sample_tries: DAPO's dynamic sampling is refused in async mode, so it would always be 1)
-            m.update({**reward_m, "rollout/groups_kept": len(batch) // self.cfg.rollout.n})
-            staleness = self.policy_version - got.version
-            batch, train_m = self.train(batch, step, t, while_updating=(lambda update: self._prefetch(step, update))
-                                        if self.prefetch else None)
-            with timer(t, "publish"):
-                self.publish()
-            self._hand_out(step + 1)
-        gen_busy = self.gens.busy_s - busy_before
-        # a step trains on one batch, generated with one policy version: its staleness is the step's
-        m.update({"async/staleness": float(staleness),
-                  "async/trainer_idle_frac": t["timing_s/wait"] / max(t["timing_s/step"], 1e-9),
-                  "async/generator_idle_frac": 1.0 - min(1.0, gen_busy / max(self.gens.alive * t["timing_s/step"],
-                                                                             1e-9)),
-                  "async/generators": float(self.gens.alive), "async/generation_s": got.gen_s})
-        self.samples += sample_rows(batch, self.tok, step, self.cfg.ppo.log_samples, policy_version=got.version)
-        self.last_batch = batch
-        rollout_m = self._rollout_metrics(batch, t)
-        # the generator's own seconds (weights and generation), not the trainer's wait for them
-        rollout_m["perf/gen_tokens_per_s"] = float(batch["response_mask"].sum()) / max(got.gen_s, 1e-9)
-        return {**m, **train_m, **rollout_m, **t}
+        self._hand_out(step + 1)
+
+    def step_metrics(self, rollout: Rollout, batch: Batch, t: Metrics) -> Metrics:
+        """``async/*`` of a step: its staleness (one batch, generated with one policy version), how idle the trainer
+        and the generators were, and the generators' own tokens per second (weights and generation)."""
+        gen_busy = self.gens.busy_s - self.busy_before
+        gen_s = rollout.gen_s or 0.0
+        return {"async/staleness": float(self.trained_at - rollout.version),
+                "async/trainer_idle_frac": t["timing_s/wait"] / max(t["timing_s/step"], 1e-9),
+                "async/generator_idle_frac": 1.0 - min(1.0, gen_busy / max(self.gens.alive * t["timing_s/step"],
+                                                                           1e-9)),
+                "async/generators": float(self.gens.alive), "async/generation_s": gen_s,
+                "perf/gen_tokens_per_s": float(batch["response_mask"].sum()) / max(gen_s, 1e-9)}
 
     # ------------------------------------------------------------ checkpoints
     def save_state(self, folder: Path) -> dict[str, Any]:
-        """The synchronous round's state, plus the batches handed out and not trained on (their prompt rows and
-        seeds): a resumed round hands them out again first, so it trains on the same prompts."""
-        state = super().save_state(folder)
-        state["async"] = {"next_item": self.next_item,
-                          "outstanding": [(item.id, rows, item.seed) for rows, item in self.outstanding.values()]}
-        return state
+        """The prompt sampler, the policy version, and the batches handed out and not trained on (their prompt rows
+        and seeds): a resumed round hands them out again first, so it trains on the same prompts."""
+        return {"sampler": {"order": self.sampler.order.copy(), "pos": self.sampler.pos,
+                            "rng": self.sampler.rng.bit_generator.state},
+                "version": self.version, "next_item": self.next_item,
+                "outstanding": [(item.id, rows, item.seed) for rows, item in self.outstanding.values()]}
 
     def load_state(self, folder: Path, state: dict[str, Any]) -> None:
-        """Continue from :meth:`save_state`: the restored weights are published first, then the outstanding batches
-        handed out again, so they are generated with the weights they were meant for (handed out before the publish,
-        a generator would take the round's starting weights and the batch would be dropped as stale)."""
-        super().load_state(folder, state)
+        """Continue from :meth:`save_state` (the trainer's workers restored first): the restored weights are published
+        first, then the outstanding batches handed out again, so they are generated with the weights they were meant
+        for (handed out before the publish, a generator would take the round's starting weights and the batch would
+        be dropped as stale)."""
+        s = state["sampler"]
+        self.sampler.order, self.sampler.pos = s["order"], s["pos"]
+        self.sampler.rng.bit_generator.state = s["rng"]
+        self.version = state["version"]
         self.publish()
-        a = state.get("async")
-        if a is None:
-            return
-        self.next_item = a["next_item"]
+        self.next_item = state["next_item"]
         n = self.cfg.rollout.n
-        for item_id, rows, seed in a["outstanding"]:
+        for item_id, rows, seed in state["outstanding"]:
             item = WorkItem(item_id, generation_input(self.prompts.select(rows).repeat(n), self.spec), seed)
             self.outstanding[item_id] = (rows, item)
             self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
@@ -220,16 +230,28 @@ class AsyncRoundRunner(RoundRunner):
 
 @contextmanager
 def running_async_round(cfg: Config, groups: RoundGroups, *, init_dir: str, tokenizer,
-                        prompts: Batch, seed: int, steps: int | None = None) -> Iterator[AsyncRoundRunner]:
-    """``ppo.mode: async``: an :class:`AsyncRoundRunner` over ``groups`` and freshly started generators, which are
-    stopped (with the queue, the version actor and their placement group) on the way out whatever happens."""
+                        prompts: Batch, seed: int, steps: int | None = None) -> Iterator[RoundRunner]:
+    """``ppo.mode: async``: a :class:`~rlcore.trainer.round.RoundRunner` over ``groups`` whose source is
+    :class:`AsyncRollouts` on freshly started generators, which are stopped (with the queue, the version actor and
+    their placement group) on the way out whatever happens."""
     if steps is None:
         raise ValueError("ppo.mode async: the round runner needs the round's steps")
     generators = start_generators(cfg, init_dir)
     print(f"ppo async: {generators.alive} generator(s), queue of {cfg.ppo.async_.queue_size} batch(es), "
           f"max_staleness {cfg.ppo.async_.max_staleness}", flush=True)
     try:
-        yield AsyncRoundRunner(cfg, groups=groups, generators=generators, tokenizer=tokenizer, prompts=prompts,
-                               seed=seed, steps=steps)
+        yield async_round_runner(cfg, groups, generators, tokenizer=tokenizer, prompts=prompts, seed=seed, steps=steps)
     finally:
         generators.shutdown()
+
+
+def async_round_runner(cfg: Config, groups: RoundGroups, generators: GeneratorPool, *, tokenizer, prompts: Batch,
+                       seed: int, steps: int) -> RoundRunner:
+    """The round of ``groups`` with :class:`AsyncRollouts` over ``generators`` as its source; with
+    ``ppo.async.max_staleness`` > 0 a batch may come from older weights, so the old log-probs are the trainer's."""
+    scoring = RoundScoring(cfg, tokenizer, groups.reward_model)
+    rollouts = AsyncRollouts(cfg, generators=generators, actor=groups.actor, scoring=scoring, prompts=prompts,
+                             seed=seed, steps=steps)
+    stale = cfg.ppo.async_.max_staleness > 0
+    return RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed, rollouts=rollouts,
+                       scoring=scoring, recompute=cfg.actor.recompute_log_prob or stale)

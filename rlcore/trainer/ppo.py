@@ -1,10 +1,11 @@
-"""One PPO-family round from the stage's point of view: start the worker groups, pick the round runner by
+"""One PPO-family round from the stage's point of view: start the worker groups, compose the round runner for
 ``ppo.mode`` from :data:`ROUND_MODES`, and run the loop of steps (validation, the rollouts file, step
 checkpoints and resume, divergence), then save the model.
 
-The runners: ``sync`` (:mod:`rlcore.trainer.sync_ppo`, the trainer's ranks generate each step's batch) and
-``async`` (:mod:`rlcore.trainer.async_ppo`, generators fill a bounded queue while the trainer trains). Both
-step the same way (``runner.step(i)`` returns the step's metrics), so the loop below serves either.
+A runner (:class:`~rlcore.trainer.round.RoundRunner`) is a rollout source and a PPO step: ``sync``'s source is the
+trainer's own ranks (:class:`~rlcore.trainer.rollouts.SyncRollouts`), ``async``'s the generators' queue
+(:class:`~rlcore.trainer.async_ppo.AsyncRollouts`). Either steps the same way (``runner.step(i)`` returns the
+step's metrics), so the loop below serves both.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from rlcore.trainer.async_ppo import running_async_round
 from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
 from rlcore.trainer.common import StepLog, check_model, start_pool, stop_if_diverged
 from rlcore.trainer.generation import reward_scorer
-from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner, running_sync_round
+from rlcore.trainer.groups import RoundGroups
+from rlcore.trainer.round import RoundRunner, running_sync_round
 from rlcore.viewer import RolloutsFile, rollouts_frame, write_page
 
 

@@ -21,21 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.algos.losses import (
-    POLICY_LOSSES,
-    AggScale,
-    PolicyLossOptions,
-    agg_loss,
-    kl_penalty,
-    policy_loss,
-)
-from rlcore.algos.off_policy import (
-    MAX_KEYS,
-    SUM_KEYS,
-    importance_weights,
-    merge_stats,
-    off_policy_metrics,
-)
+from rlcore.algos.losses import POLICY_LOSSES, AggScale, PolicyLossOptions, agg_loss, kl_penalty, policy_loss
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed, peak_memory, sync_check
 from rlcore.engine.lora import reference_weights
@@ -47,6 +33,7 @@ from rlcore.registry import options_from
 from rlcore.rollout.base import EngineSpec
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
+from rlcore.workers.proximal import OffPolicySpec, ProximalTerms
 from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_on, make_trainer_engine
 from rlcore.workers.state import TrainedModelState
@@ -74,17 +61,6 @@ class KLLossSpec:
 
 
 @dataclass(frozen=True)
-class OffPolicySpec:
-    """``actor.off_policy`` applied on the ranks, when the update's own forward is the proximal policy."""
-
-    correction: str
-    """``rlcore.algos.off_policy.CORRECTIONS`` name."""
-    cap: float = 2.0
-    low: float = 0.5
-    high: float = 2.0
-
-
-@dataclass(frozen=True)
 class ActorUpdateSpec:
     """One PPO actor update (params.yaml ``actor``)."""
 
@@ -103,10 +79,13 @@ class ActorUpdateSpec:
     """None: no KL loss term."""
     seed: int
     """Seeds the mini-batch shuffle."""
+    proximal: str = "rollout"
+    """Where the old log-probs come from (``rlcore.workers.proximal.SOURCES``): the batch's ``rollout_log_probs``;
+    its ``old_log_probs`` (a trainer forward before the update); or the update's own first forward, when it is one
+    epoch of one mini-batch (no optimizer step comes before any row's forward)."""
     off_policy: OffPolicySpec | None = None
-    """Set when the batch has ``rollout_log_probs`` and no ``old_log_probs``: the update is one epoch of one
-    mini-batch, so its forward, before the optimizer step, is the proximal policy: its log-probs are the old
-    ones and the correction's weights are taken against the rollout's there (no separate forward)."""
+    """``actor.off_policy``'s correction of the proximal policy over the behaviour (rollout) one: importance weights
+    on each token's loss (None: no correction)."""
 
 
 class ActorRolloutRefWorker(TrainedModelState, RankWorker):
@@ -121,9 +100,6 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         self.optim_spec = optim
         self.with_ref = with_ref
         self.rollout_stale = True
-        self.mismatch: dict[str, float] | None = None  # accumulated by update_actor's first mini-batch
-        self.off_stats: dict[str, float] | None = None  # off-policy weights' statistics of an update (OffPolicySpec)
-        self.fused_kl = {"kl_ref_sum": 0.0, "kl_ref_tokens": 0.0}  # actor/kl_ref's sums, from the update's forward
         self.peaks: Metrics = {}  # perf/peak_mem_*_mib of the phases since the last update (reported by it)
 
     @register(Dispatch.ONE_TO_ALL)
@@ -234,35 +210,23 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
             return Batch({"ref_log_probs": self._log_probs(self.actor, batch, spec, with_entropy=False)["log_probs"]})
 
     # ---------------------------------------------------------------- update
-    def _actor_loss(self, part: Batch, spec: ActorUpdateSpec, scale: AggScale) -> MicroResult:
+    def _actor_loss(self, part: Batch, spec: ActorUpdateSpec, scale: AggScale, proximal: ProximalTerms) -> MicroResult:
         """The micro-batch's share of ``pg - entropy_coeff * H + kl_coef * KL``, each term aggregated
-        with its own mode over the global mini-batch (``scale``)."""
+        with its own mode over the global mini-batch (``scale``); the old log-probs and the importance weights from
+        ``proximal`` (``rlcore.workers.proximal``)."""
         ids, mask = sequences(part)
         rmask = part["response_mask"].to(self.device)
         lp, ent = self.actor.response_log_probs(ids.to(self.device), mask.to(self.device),
                                                 part["responses"].to(self.device), temperature=spec.temperature,
                                                 with_entropy=True, entropy_grad=spec.entropy_coeff != 0)
         options = options_from(spec.loss, POLICY_LOSSES.get(spec.policy_loss).options)
-        weights = part["is_weights"].to(self.device) if "is_weights" in part else None
-        if "old_log_probs" in part:
-            old = part["old_log_probs"].to(self.device)
-        else:  # the proximal policy is this forward (spec.off_policy): its importance weights are taken here
-            assert spec.off_policy is not None, "no old_log_probs and no proximal-from-update spec"
-            old, o = lp.detach(), spec.off_policy
-            weights, stats = importance_weights(old, part["rollout_log_probs"].to(self.device), rmask, o.correction,
-                                                cap=o.cap, low=o.low, high=o.high)
-            self.off_stats = stats if self.off_stats is None else merge_stats(self.off_stats, stats)
-            if "ref_log_probs" in part:  # actor/kl_ref of the old policy, as _kl_to_ref takes it otherwise
-                kl = kl_penalty(old, part["ref_log_probs"].to(self.device), "kl") * rmask
-                self.fused_kl["kl_ref_sum"] += float(kl.sum())
-                self.fused_kl["kl_ref_tokens"] += float(rmask.sum())
+        old = proximal.old(part, lp, self.device)
+        weights = proximal.weights(old, part, self.device)
         if weights is not None:
             options["is_weights"] = weights
         pg, m = policy_loss(spec.policy_loss, old_log_prob=old, log_prob=lp,
                             advantages=part["advantages"].to(self.device), response_mask=rmask, agg_scale=scale,
                             **options)
-        if self.mismatch is not None and "rollout_log_probs" in part:
-            self._track_mismatch(lp.detach(), part["rollout_log_probs"].to(self.device), rmask)
         mode, factor = spec.loss.loss_agg_mode, spec.loss.loss_scale_factor
         entropy = agg_loss(ent, rmask, mode, loss_scale_factor=factor, scale=scale)
         loss = pg - spec.entropy_coeff * entropy
@@ -274,68 +238,30 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
             sums["actor/kl_loss"] = float(kl.detach())
         return MicroResult(loss, sums, {f"actor/{k}": float(v) for k, v in m.items()})
 
-    def _track_mismatch(self, trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> None:
-        """Accumulate how far the rollout's log-probs are from this (pre-update) forward's, over response tokens."""
-        valid = mask.bool()
-        diff = (trainer_lp - rollout_lp).abs()[valid]
-        m = self.mismatch
-        assert m is not None, "only called while update_actor tracks the mismatch"
-        m["abs_sum"] += float(diff.sum())
-        m["abs_max"] = max(m["abs_max"], float(diff.max())) if diff.numel() else m["abs_max"]
-        m["k3_sum"] += float(kl_penalty(trainer_lp, rollout_lp, "k3")[valid].sum())
-        m["tokens"] += float(valid.sum())
-
-    def _mismatch_metrics(self) -> Metrics:
-        """``rollout/logprob_abs_diff_mean``/``_max`` and ``rollout/logprob_k3_kl`` over every rank's tokens
-        of the first mini-batch (collectives: every rank calls this)."""
-        m = self.mismatch
-        assert m is not None, "only called while update_actor tracks the mismatch"
-        tokens = distributed.all_reduce_sum(m["tokens"], self.device)
-        out = {"rollout/logprob_abs_diff_max": distributed.all_reduce_max(m["abs_max"], self.device)}
-        abs_sum = distributed.all_reduce_sum(m["abs_sum"], self.device)
-        k3_sum = distributed.all_reduce_sum(m["k3_sum"], self.device)
-        if tokens:
-            out.update({"rollout/logprob_abs_diff_mean": abs_sum / tokens, "rollout/logprob_k3_kl": k3_sum / tokens})
-        return out
-
-    @staticmethod
-    def _kl_to_ref(batch: Batch) -> Metrics:
-        """Summed ``old_log_probs - ref_log_probs`` over this rank's response tokens, and their count
-        (summed over ranks and divided afterwards, this is the global token mean)."""
-        mask = batch["response_mask"]
-        kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], "kl") * mask
-        return {"kl_ref_sum": float(kl.sum()), "kl_ref_tokens": float(mask.sum())}
-
     @register(Dispatch.DP_UPDATE)
     def update_actor(self, batch: Batch, spec: ActorUpdateSpec) -> Metrics:
         """PPO epochs over mini-batches of this rank's shard.
 
         With the KL loss on and no ``ref_log_probs`` in the batch (the controller only fetches them
         when it needs them itself, for a KL penalty in the reward), the colocated reference model
-        computes them here first: one worker call per step fewer, and nothing sent back and forth."""
+        computes them here first: one worker call per step fewer, and nothing sent back and forth. The old
+        log-probs, the importance weights, the rollout mismatch and the KL to the reference come from
+        :class:`~rlcore.workers.proximal.ProximalTerms` (``spec.proximal``)."""
         extra: Metrics = {}
         if spec.kl is not None and "ref_log_probs" not in batch:
             start = time.perf_counter()
             ref = self.compute_ref_log_prob(batch, LogProbSpec(spec.micro_batch_size, spec.temperature))
             batch = batch.union(ref)
             extra["perf/ref_in_update_s"] = time.perf_counter() - start
-        if "ref_log_probs" in batch and "old_log_probs" in batch:
-            extra.update(self._kl_to_ref(batch))
-
-        self.off_stats, self.fused_kl = None, {"kl_ref_sum": 0.0, "kl_ref_tokens": 0.0}
-        if "old_log_probs" not in batch and (spec.epochs != 1 or spec.mini_batch_size < len(batch)):
-            raise ValueError("update_actor: without old_log_probs the update must be one epoch of one mini-batch "
-                             f"(got {spec.epochs} epoch(s), mini-batches of {spec.mini_batch_size} of {len(batch)} rows)")
-        # the first mini-batch's forwards run the weights the rollout sampled with: the training-inference
-        # mismatch of the same tokens, for free (no extra forward)
-        self.mismatch = {"abs_sum": 0.0, "abs_max": 0.0, "k3_sum": 0.0, "tokens": 0.0} \
-            if "rollout_log_probs" in batch else None
-        mismatch_metrics: Metrics = {}
+        if spec.proximal == "update" and (spec.epochs != 1 or spec.mini_batch_size < len(batch)):
+            raise ValueError("update_actor: old log-probs from the update's own forward need one epoch of one "
+                             f"mini-batch (got {spec.epochs} epoch(s), mini-batches of {spec.mini_batch_size} of "
+                             f"{len(batch)} rows)")
+        proximal = ProximalTerms(spec.proximal, spec.off_policy)
+        proximal.start(batch)
 
         def optimizer_step(loss: float) -> Metrics:
-            if self.mismatch is not None:  # the first step: later mini-batches run updated weights
-                mismatch_metrics.update(self._mismatch_metrics())
-                self.mismatch = None
+            proximal.first_minibatch = False  # later mini-batches run updated weights
             lr = self.sched.get_last_lr()[0]
             norm, skipped = clipped_step(self.actor, self.opt, self.sched, spec.grad_clip, loss,
                                          offload=self.optim_spec.offload)
@@ -346,17 +272,13 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
                 batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size,
                 micro_batch_size=spec.micro_batch_size,
                 generator=torch.Generator().manual_seed(spec.seed * 7919 + self.rank), device=self.device,
-                micro_loss=lambda part, scale: self._actor_loss(part, spec, scale), optimizer_step=optimizer_step)
+                micro_loss=lambda part, scale: self._actor_loss(part, spec, scale, proximal),
+                optimizer_step=optimizer_step)
         self.rollout_stale = True
-        if "old_log_probs" not in batch and "ref_log_probs" in batch:
-            extra.update(self.fused_kl)
+        if "ref_log_probs" in batch:
+            extra.update(proximal.kl_ref)
         metrics = distributed.all_reduce_mean({**update_metrics(rows, "actor"), **extra}, self.device)
-        metrics.update(mismatch_metrics)
-        if "old_log_probs" not in batch:  # every rank computed its share: collectives
-            stats: dict[str, float] = self.off_stats or {}
-            merged = {k: distributed.all_reduce_sum(stats.get(k, 0.0), self.device) for k in SUM_KEYS}
-            merged.update({k: distributed.all_reduce_max(stats.get(k, 0.0), self.device) for k in MAX_KEYS})
-            metrics.update(off_policy_metrics(merged))
+        metrics.update(proximal.metrics(self.device))
         if "kl_ref_sum" in metrics:
             metrics["actor/kl_ref"] = metrics.pop("kl_ref_sum") / max(metrics.pop("kl_ref_tokens"), 1.0)
         # the largest rank's peak of each phase since the last update (every rank ran the same phases)

@@ -28,9 +28,9 @@ from rlcore.errors import WorkerDied
 from rlcore.protocol import Batch
 from rlcore.rewards.rule import RULES
 from rlcore.rollout import engine_spec
-from rlcore.trainer.async_ppo import AsyncRoundRunner, running_async_round
+from rlcore.trainer.async_ppo import AsyncRollouts, async_round_runner, running_async_round
 from rlcore.trainer.common import model_spec, start_pool
-from rlcore.trainer.sync_ppo import RoundGroups
+from rlcore.trainer.groups import RoundGroups
 from tests.trainer import slow_generator
 from tests.trainer.reward_fns import hash_reward
 
@@ -110,7 +110,7 @@ def plain_log_probs(folder, batch) -> torch.Tensor:
 def test_stale_batches_are_corrected_a_killed_generator_is_restarted_and_nothing_is_left(tiny, groups, tmp_path):
     """max_staleness 1 with one generator: after the first step every batch was generated one version back (the
     generator works on the next batch while the trainer trains), the trainer recomputes the proximal log-probs,
-    and the advantages are the estimator's times min(pi_prox / pi_behav, cap). The generator, SIGKILLed mid-round,
+    and each token's loss is weighted by min(pi_prox / pi_behav, cap). The generator, SIGKILLed mid-round,
     is restarted and the round completes; afterwards no actor, queue or placement group is left. The controller
     takes and scores each next batch while the update runs, as it does on GPUs.
 
@@ -122,17 +122,17 @@ def test_stale_batches_are_corrected_a_killed_generator_is_restarted_and_nothing
                  actor={"ppo_mini_batch_size": 2, "lr": 0.05, "off_policy": {"correction": "tis", "cap": 1.02}})
     rows = []
     with async_round(cfg, tiny, groups, steps=6) as runner:
-        runner.prefetch = True  # what a GPU run does: the next batch taken and scored while the update runs
+        runner.rollouts.prefetch = True  # what a GPU run does: the next batch taken and scored while the update runs
         for i in range(6):
             runner.save(str(tmp_path / f"v{runner.policy_version}"))  # the weights of this version, before step i
             rows.append(runner.step(i))
             if i == 2:
-                (pid,) = runner.gens.pids()
+                (pid,) = runner.rollouts.gens.pids()
                 os.kill(pid, signal.SIGKILL)  # mid-round: it holds the next batch (generated or being generated)
         batch = runner.last_batch
-        handles = [s.actor for s in runner.gens.slots] + [runner.gens.weights, runner.gens.queue.queue.actor]
-        pg = runner.gens.pg
-        (new_pid,) = runner.gens.pids()
+        handles = [s.actor for s in runner.rollouts.gens.slots] + [runner.rollouts.gens.weights, runner.rollouts.gens.queue.queue.actor]
+        pg = runner.rollouts.gens.pg
+        (new_pid,) = runner.rollouts.gens.pids()
     assert [r["async/staleness"] for r in rows[:3]] == [0, 1, 1]
     assert all(r["async/staleness"] <= 1 and r["async/dropped_samples"] == 0 for r in rows)
     assert "async/staleness_mean" not in rows[0] and "rollout/sample_tries" not in rows[0]
@@ -145,8 +145,9 @@ def test_stale_batches_are_corrected_a_killed_generator_is_restarted_and_nothing
     assert [s["policy_version"] for s in runner.samples][-1] == behaviour
     torch.testing.assert_close(batch["old_log_probs"][mask], by_version[5][mask], rtol=0, atol=1e-4)
     ratio = (by_version[5] - by_version[behaviour]).exp()
-    expected = torch.where(mask, ratio.clamp(max=1.02), torch.zeros(()))
-    torch.testing.assert_close(batch["is_weights"], expected, rtol=0, atol=1e-4)
+    expected = ratio.clamp(max=1.02)[mask]  # the weights the update took against the rollout's log-probs
+    assert rows[-1]["off_policy/is_weight_mean"] == pytest.approx(float(expected.mean()), abs=1e-4)
+    assert rows[-1]["off_policy/is_weight_max"] == pytest.approx(float(expected.max()), abs=1e-4)
     assert rows[-1]["off_policy/ratio_max"] == pytest.approx(float(ratio[mask].max()), abs=1e-4)
     if behaviour < 5:
         assert float(ratio[mask].max()) > 1.02, "one version of lr 0.05 should move some token past the cap"
@@ -172,8 +173,7 @@ def test_idle_fractions_see_a_generator_that_takes_longer_than_the_update(tiny, 
     steps, delay = 4, slow_generator.DELAY_S
     try:
         assert ray.get(gens.slots[0].actor.__ray_call__.remote(lambda self: os.getcwd()), timeout=60) == str(tmp_path)
-        runner = AsyncRoundRunner(cfg, groups=groups, generators=gens, tokenizer=tok, prompts=prompts, seed=3,
-                                  steps=steps)
+        runner = async_round_runner(cfg, groups, gens, tokenizer=tok, prompts=prompts, seed=3, steps=steps)
         rows, walls = [], []
         for i in range(steps):
             start = time.perf_counter()
@@ -245,7 +245,7 @@ def test_a_resumed_round_generates_its_outstanding_batches_with_the_restored_wei
         runner.step(1)
         state = runner.save_state(tmp_path)
         runner.save(str(tmp_path / "v2"))
-        assert len(runner.outstanding) == 1
+        assert len(runner.rollouts.outstanding) == 1
     with async_round(cfg, tiny, groups, steps=4) as resumed:
         resumed.load_state(tmp_path, state)
         row = resumed.step(2)
@@ -263,7 +263,7 @@ def test_without_restarts_the_round_goes_on_with_fewer_generators_and_stops_when
                                                                          "max_generator_restarts": 0}})
     with async_round(cfg, tiny, groups, steps=6) as runner:
         runner.step(0)
-        first, second = runner.gens.pids()
+        first, second = runner.rollouts.gens.pids()
         os.kill(first, signal.SIGKILL)
         rows = [runner.step(i) for i in range(1, 4)]
         assert rows[-1]["async/generators"] == 1
@@ -272,26 +272,27 @@ def test_without_restarts_the_round_goes_on_with_fewer_generators_and_stops_when
         with pytest.raises(WorkerDied, match="generators.*no generator left"):
             for i in range(4, 6):
                 runner.step(i)
-    assert isinstance(runner, AsyncRoundRunner)
+    assert isinstance(runner.rollouts, AsyncRollouts)
 
 
 def test_the_proximal_policy_taken_from_the_update_trains_as_a_separate_forward_does(tiny, groups, tmp_path):
     """With one epoch of one mini-batch the update's first forward is the proximal policy, so the separate
     forward is skipped: the same step from the same state ends with the same weights and off-policy metrics."""
-    from rlcore.trainer.sync_ppo import RoundRunner
+    from rlcore.trainer.ppo_step import PPOStep
+    from rlcore.trainer.round import RoundRunner
 
     _, tok, prompts = tiny
     cfg = config(actor={"ppo_mini_batch_size": 4, "lr": 0.05, "recompute_log_prob": True,
                         "off_policy": {"correction": "icepop", "low": 0.99, "high": 1.01}}, ppo={"train_batch_size": 4})
     runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompts, seed=9)
     state = runner.save_state(tmp_path)
-    assert runner.proximal_in_update
+    assert runner.ppo.source == "update"
     runner.step(0)
     runner.step(1)  # the rollout now ran version 1, the trainer is at version 1 too: ratios ~1
     fused = runner.step(2)
     runner.save(str(tmp_path / "fused"))
+    runner.ppo = PPOStep(cfg, groups, seed=9, recompute=True, reward_weights=runner.scoring.weights, source="given")
     runner.load_state(tmp_path, state)
-    runner.proximal_in_update = False
     for i in range(2):
         runner.step(i)
     separate = runner.step(2)
@@ -315,7 +316,7 @@ def test_an_async_round_with_the_optimal_token_baseline_and_bypass_mode(tiny, gr
                         "bypass": {"loss_type": "reinforce", "rollout_is": "token"}},
                  ppo={"train_batch_size": 4, "mode": "async", "async": {"max_staleness": 1}})
     with async_round(cfg, tiny, groups, steps=3) as runner:
-        assert not runner.recompute_log_prob
+        assert runner.ppo.source == "rollout"
         rows = [runner.step(i) for i in range(3)]
         batch = runner.last_batch
     assert [r["async/staleness"] for r in rows] == [0, 1, 1]

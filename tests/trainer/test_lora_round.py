@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from rlcore.engine import lora
 from rlcore.export import export_model
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner
+from rlcore.trainer.groups import RoundGroups
+from rlcore.trainer.round import RoundRunner
 from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
 from tests.trainer.test_ppo_estimators import HASH_SOURCE, config, plain_log_probs, test_rewards, tiny  # noqa: F401
 

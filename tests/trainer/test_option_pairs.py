@@ -37,7 +37,8 @@ from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.rewards.rule import RULES
 from rlcore.trainer.async_ppo import running_async_round
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.sync_ppo import RoundGroups, RoundRunner
+from rlcore.trainer.groups import RoundGroups
+from rlcore.trainer.round import RoundRunner
 
 SOURCE = "test_option_pairs"
 TOOLS = str(Path(__file__).parents[1] / "agents" / "tools_for_tests.py")

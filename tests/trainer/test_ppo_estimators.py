@@ -31,17 +31,12 @@ from rlcore.errors import TrainingDiverged
 from rlcore.protocol import Batch
 from rlcore.rewards.rule import RULES
 from rlcore.tracking import NullTracker
-from rlcore.trainer import ppo, sync_ppo
+from rlcore.engine.sequence import SEQUENCE_KEYS
+from rlcore.trainer import ppo, ppo_step
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.sync_ppo import (
-    ACTOR_UPDATE_KEYS,
-    CRITIC_UPDATE_KEYS,
-    SEQUENCE_KEYS,
-    RoundGroups,
-    RoundRunner,
-    actor_update_spec,
-    critic_update_spec,
-)
+from rlcore.trainer.groups import RoundGroups
+from rlcore.trainer.ppo_step import ACTOR_UPDATE_KEYS, CRITIC_UPDATE_KEYS, PPOStep, actor_update_spec, critic_update_spec
+from rlcore.trainer.round import RoundRunner
 from rlcore.trainer.rollout_data import keep_informative_groups, overlong_penalty, place_scores
 from rlcore.viewer import ROLLOUT_COLUMNS, RolloutsFile, read_rollouts
 from rlcore.workers.actor import ActorRolloutRefWorker
@@ -215,8 +210,8 @@ def test_a_batch_with_reward_components_gives_them_to_gdpo():
     comps = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     token_rewards = torch.tensor([[0.0, 5.0], [0.0, 7.0]])
     with_field = Batch({"reward_components": comps})
-    assert torch.equal(RoundRunner._estimator_input(with_field, "reward_components", token_rewards), comps)
-    fallback = RoundRunner._estimator_input(Batch({"scores": torch.tensor([5.0, 7.0])}), "reward_components",
+    assert torch.equal(PPOStep._estimator_input(with_field, "reward_components", token_rewards), comps)
+    fallback = PPOStep._estimator_input(Batch({"scores": torch.tensor([5.0, 7.0])}), "reward_components",
                                             token_rewards)
     assert torch.equal(fallback, torch.tensor([[5.0], [7.0]]))
 
@@ -277,8 +272,8 @@ def test_kl_in_the_reward_uses_the_reference_and_the_adaptive_controller_moves_t
         assert m["actor/reward_kl_coef"] == pytest.approx(beta, rel=1e-9)
         assert m["actor/reward_kl_penalty"] == pytest.approx(seq_kl, abs=1e-5)
         beta *= 1 + min(max(seq_kl / 0.01 - 1, -0.2), 0.2) * n / 40
-    assert runner.kl_ctrl.value == pytest.approx(beta, rel=1e-6)
-    assert runner.kl_ctrl.value != pytest.approx(0.05, rel=1e-3)  # it did move
+    assert runner.ppo.kl_ctrl.value == pytest.approx(beta, rel=1e-6)
+    assert runner.ppo.kl_ctrl.value != pytest.approx(0.05, rel=1e-3)  # it did move
 
 
 def test_recomputed_old_log_probs_come_from_the_trainer_and_report_the_rollout_mismatch(tiny, groups, tmp_path):
@@ -398,8 +393,8 @@ def test_non_finite_advantages_and_returns_on_one_rank_skip_every_update_step_on
     def state(name: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The actor's log-probs of the rows and the critic's weights (its values are not used: the value
         head's dropout makes them differ from call to call)."""
-        runner.critic.call(CriticWorker.save, str(tmp_path / name))
-        log_probs = runner.actor.call(ActorRolloutRefWorker.compute_log_prob, sequences_only, runner.log_prob_spec)
+        runner.ppo.critic.call(CriticWorker.save, str(tmp_path / name))
+        log_probs = runner.actor.call(ActorRolloutRefWorker.compute_log_prob, sequences_only, runner.ppo.log_prob_spec)
         return log_probs["old_log_probs"], weights(tmp_path / name)
 
     before = state("before")
@@ -407,9 +402,9 @@ def test_non_finite_advantages_and_returns_on_one_rank_skip_every_update_step_on
     advantages, returns = batch["advantages"].clone(), batch["returns"].clone()
     advantages[half:], returns[half:] = math.inf, math.nan
     bad = Batch({**batch.tensors, "advantages": advantages, "returns": returns})
-    actor = runner.actor.call(ActorRolloutRefWorker.update_actor, bad.only(*ACTOR_UPDATE_KEYS), runner.actor_spec)
-    critic = runner.critic.call(CriticWorker.update_critic, bad.only(*CRITIC_UPDATE_KEYS), runner.critic_spec)
-    steps = len(batch) // 2 // runner.actor_spec.mini_batch_size  # optimizer steps per update (rows per rank / mini)
+    actor = runner.actor.call(ActorRolloutRefWorker.update_actor, bad.only(*ACTOR_UPDATE_KEYS), runner.ppo.actor_spec)
+    critic = runner.ppo.critic.call(CriticWorker.update_critic, bad.only(*CRITIC_UPDATE_KEYS), runner.ppo.critic_spec)
+    steps = len(batch) // 2 // runner.ppo.actor_spec.mini_batch_size  # optimizer steps per update (rows per rank / mini)
     assert steps == 2 and actor["actor/nonfinite_steps"] == critic["critic/nonfinite_steps"] == steps
     after = state("after")
     assert torch.equal(after[0], before[0])
@@ -428,7 +423,7 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
     folder, tok, _ = tiny
     data = tmp_path / "rl.parquet"
     write_rows(rows(HASH_SOURCE).to_dict("records"), data)
-    real = sync_ppo.compute_advantage
+    real = ppo_step.compute_advantage
     calls = []
 
     def turning_infinite(*args, **kwargs):
@@ -440,7 +435,7 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
     def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
         yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
 
-    monkeypatch.setattr(sync_ppo, "compute_advantage", turning_infinite)
+    monkeypatch.setattr(ppo_step, "compute_advantage", turning_infinite)
     monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
     cfg = config("gae", actor={"max_nonfinite_steps": 3},
                  ppo={"rounds": {"r1": {"init": str(folder), "steps": 6}}, "val_every": 0, "log_samples": 0})
@@ -513,7 +508,7 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
     assert {p.name for p in saved.iterdir()} >= {CONTROLLER_FILE, "actor.pt", "critic.pt", "actor.rng0.pt",
                                                  "actor.rng1.pt"}
     state = torch.load(saved / CONTROLLER_FILE, weights_only=False)
-    assert [r["step"] for r in state["log_rows"]] == [0] and state["runner"]["policy_version"] == 1
+    assert [r["step"] for r in state["log_rows"]] == [0] and state["runner"]["ppo"]["policy_version"] == 1
     assert not (tmp_path / "out").exists()
 
     # `rlcore export` of that checkpoint: the weights the actor holds now (no step ran after it), as saved by

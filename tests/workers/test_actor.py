@@ -21,10 +21,18 @@ from rlcore.protocol import Batch
 from rlcore.rollout import EngineSpec
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec
 from rlcore.workers.optim import OptimSpec
+from rlcore.workers.proximal import OffPolicySpec, ProximalTerms
 
 SPEC = ActorUpdateSpec(epochs=1, mini_batch_size=4, micro_batch_size=2, grad_clip=1.0, temperature=1.0,
                        policy_loss="vanilla", loss=PolicyLossOptions(), entropy_coeff=0.0,
-                       kl=KLLossSpec("low_var_kl", 0.001), seed=0)
+                       kl=KLLossSpec("low_var_kl", 0.001), seed=0, proximal="given")
+
+
+def actor_loss(worker, part: Batch, spec: ActorUpdateSpec, scale: AggScale):
+    """The worker's micro-batch loss, with the proximal terms of an update of ``part`` alone."""
+    proximal = ProximalTerms(spec.proximal, spec.off_policy)
+    proximal.start(part)
+    return worker._actor_loss(part, spec, scale, proximal)
 
 
 def test_sequences_drop_the_prompt_columns_that_no_row_uses():
@@ -82,7 +90,7 @@ def test_actor_loss_equals_the_loss_written_out_and_so_does_its_gradient(tiny_mo
     worker = fresh_worker(tiny_model_dir)
     spec = dataclasses.replace(SPEC, entropy_coeff=entropy_coeff)
     scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
-    result = worker._actor_loss(part, spec, scale)
+    result = actor_loss(worker, part, spec, scale)
     result.loss.backward()
     plain = load_causal_lm(tiny_model_dir)
     expected, entropy = plain_loss(plain, part, entropy_coeff, 0.001)
@@ -111,8 +119,8 @@ def test_a_zero_entropy_coeff_keeps_the_entropy_off_the_backward_graph(tiny_mode
     sequence_module.token_log_probs_and_entropy = spy
     try:
         scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
-        worker._actor_loss(part, SPEC, scale)
-        worker._actor_loss(part, dataclasses.replace(SPEC, entropy_coeff=0.5), scale)
+        actor_loss(worker, part, SPEC, scale)
+        actor_loss(worker, part, dataclasses.replace(SPEC, entropy_coeff=0.5), scale)
     finally:
         sequence_module.token_log_probs_and_entropy = real
     assert seen == [False, True]
@@ -198,26 +206,25 @@ def plain_dro(model, part: Batch, old: torch.Tensor | None, weights, beta: float
 
 
 def test_off_policy_weights_multiply_each_token_loss_given_or_taken_from_the_update_forward(tiny_model_dir, part):
-    """``actor.off_policy`` on a loss that is not homogeneous in the advantage (dro): the weights the controller
-    sends (``is_weights``) and the ones the update takes from its own forward (no ``old_log_probs``: the fused
-    proximal policy, TIS against ``rollout_log_probs``) both multiply each token's loss, as written out here."""
-    from rlcore.workers.actor import OffPolicySpec
-
-    spec = dataclasses.replace(SPEC, policy_loss="dro", loss=PolicyLossOptions(dro_beta=0.4), kl=None)
+    """``actor.off_policy`` on a loss that is not homogeneous in the advantage (dro): whether the old log-probs come
+    with the batch (a trainer forward before the update) or are the update's own first forward, the update takes
+    the TIS weights of them over ``rollout_log_probs`` and multiplies each token's loss by them, as written out
+    here."""
+    spec = dataclasses.replace(SPEC, policy_loss="dro", loss=PolicyLossOptions(dro_beta=0.4), kl=None,
+                               off_policy=OffPolicySpec("tis", cap=1.5))
     scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
-    weights = torch.rand(4, 3, generator=torch.Generator().manual_seed(1)) * 2
+    rollout = part["old_log_probs"] + 0.5  # a behaviour policy far enough off that TIS truncates some tokens
+    with_rollout = part.union(Batch({"rollout_log_probs": rollout}))
     plain = load_causal_lm(tiny_model_dir)
-    given = fresh_worker(tiny_model_dir)._actor_loss(part.union(Batch({"is_weights": weights})), spec, scale)
-    expected = plain_dro(plain, part, part["old_log_probs"], lambda lp: weights, 0.4)
+    tis = lambda old: torch.exp(old - rollout).clamp(max=1.5) * part["response_mask"]  # noqa: E731
+
+    given = actor_loss(fresh_worker(tiny_model_dir), with_rollout, spec, scale)
+    expected = plain_dro(plain, part, part["old_log_probs"], lambda lp: tis(part["old_log_probs"]), 0.4)
     assert given.loss.item() == pytest.approx(expected.item(), abs=1e-6)
-    unweighted = fresh_worker(tiny_model_dir)._actor_loss(part, spec, scale)
+    unweighted = actor_loss(fresh_worker(tiny_model_dir), part, dataclasses.replace(spec, off_policy=None), scale)
     assert abs(unweighted.loss.item() - expected.item()) > 1e-3
 
-    rollout = part["old_log_probs"] + 0.5  # a behaviour policy far enough off that TIS truncates some tokens
-    fused_part = Batch({**{k: v for k, v in part.tensors.items() if k != "old_log_probs"},
-                        "rollout_log_probs": rollout})
-    fused = fresh_worker(tiny_model_dir)._actor_loss(
-        fused_part, dataclasses.replace(spec, off_policy=OffPolicySpec("tis", cap=1.5)), scale)
-    tis = lambda lp: torch.exp(lp - rollout).clamp(max=1.5) * part["response_mask"]  # noqa: E731
+    fused_part = Batch({k: v for k, v in with_rollout.tensors.items() if k != "old_log_probs"})
+    fused = actor_loss(fresh_worker(tiny_model_dir), fused_part, dataclasses.replace(spec, proximal="update"), scale)
     expected = plain_dro(plain, part, None, tis, 0.4)
     assert fused.loss.item() == pytest.approx(expected.item(), abs=1e-6)

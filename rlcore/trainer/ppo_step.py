@@ -1,0 +1,264 @@
+"""One PPO-family update on a scored batch, as named steps: balance, old log-probs, reference, values,
+advantages, critic update, actor update.
+
+    ppo = PPOStep(cfg, groups, seed=seed, proximal=cfg.actor.recompute_log_prob, reward_weights=weights)
+    batch, metrics = ppo.train(batch, step, timings)
+
+What a step runs follows from the registries and the params: the estimator says whether it needs a critic, old
+log-probs or sum pi^2; ``algorithm.use_kl_in_reward`` whether the controller needs the reference log-probs (for
+the KL loss alone the update computes them on its ranks). Where the old (proximal) log-probs come from is chosen
+once (:func:`proximal_source`): the rollout's, a trainer forward here, or the update's own first forward; the
+importance weights, the rollout mismatch and the KL to the reference are measured against them in the actor update,
+each by one function (:mod:`rlcore.workers.proximal`). The workers hold the weights; the controller only moves
+:class:`~rlcore.protocol.Batch` records with typed specs and does the tensor math of rewards and advantages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage
+from rlcore.algos.kl_control import controller_options, make_kl_controller
+from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions, kl_penalty
+from rlcore.config import Config
+from rlcore.controller.balance import balance_over_ranks
+from rlcore.controller.worker_group import Pending
+from rlcore.engine.sequence import SEQUENCE_KEYS
+from rlcore.protocol import Batch, Metrics
+from rlcore.registry import options_from
+from rlcore.trainer.common import timer
+from rlcore.trainer.groups import RoundGroups
+from rlcore.trainer.rollout_data import place_scores
+from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
+from rlcore.workers.critic import CriticUpdateSpec, CriticWorker, ValuesSpec
+from rlcore.workers.proximal import OffPolicySpec
+
+# What each update reads; the rest of the step's Batch (text fields, rewards) stays on the controller.
+ACTOR_UPDATE_KEYS = SEQUENCE_KEYS + ("advantages", "rollout_log_probs", "ref_log_probs")
+CRITIC_UPDATE_KEYS = SEQUENCE_KEYS + ("values", "returns")
+# The Batch field holding each data input an estimator may declare. reward_components (float32 [batch,
+# n_components], each reward's unweighted sequence score) comes with several reward functions; a batch without it
+# gives gdpo one component, the token rewards' sum (see PPOStep._estimator_input).
+ESTIMATOR_FIELDS = {"index": "uid", "values": "values", "reward_baselines": "reward_baselines",
+                    "reward_components": "reward_components", "old_log_probs": "old_log_probs",
+                    "sum_pi_squared": "sum_pi_squared"}
+
+
+def proximal_in_update(cfg: Config) -> bool:
+    """Whether the proximal (old) log-probs, when they are recomputed, can be the actor update's own first forward
+    instead of a forward of their own: one epoch of one mini-batch (so no optimizer step comes before any row's
+    forward), and nothing on the controller reads them (a KL penalty in the reward does, and an estimator that takes
+    them or sum pi^2)."""
+    a = cfg.actor
+    estimator = ESTIMATORS.get(cfg.algorithm.adv_estimator)
+    return (a.ppo_epochs == 1 and a.ppo_mini_batch_size >= cfg.ppo.train_batch_size and not cfg.algorithm.use_kl_in_reward
+            and not estimator.reads_old_log_probs and not estimator.needs_sum_pi_squared)
+
+
+def proximal_source(cfg: Config, recompute: bool) -> str:
+    """Where a round's old log-probs come from (``rlcore.workers.proximal.SOURCES``): the rollout's own unless the
+    round recomputes them (``recompute``: ``actor.recompute_log_prob``, or an asynchronous round whose batches may
+    be stale), which a loss whose old policy is the behaviour policy (``bypass_mode``) never does; recomputed, by the
+    update's own first forward where it can be (:func:`proximal_in_update`), else by a forward of their own."""
+    if not recompute or POLICY_LOSSES.get(cfg.actor.policy_loss).old_is_behaviour:
+        return "rollout"
+    return "update" if proximal_in_update(cfg) else "given"
+
+
+def actor_update_spec(cfg: Config, seed: int, source: str = "rollout") -> ActorUpdateSpec:
+    """params.yaml ``actor`` as one update's typed settings; mini-batches in rows per rank; ``source``: where the
+    old log-probs come from (:func:`proximal_source`), the off-policy correction only when they are not the
+    rollout's."""
+    a, n, w = cfg.actor, cfg.rollout.n, cfg.resources.n_workers
+    loss = PolicyLossOptions(
+        loss_agg_mode=a.loss_agg_mode, loss_scale_factor=a.loss_scale_factor or float(cfg.task.max_response_length),
+        clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
+        clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
+        clip_cov_ratio=a.clip_cov_ratio, clip_cov_lb=a.clip_cov_lb, clip_cov_ub=a.clip_cov_ub,
+        kl_cov_ratio=a.kl_cov_ratio, ppo_kl_coef=a.ppo_kl_coef, sapo_tau_pos=a.sapo_tau_pos, sapo_tau_neg=a.sapo_tau_neg,
+        dro_beta=a.dro_beta, vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg,
+        vespo_lambda_neg=a.vespo_lambda_neg, bypass_loss_type=a.bypass.loss_type, bypass_is=a.bypass.rollout_is,
+        bypass_is_threshold=a.bypass.is_threshold, bypass_is_threshold_low=a.bypass.is_threshold_low,
+        bypass_rs=a.bypass.rollout_rs, bypass_rs_threshold=a.bypass.rs_threshold,
+        bypass_rs_threshold_low=a.bypass.rs_threshold_low)
+    o = a.off_policy
+    correction = OffPolicySpec(o.correction, o.cap, o.low, o.high) if source != "rollout" else None
+    return ActorUpdateSpec(epochs=a.ppo_epochs, mini_batch_size=a.ppo_mini_batch_size * n // w,
+                           micro_batch_size=a.micro_batch_size, grad_clip=a.grad_clip,
+                           temperature=cfg.rollout.temperature, policy_loss=a.policy_loss, loss=loss,
+                           entropy_coeff=a.entropy_coeff,
+                           kl=KLLossSpec(a.kl_loss_type, a.kl_loss_coef) if a.use_kl_loss else None, seed=seed,
+                           proximal=source, off_policy=correction)
+
+
+def critic_update_spec(cfg: Config, seed: int) -> CriticUpdateSpec:
+    """params.yaml ``critic`` as one update's typed settings (its own batch sizes)."""
+    c, n, w = cfg.critic, cfg.rollout.n, cfg.resources.n_workers
+    mini = c.ppo_mini_batch_size or cfg.actor.ppo_mini_batch_size
+    return CriticUpdateSpec(epochs=c.ppo_epochs, mini_batch_size=mini * n // w, micro_batch_size=c.micro_batch_size,
+                            grad_clip=c.grad_clip, cliprange_value=c.cliprange_value, seed=seed)
+
+
+class PPOStep:
+    """The update half of a round over its worker groups: :meth:`train` turns a scored batch into one policy (and
+    critic) update; it keeps the KL controller and counts the policy versions."""
+
+    def __init__(self, cfg: Config, groups: RoundGroups, *, seed: int, recompute: bool,
+                 reward_weights: tuple[float, ...], source: str | None = None):
+        """``recompute``: whether the old log-probs are the trainer's (:func:`proximal_source` chooses where they
+        come from, unless ``source`` says); ``reward_weights``: each reward component's weight, in the order of the
+        batch's ``reward_components``."""
+        alg = cfg.algorithm
+        self.cfg, self.seed = cfg, seed
+        self.estimator = ESTIMATORS.get(alg.adv_estimator)
+        self.actor = groups.actor
+        self.critic = groups.critic if self.estimator.needs_critic else None
+        if self.estimator.needs_critic and self.critic is None:
+            raise ValueError(f"estimator {alg.adv_estimator!r} needs a critic worker group")
+        k = alg.kl_ctrl
+        self.kl_ctrl = make_kl_controller(k.type, **options_from(k, controller_options(k.type)))
+        self.source = proximal_source(cfg, recompute) if source is None else source
+        self.log_prob_spec = LogProbSpec(cfg.actor.micro_batch_size, cfg.rollout.temperature)
+        self.values_spec = ValuesSpec(cfg.critic.micro_batch_size)
+        self.actor_spec, self.critic_spec = actor_update_spec(cfg, seed, self.source), critic_update_spec(cfg, seed)
+        self.adv_options = AdvantageOptions(gamma=alg.gamma, lam=alg.lam,
+                                            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+                                            gdpo_batch_norm=alg.gdpo_batch_norm, handle_zero_tail=alg.handle_zero_tail,
+                                            reward_weights=reward_weights)
+        self.policy_version = 0  # actor updates so far: the version of the weights the next rollouts use
+
+    def train(self, batch: Batch, step: int, t: Metrics,
+              during_update: Callable[[Pending], None] | None = None) -> tuple[Batch, Metrics]:
+        """One update on ``batch`` (scored rollouts): the batch with what was computed, and the step's metrics;
+        timings go into ``t``. ``during_update(pending)`` runs on the controller while the actor update runs on the
+        ranks. The policy version goes up by one with each actor update."""
+        m: Metrics = {}
+        batch = self._balanced(batch, m, t)
+        batch = self._old_log_probs(batch, t)
+        batch = self._reference(batch, t)
+        batch = self._values(batch, t)
+        with timer(t, "adv"):
+            batch = self._advantages(batch, m)
+        m.update(self._update_critic(batch, step, t))
+        m.update(self._update_actor(batch, step, t, during_update))
+        return batch, m
+
+    # ------------------------------------------------------------------ steps
+    def _balanced(self, batch: Batch, m: Metrics, t: Metrics) -> Batch:
+        """Whole groups reordered so each rank gets about as many tokens (``ppo.balance_batch``)."""
+        if not self.cfg.ppo.balance_batch:
+            return batch
+        with timer(t, "balance"):
+            batch, m["perf/dp_token_imbalance"] = balance_over_ranks(batch, self.cfg.rollout.n,
+                                                                     self.cfg.resources.n_workers)
+        return batch
+
+    def _old_log_probs(self, batch: Batch, t: Metrics) -> Batch:
+        """``old_log_probs``: a trainer forward for the ``given`` source (with ``sum_pi_squared`` when the estimator
+        reads it); the rollout's own otherwise (the ``update`` source leaves them to the update, and nothing here
+        reads them then)."""
+        stats = self.estimator.needs_sum_pi_squared
+        if self.source == "given" or stats:
+            with timer(t, "old_log_prob"):
+                forward = self.actor.call(ActorRolloutRefWorker.compute_log_prob, batch.only(*SEQUENCE_KEYS),
+                                          dataclasses.replace(self.log_prob_spec, sum_pi_squared=stats))
+            batch = batch.union(forward if self.source == "given" else forward.only("sum_pi_squared"))
+        if self.source == "rollout":  # the rollout ran these weights: its log-probs are the old policy's
+            batch = batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
+        return batch
+
+    def _reference(self, batch: Batch, t: Metrics) -> Batch:
+        """``ref_log_probs`` when the rewards need them here (a KL penalty in the reward); for the KL loss alone the
+        update computes them on its ranks."""
+        if not self.cfg.algorithm.use_kl_in_reward:
+            return batch
+        with timer(t, "ref"):
+            return batch.union(self.actor.call(ActorRolloutRefWorker.compute_ref_log_prob,
+                                               batch.only(*SEQUENCE_KEYS), self.log_prob_spec))
+
+    def _values(self, batch: Batch, t: Metrics) -> Batch:
+        if self.critic is None:
+            return batch
+        with timer(t, "values"):
+            return batch.union(self.critic.call(CriticWorker.compute_values, batch.only(*SEQUENCE_KEYS),
+                                                self.values_spec))
+
+    def _advantages(self, batch: Batch, m: Metrics) -> Batch:
+        """Token rewards (less an in-reward KL penalty, which updates the KL controller), then the estimator's
+        advantages and returns."""
+        alg, mask = self.cfg.algorithm, batch["response_mask"]
+        token_rewards = place_scores(batch["scores"], mask)
+        if alg.use_kl_in_reward:
+            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], alg.kl_penalty) * mask
+            seq_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
+            token_rewards = token_rewards - self.kl_ctrl.value * kl
+            m.update({"actor/reward_kl_penalty": seq_kl, "actor/reward_kl_coef": self.kl_ctrl.value})
+            self.kl_ctrl.update(seq_kl, len(batch))
+        inputs = {name: self._estimator_input(batch, name, token_rewards) for name in self.estimator.inputs}
+        adv, ret = compute_advantage(alg.adv_estimator, token_level_rewards=token_rewards, response_mask=mask,
+                                     **inputs, **options_from(self.adv_options, self.estimator.options))
+        fmask = mask.bool()
+        m.update({"critic/advantages_mean": adv[fmask].mean().item(),
+                  "critic/advantages_std": adv[fmask].std().item() if fmask.sum() > 1 else 0.0,
+                  "critic/returns_mean": ret[fmask].mean().item()})
+        return batch.union(Batch({"token_level_rewards": token_rewards, "advantages": adv, "returns": ret}))
+
+    @staticmethod
+    def _estimator_input(batch: Batch, name: str, token_rewards: torch.Tensor) -> Any:
+        """The batch field holding the estimator's data input ``name``. Without ``reward_components`` (one reward
+        function), gdpo gets one: the token rewards' sum (the scores, less an in-reward KL penalty), with the
+        default weight 1.0, so it is grpo's advantage whitened over the batch (verl's fallback too)."""
+        if name == "reward_components" and "reward_components" not in batch:
+            return token_rewards.sum(-1, keepdim=True)
+        return batch[ESTIMATOR_FIELDS[name]]
+
+    def _update_critic(self, batch: Batch, step: int, t: Metrics) -> Metrics:
+        if self.critic is None:
+            return {}
+        with timer(t, "update_critic"):
+            return self.critic.call(CriticWorker.update_critic, batch.only(*CRITIC_UPDATE_KEYS),
+                                    dataclasses.replace(self.critic_spec, seed=self.seed + step))
+
+    def _update_actor(self, batch: Batch, step: int, t: Metrics,
+                      during_update: Callable[[Pending], None] | None) -> Metrics:
+        """The actor update (after ``critic.warmup_steps`` with a critic); the old log-probs go along when a
+        trainer forward computed them (``given``), the rollout's always (the update measures the mismatch, and
+        the importance weights, against them)."""
+        if self.critic is not None and step < self.cfg.critic.warmup_steps:
+            return {}
+        keys = ACTOR_UPDATE_KEYS + (("old_log_probs",) if self.source == "given" else ())
+        with timer(t, "update_actor"):
+            pending = self.actor.submit(ActorRolloutRefWorker.update_actor, batch.only(*keys),
+                                        dataclasses.replace(self.actor_spec, seed=self.seed + step))
+            if during_update is not None:
+                during_update(pending)
+            m = pending.result()
+        self.policy_version += 1
+        return m
+
+    # ------------------------------------------------------------ state
+    def save(self, out_dir: str) -> None:
+        """The policy (and the critic, under ``critic/``) as Hugging Face folders."""
+        self.actor.call(ActorRolloutRefWorker.save, out_dir)
+        if self.critic is not None:
+            self.critic.call(CriticWorker.save, str(Path(out_dir) / "critic"))
+
+    def save_state(self, folder: Path) -> dict[str, Any]:
+        """The workers write their training state into ``folder``; the KL controller's coefficient and the policy
+        version come back."""
+        self.actor.call(ActorRolloutRefWorker.save_state, str(folder))
+        if self.critic is not None:
+            self.critic.call(CriticWorker.save_state, str(folder))
+        return {"kl_coef": self.kl_ctrl.value, "policy_version": self.policy_version}
+
+    def load_state(self, folder: Path, state: dict[str, Any]) -> None:
+        self.actor.call(ActorRolloutRefWorker.load_state, str(folder))
+        if self.critic is not None:
+            self.critic.call(CriticWorker.load_state, str(folder))
+        self.kl_ctrl.value = state["kl_coef"]
+        self.policy_version = state["policy_version"]

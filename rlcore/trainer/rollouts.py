@@ -1,0 +1,189 @@
+"""Where a round's batches come from: a rollout source, and the scoring every source shares.
+
+A source's :meth:`~RolloutSource.next` gives the scored batch of a step and the policy version that generated it;
+the round (:mod:`rlcore.trainer.round`) trains on it (:class:`~rlcore.trainer.ppo_step.PPOStep`) and then tells the
+source the new version (:meth:`~RolloutSource.updated`). ``ppo.mode`` picks the source: ``sync`` is
+:class:`SyncRollouts` here (the trainer's ranks generate each step's batch with the weights they train); ``async``
+is :class:`~rlcore.trainer.async_ppo.AsyncRollouts` (generators fill a bounded queue while the trainer trains).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from rlcore.config import Config
+from rlcore.controller.worker_group import Pending, WorkerGroup
+from rlcore.engine.sequence import response_attention
+from rlcore.protocol import Batch, Metrics
+from rlcore.rewards.scoring import Rewards, RewardScorer, agreement
+from rlcore.trainer.generation import reward_scorer, score_responses
+from rlcore.trainer.reward_model import RewardModelGroup
+from rlcore.trainer.rollout_data import PromptSampler, keep_informative_groups, overlong_penalty
+from rlcore.trainer.sampling import generate, generate_spec
+from rlcore.workers.actor import ActorRolloutRefWorker
+
+
+@dataclass
+class Rollout:
+    """A step's scored batch, the metrics of making it, and the policy version whose weights generated it."""
+
+    batch: Batch
+    metrics: Metrics
+    version: int
+    gen_s: float | None = None
+    """Seconds a generator spent on it (asynchronous rounds; the synchronous step's ``timing_s/gen`` says it)."""
+
+
+class RolloutSource(Protocol):
+    """What a round needs of its batches' source."""
+
+    prompts: Batch
+
+    def next(self, step: int, version: int, t: Metrics) -> Rollout:
+        """The scored batch of ``step`` for a trainer at policy ``version`` (timings into ``t``)."""
+
+    def during_update(self, step: int, pending: Pending) -> None:
+        """Runs on the controller while ``step``'s actor update runs on the ranks."""
+
+    def updated(self, step: int, version: int, t: Metrics) -> None:
+        """After ``step``'s update: the trainer is at ``version`` now."""
+
+    def step_metrics(self, rollout: Rollout, batch: Batch, t: Metrics) -> Metrics:
+        """The source's own metrics of a finished step (``t`` holds its timings)."""
+
+    def save_state(self, folder: Path) -> dict[str, Any]: ...
+
+    def load_state(self, folder: Path, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class RoundScoring:
+    """The rewards of a round's samples: the reward functions (guarded processes; they count their errors and
+    timeouts), the reward model's group, DAPO's overlong penalty."""
+
+    cfg: Config
+    tokenizer: Any
+    reward_model: RewardModelGroup | None = None
+    scorer: RewardScorer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scorer = reward_scorer(self.cfg)
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """Each reward component's weight, in the order of the batch's ``reward_components`` (the functions, then
+        the reward model)."""
+        rm = self.cfg.reward.model
+        return tuple(f.weight for f in self.scorer.functions) + ((rm.weight,) if rm is not None else ())
+
+    def rewards(self, batch: Batch, what: str) -> Rewards:
+        """Every function's (and the reward model's) reward of each sample of ``batch``."""
+        return score_responses(self.tokenizer, batch, self.scorer, what=what, reward_model=self.reward_model)
+
+    def score(self, batch: Batch, what: str) -> tuple[Batch, Rewards]:
+        """The batch with its accuracy score (``acc``), the shaped training reward (``scores``: the weighted sum plus
+        the overlong penalty) and each component unweighted (``reward_components``, for estimators that treat them
+        apart); and the batch's :class:`Rewards`."""
+        rewards = self.rewards(batch, what)
+        d = self.cfg.ppo.dapo
+        lengths = response_attention(batch).sum(-1)  # a trajectory's tokens, observations included: its budget
+        pen = overlong_penalty(lengths, self.cfg.task.max_response_length, d.overlong_buffer, d.overlong_penalty)
+        components, _ = rewards.components()
+        return batch.union(Batch({"acc": torch.as_tensor(rewards.acc, dtype=torch.float32),
+                                  "scores": torch.as_tensor(rewards.total, dtype=torch.float32) + pen,
+                                  "reward_components": torch.as_tensor(components, dtype=torch.float32)})), rewards
+
+
+def trainer_generate(cfg: Config, actor: WorkerGroup[ActorRolloutRefWorker], prompts: Batch, seed: int,
+                     greedy: bool = False) -> Batch:
+    """``prompts`` generated by the trainer's ranks (their rollout copy holds the latest weights), at
+    ``rollout.temperature`` or greedily."""
+    spec = generate_spec(cfg, temperature=cfg.rollout.temperature, seed=seed, greedy=greedy)
+    return generate(actor, ActorRolloutRefWorker.generate, prompts, spec)
+
+
+class SyncRollouts:
+    """``ppo.mode: sync``: each step's batch generated by the trainer's own ranks (their rollout copy of the policy,
+    synced after every update), scored, with DAPO's dynamic sampling and ReMax's greedy baseline when asked."""
+
+    def __init__(self, cfg: Config, actor: WorkerGroup[ActorRolloutRefWorker], scoring: RoundScoring, *,
+                 prompts: Batch, seed: int, greedy_baseline: bool):
+        self.cfg, self.actor, self.scoring, self.prompts, self.seed = cfg, actor, scoring, prompts, seed
+        self.greedy_baseline = greedy_baseline
+        self.sampler = PromptSampler(len(prompts), seed)
+
+    def generate(self, prompts: Batch, seed: int, greedy: bool = False) -> Batch:
+        return trainer_generate(self.cfg, self.actor, prompts, seed, greedy)
+
+    def next(self, step: int, version: int, t: Metrics) -> Rollout:
+        batch, m = self.collect(step)
+        if self.greedy_baseline:
+            batch = self._add_greedy_baseline(batch, step)
+        return Rollout(batch, m, version)
+
+    def collect(self, step: int) -> tuple[Batch, Metrics]:
+        """Rollouts for ``ppo.train_batch_size`` prompts, with DAPO dynamic sampling if asked; the metrics of
+        every response scored on the way (``reward/*``; ``timing_s/reward``: decoding and scoring them, the reward
+        model included) and of the tries."""
+        cfg, n, want = self.cfg, self.cfg.rollout.n, self.cfg.ppo.train_batch_size
+        d = cfg.ppo.dapo
+        kept: list[Batch] = []
+        scored: list[Rewards] = []
+        tries, have, last, reward_s = 0, 0, Batch(), 0.0
+        while tries < (d.max_sample_tries if d.dynamic_sampling else 1) and have < want:
+            prompts = self.prompts.select(self.sampler.take(want))
+            generated = self.generate(prompts.repeat(n), self.seed * 100003 + step * 101 + tries)
+            start = time.perf_counter()
+            last, rewards = self.scoring.score(generated, f"ppo step {step}")
+            reward_s += time.perf_counter() - start
+            scored.append(rewards)
+            part = keep_informative_groups(last, n) if d.dynamic_sampling else last
+            kept.append(part)
+            have += len(part) // n
+            tries += 1
+        batch = Batch.concat([b for b in kept if len(b)]) if have else last
+        groups = min(len(batch) // n, want)
+        while groups > 1 and (groups * n) % cfg.resources.n_workers:
+            groups -= 1  # equal shards per rank
+        every = Rewards.concat(scored)
+        m = {**every.metrics(), "rollout/sample_tries": tries, "rollout/groups_kept": groups, "timing_s/reward": reward_s}
+        if "rm" in every.values:  # the reward model against the truth, on this step's samples
+            share = agreement(every.values["rm"], every.acc >= 1.0, n)
+            if share is not None:
+                m["reward/rm/agreement"] = share
+        return batch.slice(0, groups * n), m
+
+    def _add_greedy_baseline(self, batch: Batch, step: int) -> Batch:
+        """ReMax: the reward of one greedy response per prompt is every sample's baseline."""
+        n = self.cfg.rollout.n
+        firsts = batch.select(np.arange(0, len(batch), n))
+        plain = Batch(firsts.only("prompts", "prompt_mask").tensors,
+                      {k: v for k, v in firsts.non_tensors.items() if not k.startswith("agent_")})
+        greedy, _ = self.scoring.score(self.generate(plain, self.seed + step, greedy=True),
+                                       f"ppo step {step}'s greedy baseline")
+        return batch.union(Batch({"reward_baselines": greedy["scores"].repeat_interleave(n)}))
+
+    def during_update(self, step: int, pending: Pending) -> None:
+        """Nothing: the ranks that update are the ones that generate."""
+
+    def updated(self, step: int, version: int, t: Metrics) -> None:
+        """Nothing: the ranks' rollout copy takes the new weights before it next generates."""
+
+    def step_metrics(self, rollout: Rollout, batch: Batch, t: Metrics) -> Metrics:
+        return {}
+
+    def save_state(self, folder: Path) -> dict[str, Any]:
+        """The prompt sampler's order, position and RNG."""
+        return {"sampler": {"order": self.sampler.order.copy(), "pos": self.sampler.pos,
+                            "rng": self.sampler.rng.bit_generator.state}}
+
+    def load_state(self, folder: Path, state: dict[str, Any]) -> None:
+        s = state["sampler"]
+        self.sampler.order, self.sampler.pos = s["order"], s["pos"]
+        self.sampler.rng.bit_generator.state = s["rng"]
