@@ -94,6 +94,7 @@ def one_batch() -> dict[str, float]:
     from rlcore.trainer.ppo_step import actor_update_spec
     from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
     from rlcore.workers.optim import OptimSpec
+    from rlcore.workers.proximal import ProximalTerms
     from rlcore.workers.rollout import GenerateSpec
 
     p, cfg = paths(), rl_config()
@@ -114,7 +115,9 @@ def one_batch() -> dict[str, float]:
                                index=np.repeat(np.arange(prompts_n), n), norm_adv_by_std_in_grpo=True)
     batch = out.union(Batch({"advantages": adv, "old_log_probs": out["rollout_log_probs"]}))
     batch = batch.union(w.compute_ref_log_prob(batch, LogProbSpec(len(batch))))
-    ours = w._actor_loss(batch, actor_update_spec(cfg, 0), AggScale(float(mask.sum()), float(len(batch)), 1)).loss
+    spec = actor_update_spec(cfg, 0)
+    proximal = ProximalTerms.started(spec.proximal, spec.off_policy, batch)
+    ours = w._actor_loss(batch, spec, AggScale(float(mask.sum()), float(len(batch)), 1), proximal).loss
     ours.backward()
     g_ours = {k: v.grad for k, v in w.actor.module.named_parameters()}
 

@@ -257,8 +257,7 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
             raise ValueError("update_actor: old log-probs from the update's own forward need one epoch of one "
                              f"mini-batch (got {spec.epochs} epoch(s), mini-batches of {spec.mini_batch_size} of "
                              f"{len(batch)} rows)")
-        proximal = ProximalTerms(spec.proximal, spec.off_policy)
-        proximal.start(batch)
+        proximal = ProximalTerms.started(spec.proximal, spec.off_policy, batch)
 
         def optimizer_step(loss: float) -> Metrics:
             proximal.first_minibatch = False  # later mini-batches run updated weights

@@ -73,6 +73,13 @@ class ProximalTerms:
     mismatch: dict[str, float] | None = None
     kl_ref: dict[str, float] = field(default_factory=lambda: {"kl_ref_sum": 0.0, "kl_ref_tokens": 0.0})
 
+    @classmethod
+    def started(cls, source: str, correction: OffPolicySpec | None, batch: Batch) -> "ProximalTerms":
+        """The terms of an update of ``batch``, :meth:`start` already called on it."""
+        terms = cls(source, correction)
+        terms.start(batch)
+        return terms
+
     def start(self, batch: Batch) -> None:
         """What the whole shard tells before the first mini-batch: with ``given`` old log-probs, the mismatch of
         every row and the KL to the reference (the ``update`` source measures both on its first forward)."""

@@ -26,6 +26,7 @@ from rlcore.rollout import EngineSpec, SamplingParams
 from rlcore.trainer.checkpoint import CONTROLLER_FILE
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
 from rlcore.workers.optim import OptimSpec
+from rlcore.workers.proximal import ProximalTerms
 from rlcore.workers.rollout import GenerateSpec
 
 UPDATE = ActorUpdateSpec(epochs=1, mini_batch_size=8, micro_batch_size=4, grad_clip=1.0, temperature=1.0,
@@ -197,7 +198,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, lora_sp
         batch = rollouts(w)
         batch = batch.union(w.compute_ref_log_prob(batch, LOG_PROBS))
         scale = AggScale(tokens=float(batch["response_mask"].sum()), rows=8.0, dp_size=1)
-        w._actor_loss(batch, UPDATE, scale).loss.backward()
+        proximal = ProximalTerms.started(UPDATE.proximal, UPDATE.off_policy, batch)
+        w._actor_loss(batch, UPDATE, scale, proximal).loss.backward()
         grads.append({n: p.grad.clone() for n, p in w.actor.module.named_parameters() if p.grad is not None})
         layers = [m for m in w.actor.module.modules() if hasattr(m, "gradient_checkpointing")]
         assert layers and all(m.gradient_checkpointing == checkpointing for m in layers)

@@ -30,9 +30,7 @@ SPEC = ActorUpdateSpec(epochs=1, mini_batch_size=4, micro_batch_size=2, grad_cli
 
 def actor_loss(worker, part: Batch, spec: ActorUpdateSpec, scale: AggScale):
     """The worker's micro-batch loss, with the proximal terms of an update of ``part`` alone."""
-    proximal = ProximalTerms(spec.proximal, spec.off_policy)
-    proximal.start(part)
-    return worker._actor_loss(part, spec, scale, proximal)
+    return worker._actor_loss(part, spec, scale, ProximalTerms.started(spec.proximal, spec.off_policy, part))
 
 
 def test_sequences_drop_the_prompt_columns_that_no_row_uses():
