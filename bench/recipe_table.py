@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.recipe_table --results runs/results.json > table.md
 
 One row per recipe in examples/ (alphabetical): the held-out greedy pass@1 of the SFT model and after RL as the mean
-and range over the seeds, each seed's gain and their mean, the median minutes per seed, and when and where it was
-measured (a row's ``measured`` field; ``--measured`` for rows without one); a recipe not in the file says so.
+and range over the seeds, each seed's gain and their mean, the median minutes per seed (where the rows kept them),
+and when and where it was measured (a row's ``measured`` field; ``--measured`` for rows without one); a recipe not
+in the file says so.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def table(results: dict[str, list[dict]], measured: str = "") -> str:
             continue
         gains = [r["gain"] for r in rows]
         seeds = " / ".join(f"{g:+.3f}" for g in gains)
-        minutes = statistics.median(r["minutes"] for r in rows)
+        timed = [r["minutes"] for r in rows if "minutes" in r]  # (rows measured before the field was kept have none)
+        minutes = f"{statistics.median(timed):.0f}" if timed else "not kept"
         lines.append(f"| `{path.stem}` (seeds {', '.join(str(r['seed']) for r in rows)}) | "
                      f"{spread([r['sft'] for r in rows])} | {spread([r['final'] for r in rows])} | {seeds} | "
-                     f"**{statistics.mean(gains):+.3f}** | {minutes:.0f} | {rows[0].get('measured', measured)} |")
+                     f"**{statistics.mean(gains):+.3f}** | {minutes} | {rows[0].get('measured', measured)} |")
     return "\n".join(lines)
 
 
