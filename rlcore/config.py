@@ -795,6 +795,8 @@ class RMConfig(_Section):
     """Linear warm-up steps."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""
+    max_nonfinite_steps: int = Field(3, ge=0)
+    """As sft.max_nonfinite_steps, for the reward model's optimizer steps (``rm/nonfinite_steps``)."""
     center_rewards_coefficient: float = Field(0.01, ge=0)
     """Weight of mean((r_chosen + r_rejected)^2) in the loss, which keeps scores centred on 0 (TRL's
     center_rewards_coefficient; Eisenstein et al. 2023). 0 = off."""

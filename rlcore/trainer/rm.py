@@ -33,7 +33,6 @@ from rlcore.workers.rm import RewardTrainWorker, RMStepSpec
 
 PAIR_FIELDS = ("prompts", "prompt_mask", "chosen", "chosen_mask", "rejected", "rejected_mask", "margin")
 SCORE_CHUNK = 256  # pairs per scoring call
-MAX_NONFINITE_STEPS = 3  # consecutive optimizer steps skipped for a NaN/inf loss or gradient before the stage stops
 
 
 def pair_batch(path: str, tokenizer, cfg: Config) -> Batch:
@@ -135,7 +134,7 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
                     if r.eval_every and (step + 1) % r.eval_every == 0 and step + 1 < r.steps:
                         metrics.update(pair_metrics(*pair_scores(group, test), "rm/val_"))
                     log.log(step, metrics)
-                    stop_if_diverged(log.rows, "rm", MAX_NONFINITE_STEPS, ("rm/loss", "rm/grad_norm"), "lower rm.lr")
+                    stop_if_diverged(log.rows, "rm", r.max_nonfinite_steps, ("rm/loss", "rm/grad_norm"), "lower rm.lr")
                     if stop.requested:
                         stop.stop_now()
             final = pair_metrics(*pair_scores(group, test), "rm/test_")
