@@ -14,7 +14,7 @@ assistant turn's text: what the reward functions score), ``agent_stop`` (``answe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ import torch
 from rlcore.agents.loop import ANSWER, AgentRuntime
 from rlcore.agents.tools import ERROR_KINDS
 from rlcore.protocol import Batch
+
+if TYPE_CHECKING:
+    from rlcore.rollout.base import RolloutEngine, SamplingParams
 
 ROW_FIELDS = ("data_source", "ground_truth", "extra_info")  # what an environment's reset(row) gets
 
@@ -43,8 +46,8 @@ def row_infos(batch: Batch) -> list[dict[str, Any]]:
     return [{k: jsonable(batch[k][i]) for k in present} for i in range(len(batch))]
 
 
-def trajectory_batch(runtime: AgentRuntime, engine, part: Batch, sampling, generator: torch.Generator,
-                     device: torch.device) -> Batch:
+def trajectory_batch(runtime: AgentRuntime, engine: RolloutEngine, part: Batch, sampling: SamplingParams,
+                     generator: torch.Generator, device: torch.device) -> Batch:
     """Run the tool loop over ``part``'s prompts on ``engine``: the module docstring's fields."""
     out, trajs = runtime.run(engine, part["prompts"].to(device), part["prompt_mask"].to(device), sampling,
                              generator=generator, rows=row_infos(part))

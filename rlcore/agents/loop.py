@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -47,6 +47,9 @@ from rlcore.agents.parsers import PARSERS, ToolCall
 from rlcore.agents.spec import AgentSpec
 from rlcore.agents.template import TurnTemplate
 from rlcore.agents.tools import ToolPool, ToolResult
+
+if TYPE_CHECKING:  # (types only: the loop runs on whatever engine a worker built)
+    from rlcore.rollout.base import RolloutEngine, SamplingParams
 
 ANSWER, MAX_TURNS, BUDGET = "answer", "max_turns", "budget"  # why a trajectory stopped
 
@@ -116,8 +119,8 @@ class AgentRuntime:
     def close(self) -> None:
         self.pool.close()
 
-    def run(self, engine, input_ids: torch.Tensor, attention_mask: torch.Tensor, params, *,
-            generator: torch.Generator | None = None, rows: Sequence[dict] | None = None
+    def run(self, engine: RolloutEngine, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            params: SamplingParams, *, generator: torch.Generator | None = None, rows: Sequence[dict] | None = None
             ) -> tuple[dict[str, torch.Tensor], list[Trajectory]]:
         """Every row's trajectory (module docstring): the tensors of :meth:`Trajectories.result` and each row's
         :class:`Trajectory`. ``rows``: each row's ``data_source``, ``ground_truth`` and ``extra_info`` (what an

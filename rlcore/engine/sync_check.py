@@ -17,9 +17,14 @@ The probe is two short rows: a forward of each on both sides per sync.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from rlcore.protocol import Batch
+
+if TYPE_CHECKING:
+    from rlcore.rollout.base import RolloutEngine
 
 # Largest |log-prob difference| accepted, by compute dtype: the two sides compute the same thing in a different
 # order (packed vs decoder forward, autocast vs cast weights). Measured on the default tiny model: 5e-7 in float32,
@@ -57,7 +62,7 @@ def probe_batch(tokenizer, max_positions: int, response_tokens: int = 8) -> Batc
                   "response_mask": torch.ones_like(responses)})
 
 
-def engine_log_probs(engine, probe: Batch, device: torch.device) -> torch.Tensor:
+def engine_log_probs(engine: RolloutEngine, probe: Batch, device: torch.device) -> torch.Tensor:
     """The engine's log-probs of the probe's responses ``[rows, response_len]``, on the CPU."""
     return engine.log_probs(probe["prompts"].to(device), probe["prompt_mask"].to(device),
                             probe["responses"].to(device)).float().cpu()

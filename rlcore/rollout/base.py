@@ -7,17 +7,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from rlcore.rollout.sampling import SamplingParams
+
 if TYPE_CHECKING:
     from rlcore.config import RolloutConfig
+    from rlcore.rollout.turns import Trajectories
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    greedy: bool = False
+__all__ = ["EngineSpec", "RolloutEngine", "SamplingParams", "engine_spec", "load_into"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +54,13 @@ class RolloutEngine(Protocol):
         ``response_mask`` (1 up to and including EOS) and ``log_probs`` of the sampled
         tokens under ``softmax(logits / temperature)``.
         """
+
+    def open_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,
+                  budget: int, generator: torch.Generator | None = None, deterministic: bool = False) -> Trajectories:
+        """Rows that generate turn by turn from left-padded prompts ``[batch, prompt_len]`` (what the agent loop
+        drives: :mod:`rlcore.rollout.turns`); ``budget``: response columns per row, model and observation tokens
+        together. ``deterministic``: observations fed token by token, so that a row's numbers do not depend on the
+        others' schedule where the engine can keep its step shapes fixed."""
 
 
 def load_into(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:

@@ -1,9 +1,20 @@
-"""Sampling pieces every engine shares: top-k / top-p filtering, one-draw-per-row sampling, and the
-de-duplication of prompts that a group's ``n`` rows share."""
+"""Sampling pieces every engine shares: the sampling parameters, top-k / top-p filtering, one-draw-per-row sampling,
+and the de-duplication of prompts that a group's ``n`` rows share."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -33,8 +33,7 @@ from typing import Protocol
 
 import torch
 
-from rlcore.rollout.base import SamplingParams
-from rlcore.rollout.sampling import filter_logits, sample_from
+from rlcore.rollout.sampling import SamplingParams, filter_logits, sample_from
 
 RUNNING, WAITING, DONE = 0, 1, 2
 

@@ -80,6 +80,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlcore.agents.parsers import PARSERS, ToolCall
 from rlcore.config import Config
+from rlcore.rollout import RolloutEngine
 from rlcore.serve.batcher import Batcher, Busy, Rows, Sampling
 
 log = logging.getLogger("rlcore.serve")
@@ -351,7 +352,7 @@ class _Output:
 class ModelServer:
     """A tokenizer and a batched rollout engine: validated requests in, OpenAI response bodies out."""
 
-    def __init__(self, tokenizer, engine, *, device: torch.device, context_length: int, vocab_size: int,
+    def __init__(self, tokenizer, engine: RolloutEngine, *, device: torch.device, context_length: int, vocab_size: int,
                  default_max_tokens: int, options: ServeOptions, seed: int = 0, tool_parser: str = "hermes"):
         self.tokenizer = tokenizer
         self.parser = PARSERS.get(tool_parser)
