@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-recipes docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
+.PHONY: run test test-integration test-recipes docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
 
 # uv installs what pip would, in a quarter of the time (42 s against 2 min 55 s here). It reads no pip
 # configuration, so a local wheel folder pip is pointed at (PIP_FIND_LINKS: on these machines, torch 2.13.0's
@@ -40,12 +40,20 @@ run: $(STAMP)
 # two workers (pytest-xdist), a test file at a time each: much of a test's time here is process and Ray start-up.
 # --no-loadscope-reorder: the files in tests/conftest.py's order (longest first), not xdist's default of the files
 # with the most tests first, which left the end-to-end files to run last and alone. --durations: the slowest tests.
+# The long multi-process runs (marker `integration`: every recipe, the option pairs, the async and cluster resumes,
+# `rlcore compare`, ...) are test-integration's, so that make test stays within 7 minutes on 2 cores; CI runs both.
+PYTEST = $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	@$(BYTECODE)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -m "not recipes"
+	$(PYTEST) --durations=15 -m "not integration and not recipes"
+
+# the integration tier: what make test leaves out (about 25 minutes on 2 cores). CI runs it after make test.
+test-integration: $(STAMP)
+	@$(BYTECODE)
+	$(PYTEST) --durations=20 -m "integration or recipes"
 
 # every recipe in examples/ through `dvc repro` at smoke-test sizes, one after another in one scratch repository (about
-# 16 minutes on 2 cores: over make test's budget, so a target of its own; CI runs it after make test)
+# 16 minutes on 2 cores; part of test-integration)
 test-recipes: $(STAMP)
 	@$(BYTECODE)
 	$(PY) -m pytest -q -m recipes tests/test_recipes.py --durations=20

@@ -23,7 +23,7 @@ import pytest
 
 from tests.test_e2e_pipeline import REPO, first_run, ran_stages, run, stale_stages, workdir  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 
 VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}

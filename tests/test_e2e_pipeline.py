@@ -210,6 +210,7 @@ def test_round_validation_agrees_with_evaluate(workdir, first_run):
     assert r2["ppo/val_greedy_pass@1_last"] == ev["final/greedy_pass@1"]
 
 
+@pytest.mark.integration
 def test_generate_then_eval_reproduces_the_evaluate_stage(workdir, first_run, ray_local, capsys):
     """`rlcore generate` on the test split with the evaluate stage's sampling settings (n_samples,
     temperature, and its seed: seed + 1), then `rlcore eval`: the same pass@1 and pass@k as the stage
@@ -252,6 +253,7 @@ ASYNC_DETERMINED = {"async/staleness": 0.0, "async/dropped_samples": 0.0, "async
 ASYNC_TIMED = {"async/queue_depth", "async/trainer_idle_frac", "async/generator_idle_frac", "async/generation_s"}
 
 
+@pytest.mark.integration
 def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_round(workdir, first_run):
     """ppo@r1 again, as an asynchronous round (a generator worker beside the trainer's rank, a queue,
     versioned weights) with max_staleness 0, checkpointing after each step, SIGKILLed (its whole process group; its

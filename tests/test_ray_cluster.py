@@ -37,7 +37,7 @@ from rlcore.workers.actor import ActorRolloutRefWorker
 from tests.conftest import REPO_ROOT
 from tests.ray_nodes import Nodes, command_line, free_port, kill_session, private_env, session_pids
 
-pytestmark = pytest.mark.ray_cluster
+pytestmark = [pytest.mark.ray_cluster, pytest.mark.integration]
 
 # Ray's own state (ray.util.state: what `ray list` shows), from the head's dashboard, in a process of its own
 STATE_QUERY = """

@@ -140,6 +140,7 @@ def server_process(tiny_model_dir, tmp_path):
         assert "Traceback" not in stderr, stderr[-3000:]
 
 
+@pytest.mark.integration
 def test_good_and_abusive_requests_together_keep_the_server_answering_in_bounded_memory(
         server_process, reference, tiny_tokenizer):  # noqa: F811
     proc, url, port = server_process

@@ -105,6 +105,7 @@ def check_step(m: dict, batch, tok) -> None:
     assert m["rollout/logprob_abs_diff_max"] < 1e-4
 
 
+@pytest.mark.integration
 def test_a_sync_round_trains_on_tool_loop_trajectories(policy, groups):
     folder, tok, prompts = policy
     cfg = config(ppo={"log_samples": 2})
@@ -118,6 +119,7 @@ def test_a_sync_round_trains_on_tool_loop_trajectories(policy, groups):
     assert val["val/greedy_pass@1"] == 1.0 and val["val/agent/turns"] == 2.0
 
 
+@pytest.mark.integration
 def test_an_async_round_generates_tool_loop_trajectories_on_its_generators(policy, groups):
     folder, tok, prompts = policy
     cfg = config(ppo={"mode": "async", "async": {"max_staleness": 0}})

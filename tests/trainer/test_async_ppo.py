@@ -107,6 +107,7 @@ def plain_log_probs(folder, batch) -> torch.Tensor:
     return out
 
 
+@pytest.mark.integration
 def test_stale_batches_are_corrected_a_killed_generator_is_restarted_and_nothing_is_left(tiny, groups, tmp_path):
     """max_staleness 1 with one generator: after the first step every batch was generated one version back (the
     generator works on the next batch while the trainer trains), the trainer recomputes the proximal log-probs,
@@ -160,6 +161,7 @@ def test_stale_batches_are_corrected_a_killed_generator_is_restarted_and_nothing
     assert placement_group_table(pg)["state"] == "REMOVED"
 
 
+@pytest.mark.integration
 def test_idle_fractions_see_a_generator_that_takes_longer_than_the_update(tiny, groups, tmp_path, monkeypatch):
     """max_staleness 0 with a generator that sleeps a known 0.4 s per batch inside its busy time: the trainer
     waits at least that long every step (trainer_idle_frac x the step's wall time, measured here), and the
@@ -234,6 +236,7 @@ def test_a_batch_goes_through_the_queue_whole_and_the_queue_actor_never_loads_to
         queue.shutdown()
 
 
+@pytest.mark.integration
 def test_a_resumed_round_generates_its_outstanding_batches_with_the_restored_weights(tiny, groups, tmp_path):
     """A round checkpointed after step 2 with max_staleness 0 has step 2's batch handed out and not trained on.
     Resumed on new generators, that batch must be generated with the restored version 2 (not the round's starting
@@ -256,6 +259,7 @@ def test_a_resumed_round_generates_its_outstanding_batches_with_the_restored_wei
                                rtol=0, atol=1e-4)
 
 
+@pytest.mark.integration
 def test_without_restarts_the_round_goes_on_with_fewer_generators_and_stops_when_none_is_left(tiny, groups):
     cfg = config(resources={"n_workers": 2, "cpus_per_worker": 0.5},
                  rollout={"n": 4, "n_workers": 2, "cpus_per_worker": 0.5},
@@ -275,6 +279,7 @@ def test_without_restarts_the_round_goes_on_with_fewer_generators_and_stops_when
     assert isinstance(runner.rollouts, AsyncRollouts)
 
 
+@pytest.mark.integration
 def test_the_proximal_policy_taken_from_the_update_trains_as_a_separate_forward_does(tiny, groups, tmp_path):
     """With one epoch of one mini-batch the update's first forward is the proximal policy, so the separate
     forward is skipped: the same step from the same state ends with the same weights and off-policy metrics."""
@@ -306,6 +311,7 @@ def test_the_proximal_policy_taken_from_the_update_trains_as_a_separate_forward_
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.integration
 def test_an_async_round_with_the_optimal_token_baseline_and_bypass_mode(tiny, groups):
     """The new estimators and losses in an asynchronous round with max_staleness 1: bypass_mode keeps the
     rollout's (stale) log-probs as the old policy, so nothing recomputes them, and the optimal token baseline's

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -20,6 +21,7 @@ from tests.trainer.test_ppo_estimators import HASH_SOURCE, config, plain_log_pro
 LORA = {"ppo_mini_batch_size": 2, "lr": 0.01, "lora": {"rank": 4, "alpha": 8.0}, "gradient_checkpointing": True}
 
 
+@pytest.mark.integration
 def test_a_lora_round_checkpoints_resumes_and_exports(tiny, tmp_path):  # noqa: F811
     folder, tok, prompts = tiny
     cfg = config("grpo", actor=LORA)

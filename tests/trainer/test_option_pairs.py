@@ -152,6 +152,7 @@ def policy_weights(runner: RoundRunner, folder: Path) -> dict[str, torch.Tensor]
 
 @pytest.mark.parametrize("index", range(len(GROUP_CONFIGS)), ids=lambda i: "-".join(
     f"{k}={v}" for k, v in GROUP_CONFIGS[i].items()))
+@pytest.mark.integration
 def test_every_row_of_a_group_configuration_trains(index, models, ray_local, tmp_path):
     folder, rm_dir, tok, prompt_rows = models
     group = GROUP_CONFIGS[index]

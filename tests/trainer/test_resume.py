@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
+
 from rlcore.config import parse_config
 from rlcore.data.arithmetic import arithmetic_rows
 from rlcore.data.schema import write_rows
@@ -19,6 +21,7 @@ def plot_rows(path: Path) -> list[dict[str, str]]:
     return [{k: v for k, v in r.items() if not k.startswith("timing")} for r in csv.DictReader(path.open())]
 
 
+@pytest.mark.integration
 def test_sft_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(ray_local, tiny_model_dir, tiny_tokenizer,
                                                                      tmp_path):
     """Under fsdp: the sharded optimizer state goes through one unsharded file and back into shards

@@ -52,6 +52,7 @@ def stage(reward_model_dir, tiny_model_dir, tiny_tokenizer, ray_local):
             rm.shutdown()
 
 
+@pytest.mark.integration
 def test_reward_model_scores_enter_the_reward_standardised_and_weighted(stage, reward_model_dir, tiny_tokenizer):
     cfg, prompts, group, rm = stage
     rewards, gen = sample_rewards(cfg, group, tiny_tokenizer, prompts, scorer=reward_scorer(cfg), n=2,
@@ -70,6 +71,7 @@ def test_reward_model_scores_enter_the_reward_standardised_and_weighted(stage, r
     assert len(rewards) == 14 and np.std(raw) > 0
 
 
+@pytest.mark.integration
 def test_rollout_ranks_that_load_another_model_generate_what_a_new_group_over_it_would(stage, tiny_model_dir, tmp_path):
     """After ``load_model`` the ranks sample exactly the tokens a new group over the other model draws (one engine
     over it in this process, sharded as two ranks: ``generate_sharded``); loading the first model back, that one's."""
