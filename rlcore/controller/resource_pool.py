@@ -16,6 +16,7 @@ from ray._private import parameter as ray_parameter
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 from rlcore.controller.address import check_reachable
+from rlcore.errors import ConfigError
 from rlcore.heap import rank_process_env
 from rlcore.kernels import inherited as kernel_env
 
@@ -110,8 +111,15 @@ def start_ray(address: str, num_cpus: int) -> str:
             _start_local(num_cpus)
         return f"ray: started a private Ray instance on this machine: {_cluster_counts()}"
     check_reachable(address)
-    with _keeping_signal_handlers():
-        ctx = ray.init(address=address, log_to_driver=True, configure_logging=False)
+    try:
+        with _keeping_signal_handlers():
+            ctx = ray.init(address=address, log_to_driver=True, configure_logging=False)
+    except ConnectionError as err:
+        if address != "auto" or "Could not find any running Ray instance" not in str(err):
+            raise
+        raise ConfigError("ray.address 'auto': no Ray cluster runs on this machine and RAY_ADDRESS is not set; start "
+                          "one (ray start --head, docs/how-to/cluster.md), set ray.address to the head's host:port, "
+                          "or set ray.address: local") from None
     info = getattr(ctx, "address_info", None) or {}
     head = info.get("gcs_address") or address
     dashboard = getattr(ctx, "dashboard_url", None)

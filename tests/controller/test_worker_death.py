@@ -147,6 +147,37 @@ def test_an_address_where_nothing_listens_fails_in_seconds_naming_the_key():
     assert time.monotonic() - start < 5
 
 
+def test_auto_with_no_cluster_on_the_machine_is_one_line_naming_the_key(monkeypatch):
+    """``ray.address: auto`` (examples/two-node.yaml) with no cluster to find: Ray's own ConnectionError (what
+    ``ray.init`` raises then, here raised for it: a Ray head of another test may run on this machine) becomes one
+    line naming the key and the ways out; any other error of Ray's keeps its traceback."""
+    import ray
+
+    from rlcore.controller import resource_pool
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+    def no_cluster(**kwargs):
+        assert kwargs["address"] == "auto"
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to by "
+                              "setting `--address` flag or `RAY_ADDRESS` environment variable.")
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    with pytest.raises(ConfigError) as info:
+        resource_pool.start_ray("auto", 2)
+    assert str(info.value) == (
+        "ray.address 'auto': no Ray cluster runs on this machine and RAY_ADDRESS is not set; start one (ray start "
+        "--head, docs/how-to/cluster.md), set ray.address to the head's host:port, or set ray.address: local")
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+    def refused(**kwargs):
+        raise ConnectionError("GCS refused the connection")
+
+    monkeypatch.setattr(ray, "init", refused)
+    with pytest.raises(ConnectionError, match="GCS refused"):
+        resource_pool.start_ray("auto", 2)
+
 def test_a_stage_pointed_where_nothing_listens_stops_in_one_line_before_its_imports_and_its_mlflow_run(tmp_path):
     """A stage that runs on Ray checks ``ray.address`` with its params: exit 2 and one line naming the key, without
     having imported torch, transformers, Ray or MLflow (seconds of CPU) or opened its MLflow run."""
