@@ -934,9 +934,9 @@ class Config(_Section):
         if self.ppo.dapo.dynamic_sampling:
             raise ValueError("ppo.dapo.dynamic_sampling is not supported with ppo.mode async (set it to false or use "
                              "ppo.mode sync)")
-        if self.algorithm.adv_estimator == "remax":
-            raise ValueError("algorithm.adv_estimator remax (a greedy baseline per step) is not supported with "
-                             "ppo.mode async; use ppo.mode sync")
+        if self.algorithm.adv_estimator in names.GREEDY_BASELINE_ESTIMATORS:
+            raise ValueError(f"algorithm.adv_estimator {self.algorithm.adv_estimator} (a greedy baseline per step) is "
+                             "not supported with ppo.mode async; use ppo.mode sync")
         r, g = self.resources, self.rollout
         need = r.n_workers * r.cpus_per_worker + g.n_workers * g.cpus_per_worker + self._separate_rm_cpus()
         if self.ray.address == "local" and need > self.ray.num_cpus:

@@ -33,6 +33,11 @@ def test_behaviour_old_policy_losses_are_those_whose_entry_says_so():
                                                          if POLICY_LOSSES.get(n).old_is_behaviour]
 
 
+def test_greedy_baseline_estimators_are_those_whose_entry_needs_one():
+    assert sorted(names.GREEDY_BASELINE_ESTIMATORS) == [n for n in ESTIMATORS.names()
+                                                        if ESTIMATORS.get(n).needs_greedy_baseline]
+
+
 def test_rejection_options_equal_the_loss_module_s():
     from rlcore.algos.off_policy import REJECTION_OPTIONS
 
