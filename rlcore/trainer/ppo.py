@@ -19,21 +19,20 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
 from rlcore.data.collate import prompt_batch
-from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import Registry
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.trainer.async_ppo import running_async_round
 from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.common import StepLog, check_model, start_pool, stop_if_diverged
+from rlcore.trainer.common import StepLog, check_model, start_pool
 from rlcore.trainer.generation import reward_scorer
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.round import RoundRunner, running_sync_round
+from rlcore.trainer.steps import Divergence, Done, StepLoop
 from rlcore.viewer import RolloutsFile, rollouts_frame, write_page
 
 
@@ -107,12 +106,17 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     start = time.perf_counter()
     val_rows: list[Metrics] = []
     rollouts = RolloutsFile(rollouts_path) if rollouts_path else None
-    first = resume.step if resume is not None else 0
+    loop = StepLoop(f"ppo {round_name}", rnd.steps, log, tracker=tracker, checkpoints=checkpoints, resume=resume,
+                    divergence=[Divergence("actor", cfg.actor.max_nonfinite_steps, ("actor/pg_loss", "actor/grad_norm"),
+                                           "lower actor.lr or check the rewards"),
+                                Divergence("critic", cfg.critic.max_nonfinite_steps, ("critic/vf_loss",
+                                                                                      "critic/grad_norm"),
+                                           "lower critic.lr or check the rewards")],
+                    postfix=lambda m: {"acc": f"{m['rollout/acc']:.3f}", "len": f"{m['rollout/response_length']:.1f}"})
     with running_round(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
                        seed=round_seed(cfg, round_name), steps=rnd.steps) as runner:
         if resume is not None:
             runner.load_state(resume.folder, resume.state["runner"])
-            log.restore(resume.state["log_rows"], to_tracker=not getattr(tracker, "resumed", False))
             val_rows = list(resume.state["val_rows"])
             if rollouts is not None:
                 rollouts.update(runner.samples)
@@ -120,41 +124,19 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
             val_rows.append(runner.validate(val))
             tracker.log_metrics(val_rows[-1], step=0)
         before_first = dict(val_rows[0]) if val_rows and resume is None else {}
-        def checkpoint(done: int) -> None:
-            assert checkpoints is not None
-            folder = checkpoints.begin(done)
-            try:
-                state = runner.save_state(folder)
-            except Exception as err:
-                raise checkpoints.worker_error(folder, err) from err
-            log.flush()  # the MLflow run holds every step up to the checkpoint a re-run continues it from
-            checkpoints.commit(folder, done, {"runner": state, "log_rows": log.rows, "val_rows": val_rows,
-                                              "run_id": tracker.run_id, "model_dir": str(init_dir)})
 
-        with training_loop() as stop:
-            for step in (bar := tqdm(range(first, rnd.steps), initial=first, total=rnd.steps,
-                                     desc=f"ppo {round_name}", unit="step")):
-                metrics = runner.step(step)
-                if step == first:
-                    metrics = {**before_first, **metrics}
-                if every and ((step + 1) % every == 0 or step + 1 == rnd.steps):
-                    val_rows.append(runner.validate(val))
-                    metrics.update(val_rows[-1])  # logged at the step whose update it follows
-                bar.set_postfix(acc=f"{metrics['rollout/acc']:.3f}", len=f"{metrics['rollout/response_length']:.1f}")
-                log.log(step, metrics)
-                if rollouts is not None:
-                    rollouts.update(runner.samples)
-                # after the step's row and rollouts are kept, before a checkpoint: TrainingDiverged, exit code 3
-                stop_if_diverged(log.rows, "actor", cfg.actor.max_nonfinite_steps,
-                                 ("actor/pg_loss", "actor/grad_norm"), "lower actor.lr or check the rewards")
-                stop_if_diverged(log.rows, "critic", cfg.critic.max_nonfinite_steps,
-                                 ("critic/vf_loss", "critic/grad_norm"), "lower critic.lr or check the rewards")
-                due = checkpoints is not None and checkpoints.due(step + 1, rnd.steps)
-                if due or (stop.requested and checkpoints is not None and checkpoints.save_every > 0
-                           and step + 1 < rnd.steps):  # Ctrl-C/SIGTERM: a checkpoint of this step, then stop
-                    checkpoint(step + 1)
-                if stop.requested:
-                    stop.stop_now()
+        def step(n: int) -> Done:
+            metrics = runner.step(n)
+            if n == loop.start:
+                metrics = {**before_first, **metrics}
+            if every and ((n + 1) % every == 0 or n + 1 == rnd.steps):
+                val_rows.append(runner.validate(val))
+                metrics.update(val_rows[-1])  # logged at the step whose update it follows
+            return Done(metrics)
+
+        loop.run(step, save=lambda folder: Done({"runner": runner.save_state(folder)}),
+                 state=lambda: {"val_rows": val_rows, "model_dir": str(init_dir)},
+                 on_row=None if rollouts is None else lambda: rollouts.update(runner.samples))
         try:
             runner.save(out_dir)
         except Exception as err:

@@ -21,12 +21,12 @@ from rlcore.data.collate import encode_prompts, encode_responses
 from rlcore.data.pairs import read_pairs
 from rlcore.engine.sequence import response_attention
 from rlcore.errors import DataError
-from rlcore.interrupt import training_loop
 from rlcore.protocol import Batch, Metrics
 from rlcore.trainer.checkpoint import write_error
-from rlcore.trainer.common import StepLog, model_spec, start_pool, stop_if_diverged
+from rlcore.trainer.common import StepLog, model_spec, start_pool
 from rlcore.trainer.sampling import rollout_group, sample_chunks
 from rlcore.trainer.sft import epoch_batches
+from rlcore.trainer.steps import Divergence, Done, StepLoop
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.reward_model import ScoreSpec
 from rlcore.workers.rm import RewardTrainWorker, RMStepSpec
@@ -127,16 +127,19 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
                             model=model_spec(cfg, init), optim=optim, seed=cfg.seed)
         try:
             group.call(RewardTrainWorker.init_model)
-            with training_loop() as stop:
-                batches = epoch_batches(train, r.batch_size, r.steps, cfg.seed, fields=PAIR_FIELDS)
-                for step, batch in enumerate(tqdm(batches, total=r.steps, desc="rm", unit="step")):
-                    metrics = group.call(RewardTrainWorker.train_step, batch, step_spec)
-                    if r.eval_every and (step + 1) % r.eval_every == 0 and step + 1 < r.steps:
-                        metrics.update(pair_metrics(*pair_scores(group, test), "rm/val_"))
-                    log.log(step, metrics)
-                    stop_if_diverged(log.rows, "rm", r.max_nonfinite_steps, ("rm/loss", "rm/grad_norm"), "lower rm.lr")
-                    if stop.requested:
-                        stop.stop_now()
+            batches = epoch_batches(train, r.batch_size, r.steps, cfg.seed, fields=PAIR_FIELDS)
+
+            def step(n: int) -> Done:
+                metrics = group.call(RewardTrainWorker.train_step, next(batches), step_spec)
+                if r.eval_every and (n + 1) % r.eval_every == 0 and n + 1 < r.steps:
+                    metrics.update(pair_metrics(*pair_scores(group, test), "rm/val_"))
+                return Done(metrics)
+
+            # no step checkpoints: a reward model's training is one stage run (rm.steps at the tiny default take
+            # about a minute)
+            StepLoop("rm", r.steps, log, tracker=tracker,
+                     divergence=[Divergence("rm", r.max_nonfinite_steps, ("rm/loss", "rm/grad_norm"), "lower rm.lr")],
+                     postfix=lambda m: {"loss": f"{m['rm/loss']:.3f}"}).run(step)
             final = pair_metrics(*pair_scores(group, test), "rm/test_")
             if self_play and len(test_played):
                 chosen, rejected = pair_scores(group, test_played)

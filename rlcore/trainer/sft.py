@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from collections import deque
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from tqdm import tqdm
-
 from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
-from rlcore.controller.worker_group import Pending, WorkerGroup
+from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import encode_conversations, encode_responses, prompt_batch
 from rlcore.data.schema import read_rows
 from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.errors import DataError
-from rlcore.interrupt import training_loop
-from rlcore.protocol import Batch, Metrics
+from rlcore.protocol import Batch
 from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.common import StepLog, check_model, model_spec, start_pool, stop_if_diverged
+from rlcore.trainer.common import StepLog, check_model, model_spec, start_pool
+from rlcore.trainer.steps import Divergence, StepLoop
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.sft import SFTStepSpec, SFTWorker
 
@@ -90,19 +87,10 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
     step_spec = SFTStepSpec(micro_batch_size=max(1, min(s.micro_batch_size, s.batch_size // cfg.resources.n_workers)),
                             grad_clip=s.grad_clip)
     log = StepLog(tracker, plot_csv)
-    start = 0
-    if resume is not None:
-        start = resume.step
-        log.restore(resume.state["log_rows"], to_tracker=not getattr(tracker, "resumed", False))
-    bar = tqdm(total=s.steps, initial=start, desc="sft", unit="step")
-
-    def record(metrics: Metrics) -> None:
-        log.log(len(log.rows), metrics)
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}")
-        stop_if_diverged(log.rows, "sft", s.max_nonfinite_steps, ("sft/loss", "sft/grad_norm"),
-                         "lower sft.lr or raise sft.warmup_steps")
-
+    loop = StepLoop("sft", s.steps, log, tracker=tracker, checkpoints=checkpoints, resume=resume, ahead=IN_FLIGHT,
+                    divergence=[Divergence("sft", s.max_nonfinite_steps, ("sft/loss", "sft/grad_norm"),
+                                           "lower sft.lr or raise sft.warmup_steps")],
+                    postfix=lambda m: {"loss": f"{m['sft/loss']:.3f}"})
     with start_pool(cfg) as pool:
         group = WorkerGroup(SFTWorker, pool, name="sft", timeout_s=cfg.ray.timeout_s,
                             model=model_spec(cfg, base_model, "sft"), optim=optim, seed=cfg.seed)
@@ -110,46 +98,10 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
             group.call(SFTWorker.init_model)
             if resume is not None:
                 group.call(SFTWorker.load_state, str(resume.folder))
-            # (kind, pending, checkpoint folder): a step's metrics, or a checkpoint's worker files
-            in_flight: deque[tuple[str, Pending, Path | None]] = deque()
-            saved = [start]  # the step of the newest checkpoint
-
-            def complete(kind: str, pending: Pending, folder: Path | None) -> None:
-                if kind == "step":
-                    record(pending.result())
-                    return
-                assert checkpoints is not None and folder is not None
-                try:
-                    pending.result()
-                except Exception as err:
-                    raise checkpoints.worker_error(folder, err) from err
-                log.flush()  # the MLflow run holds every step up to the checkpoint a re-run continues it from
-                checkpoints.commit(folder, len(log.rows), {"log_rows": log.rows, "run_id": tracker.run_id,
-                                                           "model_dir": str(base_model)})
-                saved[0] = len(log.rows)
-
-            def checkpoint(done: int) -> None:
-                assert checkpoints is not None
-                folder = checkpoints.begin(done)
-                in_flight.append(("checkpoint", group.submit(SFTWorker.save_state, str(folder)), folder))
-
-            with training_loop() as stop:
-                for step, batch in enumerate(epoch_batches(data, s.batch_size, s.steps, cfg.seed, start=start), start):
-                    if stop.requested:  # Ctrl-C/SIGTERM: no new steps; the queued ones finish below
-                        break
-                    in_flight.append(("step", group.submit(SFTWorker.train_step, batch, step_spec), None))
-                    if checkpoints is not None and checkpoints.due(step + 1, s.steps):
-                        checkpoint(step + 1)
-                    while len(in_flight) > IN_FLIGHT:
-                        complete(*in_flight.popleft())
-                while in_flight:
-                    complete(*in_flight.popleft())
-                if stop.requested:
-                    done = len(log.rows)
-                    if checkpoints is not None and checkpoints.save_every > 0 and saved[0] < done < s.steps:
-                        checkpoint(done)
-                        complete(*in_flight.popleft())
-                    stop.stop_now()
+            batches = epoch_batches(data, s.batch_size, s.steps, cfg.seed, start=loop.start)
+            loop.run(lambda step: group.submit(SFTWorker.train_step, next(batches), step_spec),
+                     save=lambda folder: group.submit(SFTWorker.save_state, str(folder)),
+                     state=lambda: {"model_dir": str(base_model)})
             try:
                 group.call(SFTWorker.save, out_dir)
             except Exception as err:
@@ -157,7 +109,6 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
                                   "the step checkpoints and the metrics and plots so far are intact") from err
         finally:
             group.shutdown()
-            bar.close()
     tail = [r["sft/loss"] for r in log.rows[-10:]]
     return {"sft/final_loss": log.rows[-1]["sft/loss"], "sft/final_loss_last10": float(np.mean(tail)),
             "sft/steps": s.steps}
