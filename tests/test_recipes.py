@@ -9,7 +9,8 @@ repository, one recipe after another, as a user who tries them in turn:
 * at smoke-test sizes (`rlcore config use examples/<recipe>.yaml examples/quick.yaml`, as the examples page says),
   `dvc repro` runs every stage to the end and the outputs a user would look at are there. These runs (marker
   ``recipes``) take about 16 minutes of a 2-core machine for the 14 recipes, more than the whole of `make test`'s
-  budget: `make test-recipes` runs them, and CI runs it after `make test` (.ci/run).
+  budget: `make test-integration` runs them with the suite's other long runs (`make test-recipes` alone), and CI
+  runs it after `make test` (.ci/run).
 
 DVC re-runs only the stages a recipe's params change, and restores from its run cache a stage an earlier recipe
 ran with the same code, inputs and params. The stages join the session's Ray head (``--set ray.address=auto``) with
