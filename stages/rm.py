@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
             from rlcore.inputs import write_manifest
             from rlcore.pipeline_run import pipeline_params
             from rlcore.tracking import open_run
-            from rlcore.trainer.rm import run_rm
+            from rlcore.trainer.rm_training import run_rm
             tokenizer = load_tokenizer(args.init)
         own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}
         with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT,

@@ -105,7 +105,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     from rlcore.engine.model import load_tokenizer
     from rlcore.protocol import Batch
     from rlcore.trainer.common import start_pool
-    from rlcore.trainer.sampling import rollout_group, sample_chunks
+    from rlcore.trainer.group_generation import rollout_group, sample_chunks
 
     rows = read_records(data_path)
     messages = [chat_messages(r, f"{data_path}: row {i}") for i, r in enumerate(rows)]
@@ -132,7 +132,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
 
 def generation_records(rows: list[dict], gen, tokenizer, n: int) -> list[dict]:
     """Each input row plus its ``n`` generations (module docstring) from the generated Batch ``gen``."""
-    from rlcore.trainer.generation import response_texts
+    from rlcore.trainer.reward_scoring import response_texts
 
     resp_mask = gen["response_mask"]
     texts = response_texts(tokenizer, gen)

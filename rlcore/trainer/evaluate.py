@@ -14,9 +14,9 @@ from rlcore.rewards.generations import pass_at_k
 from rlcore.rewards.scoring import RewardScorer
 from rlcore.engine.sequence import response_attention
 from rlcore.trainer.common import model_spec, start_pool
-from rlcore.trainer.generation import reward_scorer
+from rlcore.trainer.reward_scoring import reward_scorer
 from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
-from rlcore.trainer.sampling import rollout_group
+from rlcore.trainer.group_generation import rollout_group
 from rlcore.trainer.score import sample_rewards
 from rlcore.workers.rollout import RolloutWorker
 

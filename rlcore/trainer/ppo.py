@@ -29,7 +29,7 @@ from rlcore.rewards.checks import read_reward_rows
 from rlcore.trainer.async_ppo import running_async_round
 from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
 from rlcore.trainer.common import StepLog, check_model, start_pool
-from rlcore.trainer.generation import reward_scorer
+from rlcore.trainer.reward_scoring import reward_scorer
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.round import RoundRunner, running_sync_round
 from rlcore.trainer.steps import Divergence, Done, StepLoop

@@ -15,9 +15,9 @@ from rlcore.protocol import Batch
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.scoring import Rewards, RewardScorer, agreement
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.generation import reward_scorer, score_responses
+from rlcore.trainer.reward_scoring import reward_scorer, score_responses
 from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
-from rlcore.trainer.sampling import rollout_group, sample_chunks
+from rlcore.trainer.group_generation import rollout_group, sample_chunks
 from rlcore.workers.rollout import RolloutWorker
 
 def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, scorer: RewardScorer,

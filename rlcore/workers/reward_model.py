@@ -1,5 +1,5 @@
 """The reward-model worker (one rank): a frozen reward model scoring responses in PPO rounds, score and evaluate
-(``reward.model``). Training one is ``rlcore.workers.rm``."""
+(``reward.model``). Training one is ``rlcore.workers.rm_training``."""
 
 from __future__ import annotations
 

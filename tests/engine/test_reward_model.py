@@ -18,7 +18,7 @@ from rlcore.engine.model import ModelSpec
 from rlcore.engine.reward_model import load_reward_model, read_stats, save_reward_model, sequence_scores
 from rlcore.errors import InputNotFound
 from rlcore.tracking import NullTracker
-from rlcore.workers.rm import bradley_terry_loss
+from rlcore.workers.rm_training import bradley_terry_loss
 
 
 def padded_pairs(tok) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +71,7 @@ def test_bradley_terry_loss_by_hand():
 def test_a_reward_model_learns_a_preference_on_ray(tiny_model_dir, tiny_tokenizer, tmp_path, ray_local):
     """Chosen answers end in "!" and rejected ones do not: 40 steps on two data-parallel ranks rank every held-out
     pair right, and the saved statistics are the scores' own."""
-    from rlcore.trainer.rm import pair_batch, run_rm
+    from rlcore.trainer.rm_training import pair_batch, run_rm
 
     rng = np.random.default_rng(0)
     records = [{"prompt": f"{a}+{b}", "chosen": f"{a + b}!", "rejected": f"{a + b + int(rng.integers(1, 9))}"}
@@ -92,7 +92,7 @@ def test_a_reward_model_learns_a_preference_on_ray(tiny_model_dir, tiny_tokenize
     model = load_reward_model(ModelSpec(str(tmp_path / "rm")), torch.device("cpu"), frozen=True)
     pairs = pair_batch(str(tmp_path / "train.parquet"), tiny_tokenizer, cfg)
     from rlcore.engine.sequence import sequences
-    from rlcore.workers.rm import pair_halves
+    from rlcore.workers.rm_training import pair_halves
 
     scores = np.concatenate([sequence_scores(model, *sequences(half)).detach().numpy() for half in pair_halves(pairs)])
     assert stats["mean"] == pytest.approx(scores.mean(), abs=1e-4) and stats["std"] == pytest.approx(scores.std(), rel=1e-3)

@@ -17,9 +17,9 @@ from rlcore.engine.model import ModelSpec
 from rlcore.engine.reward_model import load_reward_model, save_reward_model
 from rlcore.engine.sequence import position_ids, sequences
 from rlcore.trainer.common import start_pool
-from rlcore.trainer.generation import reward_scorer
+from rlcore.trainer.reward_scoring import reward_scorer
 from rlcore.trainer.reward_model import RewardModelGroup
-from rlcore.trainer.sampling import rollout_group
+from rlcore.trainer.group_generation import rollout_group
 from rlcore.trainer.score import sample_rewards
 
 
@@ -78,7 +78,7 @@ def test_rollout_ranks_that_load_another_model_generate_what_a_new_group_over_it
     from rlcore.engine.tiny_model import materialize_tiny
     from rlcore.rollout import engine_spec
     from rlcore.trainer.common import model_spec
-    from rlcore.trainer.sampling import generate, generate_spec, generation_input
+    from rlcore.trainer.group_generation import generate, generate_spec, generation_input
     from rlcore.workers.rollout import RolloutWorker, generate_sharded, make_engine
 
     from ..conftest import TINY_SHAPE

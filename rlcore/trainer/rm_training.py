@@ -24,12 +24,12 @@ from rlcore.errors import DataError
 from rlcore.protocol import Batch, Metrics
 from rlcore.trainer.checkpoint import write_error
 from rlcore.trainer.common import StepLog, model_spec, start_pool
-from rlcore.trainer.sampling import rollout_group, sample_chunks
+from rlcore.trainer.group_generation import rollout_group, sample_chunks
 from rlcore.trainer.sft import epoch_batches
 from rlcore.trainer.steps import Divergence, Done, StepLoop
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.reward_model import ScoreSpec
-from rlcore.workers.rm import RewardTrainWorker, RMStepSpec
+from rlcore.workers.rm_training import RewardTrainWorker, RMStepSpec
 
 PAIR_FIELDS = ("prompts", "prompt_mask", "chosen", "chosen_mask", "rejected", "rejected_mask", "margin")
 SCORE_CHUNK = 256  # pairs per scoring call
