@@ -2,7 +2,7 @@
 
 Thin: checks the options and the model folder (one line and exit code 2 when they are wrong, before
 anything loads), opens the listening socket (a port in use is a one-line error too), loads the model
-into the params' rollout engine (:func:`rlcore.serve.app.load_server`) and runs uvicorn until Ctrl-C.
+into the params' rollout engine (:func:`rlcore.serve.server.load_server`) and runs uvicorn until Ctrl-C.
 The API, its batching and its errors: :mod:`rlcore.serve`.
 """
 
@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from rlcore.engine.model import resolve_model_path
-        from rlcore.serve.app import ServeOptions, create_app, load_server
+        from rlcore.serve.app import create_app
+        from rlcore.serve.server import ServeOptions, load_server
 
         if args.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is available here (use --device cpu or auto)")

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rlcore.commands import main
-from rlcore.serve.app import ChatRequest
+from rlcore.serve.schema import ChatRequest
 from rlcore.serve.batcher import Job, Sampling, plan
 
 MODEL = "tiny-test"
@@ -37,7 +37,8 @@ def serving(model_dir, **options):
 
     from rlcore.commands.serve import listen
     from rlcore.config import parse_config
-    from rlcore.serve.app import ServeOptions, create_app, load_server
+    from rlcore.serve.app import create_app
+    from rlcore.serve.server import ServeOptions, load_server
 
     cfg = parse_config({"rollout": {"engine": "static"}}, "test")
     server = load_server(model_dir, cfg, ServeOptions(served_model_name=MODEL, **options), torch.device("cpu"))
