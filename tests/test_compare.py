@@ -12,21 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlcore.compare import (
-    Cell,
-    CellResult,
-    CompareSpec,
-    PipelinePaths,
-    cell_metrics,
-    check_keys,
-    grid_cells,
-    mean_std,
-    parse_grid,
-    plot_curves,
-    render_markdown,
-    run_cells,
-    summarize,
-)
+from rlcore.compare.grid import Cell, CompareSpec, check_keys, grid_cells, parse_grid
+from rlcore.compare.report import mean_std, plot_curves, render_markdown, summarize
+from rlcore.compare.results import CellResult, PipelinePaths, cell_metrics
+from rlcore.compare.run import run_cells
 from rlcore.config import parse_config
 from rlcore.errors import ConfigError
 

@@ -38,7 +38,8 @@ def default_name(grid: dict[str, list[str]], seed_key: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from rlcore.commands.common import parse_overrides
-    from rlcore.compare import CompareSpec, check_cells, grid_cells, parse_grid, run_compare
+    from rlcore.compare.grid import CompareSpec, check_cells, grid_cells, parse_grid
+    from rlcore.compare.run import run_compare
     from rlcore.errors import ConfigError
 
     grid = parse_grid(args.grid)
