@@ -9,11 +9,8 @@ accuracy, mean margin, and the mean and std of the scores. The mean and std of t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
