@@ -1,16 +1,18 @@
-"""Recipes: params files that hold only what they change, written over rlcore's defaults as one ``params.yaml``.
+"""Recipes: whole params files, and what each one changes from rlcore's defaults.
 
-A recipe (``examples/dapo.yaml``) is a YAML mapping of the keys it sets, nested as in params.yaml. DVC reads
-params.yaml as it is (``dvc.yaml`` interpolates ``${rollout.agent.tools}``, ``${ppo.rounds}``, ... and each
-stage lists the keys it depends on), so a pipeline needs every key there: ``rlcore config use`` writes the
-whole file, the defaults of :class:`rlcore.config.Config` with each recipe over them in order, then ``--set``
-overrides, validated before anything is written::
+DVC reads params.yaml as it is (``dvc.yaml`` interpolates ``${rollout.agent.tools}``, ``${ppo.rounds}``, ... and
+each stage lists the keys it depends on), so a pipeline's params file holds every key. A recipe
+(``examples/dapo.yaml``) is such a file, so that ``cp examples/dapo.yaml params.yaml && dvc repro`` runs it; the
+keys it changes are marked ``# <- examples/dapo.yaml``. What a params file *changes* is what it sets to another
+value than rlcore's default (:func:`changes`), whether it holds every key or only a few: that is what
+``rlcore config use`` stacks, recipe over recipe, over the defaults (then ``--set`` overrides), validated before
+anything is written::
 
-    rlcore config use examples/dapo.yaml && dvc repro
-    rlcore config use examples/dapo.yaml examples/quick.yaml     # the same recipe at smoke-test sizes
+    rlcore config use examples/dapo.yaml examples/quick.yaml     # the recipe at smoke-test sizes
+    rlcore config refresh examples/*.yaml                          # every key of this rlcore, the changes kept
 
-A key added to the schema later reaches every recipe with its default, since no recipe repeats the keys it
-leaves alone. The repository's own params.yaml is this rendering of the defaults (a test keeps them equal).
+A key added to the schema reaches the recipes with ``rlcore config refresh`` (``make recipes``); a test fails
+until it has, and the repository's params.yaml is the defaults written out (a test keeps them equal).
 Nothing heavy is imported here: this runs before any stage.
 """
 
@@ -80,21 +82,60 @@ def _sections(schema: type[BaseModel]) -> dict[str, type[BaseModel]]:
     return out
 
 
+def changes(path: str | Path, schema: type[BaseModel] = Config) -> dict[str, Any]:
+    """What the params file at ``path`` changes from rlcore's defaults, nested as in params.yaml: the values it sets
+    (validated alone over the defaults, so an error names the file and the key) that differ from the default. A
+    section is compared key by key; any other value (``ppo.rounds``, ``task.file``) whole."""
+    raw = read_recipe(path)
+    defaults = Config().model_dump(mode="json")
+    alone = parse_config(merge(defaults, raw), str(path)).model_dump(mode="json")
+    return _differs(alone, defaults, schema)
+
+
+def _differs(value: dict[str, Any], default: dict[str, Any], schema: type[BaseModel]) -> dict[str, Any]:
+    sections = _sections(schema)
+    out = {}
+    for key, v in value.items():
+        if key in sections:
+            inner = _differs(v, default[key], sections[key])
+            if inner:
+                out[key] = inner
+        elif v != default.get(key):
+            out[key] = v
+    return out
+
+
 def compose(recipes: list[str | Path], overrides: dict[str, Any] | None = None) -> tuple[Config, dict[str, str]]:
-    """The validated config of the defaults with each recipe over them in order, then the dotted ``overrides``;
-    and, for every leaf key a recipe or an override set, which one set it last (a path, or ``--set``)."""
+    """The validated config of the defaults with each recipe's :func:`changes` over them in order, then the dotted
+    ``overrides``; and, for every leaf key a recipe or an override set, which one set it last (a path, or
+    ``--set``). A value a recipe leaves at its default does not undo an earlier recipe's change (``--set`` does)."""
     raw: dict[str, Any] = Config().model_dump(mode="json")
     origin: dict[str, str] = {}
     for path in recipes:
-        recipe = read_recipe(path)
-        parse_config(merge(Config().model_dump(mode="json"), recipe), str(path))  # alone: an error names its file
-        raw = merge(raw, recipe)
-        origin.update({key: str(path) for key in leaf_keys(recipe)})
+        changed = changes(path)
+        raw = merge(raw, changed)
+        origin.update({key: str(path) for key in leaf_keys(changed)})
     if overrides:
         raw = apply_overrides(raw, overrides)
         origin.update({key: "--set" for key in overrides})
     source = " + ".join([*map(str, recipes), *(["--set"] if overrides else [])]) or "the defaults"
     return parse_config(raw, source), origin
+
+
+def refresh(path: str | Path) -> str:
+    """The params file at ``path`` written again for this rlcore: its leading comment block kept, then every key of
+    the schema, its :func:`changes` kept and marked with its path (a key added to rlcore since takes its default; a
+    key rlcore no longer has is a ConfigError naming it)."""
+    path = Path(path)
+    cfg, origin = compose([path])
+    lead = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lead.append(line)
+    if not lead or lead[0].startswith("# " + HEADER[:20]):  # no header of its own, or the one `use` writes
+        return render(cfg, [path], origin)
+    return render(cfg, [path], origin, header=lead)
 
 
 def leaf_keys(mapping: dict[str, Any], schema: type[BaseModel] = Config, prefix: str = "") -> list[str]:
@@ -110,14 +151,16 @@ def leaf_keys(mapping: dict[str, Any], schema: type[BaseModel] = Config, prefix:
     return keys
 
 
-def render(cfg: Config, recipes: list[str | Path] = (), origin: dict[str, str] | None = None) -> str:
+def render(cfg: Config, recipes: list[str | Path] = (), origin: dict[str, str] | None = None,
+           header: list[str] | None = None) -> str:
     """The whole params.yaml of ``cfg``: every section and key in schema order, each key under the first sentence
-    of its doc, and a key whose value a recipe or ``--set`` chose marked with where it came from."""
+    of its doc, and a key whose value a recipe or ``--set`` chose marked with where it came from. ``header``: the
+    comment lines to open the file with (a recipe's own); by default, what the file is and which command wrote it."""
     sources = "".join(f" {p}" for p in recipes) + (" --set ..." if origin and "--set" in origin.values() else "")
     over = f", with {' then '.join(map(str, recipes))} over them (keys marked `<-`)" if recipes else ""
     if origin and "--set" in origin.values() and not recipes:
         over = ", with --set values over them (keys marked `<-`)"
-    lines = _comment(HEADER.format(sources=sources, over=over), "", whole=True) + [""]
+    lines = (header or _comment(HEADER.format(sources=sources, over=over), "", whole=True)) + [""]
     _section(cfg, "", 0, origin or {}, lines)
     return "\n".join(lines) + "\n"
 

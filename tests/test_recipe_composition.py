@@ -1,6 +1,6 @@
-"""rlcore.recipes and `rlcore config use`: recipes hold only what they change, params.yaml is the defaults written
-out, and a recipe over the defaults is exactly the config DVC and the stages then read. (The recipes run through
-DVC in tests/test_recipes.py.)"""
+"""rlcore.recipes and `rlcore config use` / `refresh`: a recipe is a whole params file whose changes from the defaults
+are marked, every recipe is current with this rlcore's keys, params.yaml is the defaults written out, and recipes
+stack by what they change. (The recipes run through DVC in tests/test_recipes.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 
 from rlcore.commands import main
 from rlcore.config import Config, load_config
-from rlcore.recipes import compose, leaf_keys, merge, read_recipe, render
+from rlcore.recipes import changes, compose, leaf_keys, merge, read_recipe, refresh, render
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "examples").glob("*.yaml"))
@@ -23,6 +23,22 @@ def test_the_repository_params_yaml_is_the_defaults_written_out():
     assert (REPO / "params.yaml").read_text() == render(Config()), "params.yaml is stale: run `rlcore config use`"
 
 
+def marked_keys(text: str, source: str) -> set[str]:
+    """The dotted keys of a params file's lines marked ``# <- source`` (sections followed by their indentation)."""
+    path: list[tuple[int, str]] = []
+    out = set()
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        path = [(i, k) for i, k in path if i < indent]
+        key = line.strip().split(":")[0]
+        path.append((indent, key))
+        if line.endswith(f"# <- {source}"):
+            out.add(".".join(k for _, k in path))
+    return out
+
+
 def dotted(mapping: dict, key: str):
     for part in key.split("."):
         mapping = mapping[part]
@@ -30,18 +46,58 @@ def dotted(mapping: dict, key: str):
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
-def test_a_recipe_sets_only_keys_it_changes_and_reads_the_same_alone_or_over_the_defaults(path):
-    recipe = read_recipe(path)
-    defaults = Config().model_dump(mode="json")
-    for key in leaf_keys(recipe):
-        try:
-            default = dotted(defaults, key)
-        except (KeyError, TypeError):  # under a mapping the defaults leave empty (rm.models.<name>, task.file)
-            continue
-        assert dotted(recipe, key) != default, f"{path.name}: {key} is set to its default"
-    cfg, origin = compose([path])
-    assert cfg == load_config(path)
-    assert set(origin.values()) <= {str(path)}
+def test_every_recipe_holds_every_key_and_marks_exactly_what_it_changes(path):
+    """What `cp examples/<recipe>.yaml params.yaml && dvc repro` needs: every key of this rlcore (a key added to
+    the schema fails this until `make recipes` has written it into every recipe), the file as `rlcore config
+    refresh` writes it, and a `<-` mark on exactly the keys whose value is not the default."""
+    text = path.read_text()
+    assert text == refresh(path.relative_to(REPO)), f"{path.name} is not current: run `make recipes`"
+    assert leaf_keys(read_recipe(path)) == leaf_keys(Config().model_dump(mode="json"))
+    marked = marked_keys(text, f"examples/{path.name}")
+    changed = leaf_keys(changes(path))
+    related = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
+    assert all(any(related(m, c) for c in changed) for m in marked), (marked, changed)
+    assert all(any(related(m, c) for m in marked) for c in changed), (marked, changed)
+    assert load_config(path) == compose([path])[0]
+
+
+def test_refresh_brings_a_file_from_an_older_rlcore_up_to_date_and_refuses_a_key_it_no_longer_has(
+        tmp_path, monkeypatch, capsys):
+    """A params file written before a key existed (here: without `actor.clip_ratio_high` and the whole `evaluate`
+    section) gets those keys at their defaults, keeps its own values, marks and leading comment."""
+    monkeypatch.chdir(tmp_path)
+    text = (REPO / "examples/dapo.yaml").read_text()
+    old = [line for line in text.splitlines() if not line.startswith("  clip_ratio_high")]
+    old = old[: next(i for i, line in enumerate(old) if line.startswith("evaluate:")) - 1]
+    assert "clip_ratio_high" not in "\n".join(old) and "evaluate:" not in "\n".join(old)
+    (tmp_path / "mine.yaml").write_text("\n".join(old) + "\n")
+    assert main(["config", "refresh", "--check", "mine.yaml"]) == 1
+    assert main(["config", "refresh", "mine.yaml"]) == 0
+    new = (tmp_path / "mine.yaml").read_text()
+    assert new.splitlines()[0] == text.splitlines()[0]  # its own header
+    cfg = load_config(tmp_path / "mine.yaml")
+    assert cfg.actor.clip_ratio_high == Config().actor.clip_ratio_high and cfg.evaluate == Config().evaluate
+    assert cfg.actor.clip_ratio_low == 0.2 and cfg.ppo.dapo.dynamic_sampling  # what the file changed stays
+    assert "  clip_ratio_low: 0.2  # <- mine.yaml" in new
+    assert main(["config", "refresh", "--check", "mine.yaml"]) == 0
+    capsys.readouterr()
+    (tmp_path / "gone.yaml").write_text(new.replace("seed: 42", "seed: 42\nold_knob: 1"))
+    (tmp_path / "mine.yaml").write_text("\n".join(old) + "\n")  # stale again: an error anywhere writes nothing
+    with pytest.raises(SystemExit) as err:
+        main(["config", "refresh", "mine.yaml", "gone.yaml"])
+    assert err.value.code == 2
+    assert capsys.readouterr().err.strip() == "rlcore config: error: gone.yaml: unknown key 'old_knob'"
+    assert (tmp_path / "mine.yaml").read_text() == "\n".join(old) + "\n"
+
+
+def test_a_value_at_its_default_changes_nothing_so_whole_recipes_stack():
+    """A whole recipe over another keeps the first one's changes (it holds their keys at their defaults); an
+    override is how a key goes back to its default."""
+    dapo, _ = compose([REPO / "examples/dapo.yaml"])
+    assert compose([REPO / "examples/dapo.yaml", REPO / "examples/grpo.yaml"])[0] == dapo
+    assert compose([REPO / "examples/grpo.yaml", REPO / "examples/dapo.yaml"])[0] == dapo
+    back, origin = compose([REPO / "examples/dapo.yaml"], {"actor.clip_ratio_high": Config().actor.clip_ratio_high})
+    assert back.actor.clip_ratio_high == Config().actor.clip_ratio_high and origin["actor.clip_ratio_high"] == "--set"
 
 
 @pytest.mark.parametrize("path", [p for p in RECIPES if p.stem != "quick"], ids=lambda p: p.stem)

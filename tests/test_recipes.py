@@ -1,13 +1,15 @@
 """Every recipe in examples/ through DVC itself, with the commands the README gives for it.
 
-A recipe holds only the keys it changes; `rlcore config use examples/<recipe>.yaml` writes the whole params.yaml
-(rlcore's defaults with the recipe over them) and `dvc repro` runs the pipeline. Here, in one scratch copy of the
-repository, one recipe after another, as a user who tries them in turn:
+A recipe is a whole params file (every key, the ones it changes marked): `cp examples/<recipe>.yaml params.yaml`
+and `dvc repro` runs it. Here, in one scratch copy of the repository, one recipe after another, as a user who
+tries them in turn:
 
-* at the recipe's own sizes, DVC builds the pipeline the recipe asks for (every stage, the foreach stages of its
-  task files, reward functions, tools, reward models and rounds included), from params.yaml as DVC reads it;
-* at smoke-test sizes (`rlcore config use examples/<recipe>.yaml examples/quick.yaml`, as the examples page says),
-  `dvc repro` runs every stage to the end and the outputs a user would look at are there. These runs (marker
+* at the recipe's own sizes, the file copied over params.yaml: DVC builds the pipeline the recipe asks for (every
+  stage, the foreach stages of its task files, reward functions, tools, reward models and rounds included), from
+  params.yaml as DVC reads it;
+* at smoke-test sizes (the recipe copied over params.yaml, then `rlcore config use params.yaml examples/quick.yaml`,
+  as the examples page says), `dvc repro` runs every stage to the end and the outputs a user would look at are
+  there. These runs (marker
   ``recipes``) take about 16 minutes of a 2-core machine for the 14 recipes, more than the whole of `make test`'s
   budget: `make test-integration` runs them with the suite's other long runs (`make test-recipes` alone), and CI
   runs it after `make test` (.ci/run).
@@ -74,26 +76,31 @@ def repo(tmp_path_factory) -> tuple[Path, dict]:
     return root, scratch_copy(root)
 
 
-def test_every_recipe_gives_dvc_the_pipeline_it_asks_for(repo):
-    """Each recipe at its own size written as params.yaml (what `rlcore config use` writes: rlcore.recipes, called
-    here in this process), then the pipeline as DVC parses it from that file (DVC's own index: every stage, the
-    foreach stages expanded)."""
+def test_every_recipe_copied_over_params_yaml_gives_dvc_the_pipeline_it_asks_for(repo, monkeypatch):
+    """Each recipe at its own size copied over params.yaml, then the pipeline as DVC parses it from that file
+    (DVC's own index: every stage, the foreach stages expanded), every key a stage lists found in the file, and
+    what `dvc repro --dry -f` would run, in DVC's order. (``-f``: without it, DVC 3's dry run looks in its run
+    cache for a stage whose inputs an earlier stage has not made yet and stops: treeverse/dvc#9818.)"""
+    from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
     from rlcore.config import load_config
-    from rlcore.recipes import compose, render
 
     root, _ = repo
-    for name in RECIPES:
-        recipe = f"examples/{name}.yaml"
-        composed, origin = compose([root / recipe])
-        (root / "params.yaml").write_text(render(composed, [recipe], origin))
+    monkeypatch.chdir(root)  # DVC's planner finds the stages by paths relative to the working directory
+    for name in [*RECIPES, "quick"]:
+        shutil.copy(root / "examples" / f"{name}.yaml", root / "params.yaml")
         cfg = load_config(root / "params.yaml")
-        assert cfg == composed, name
-        with Repo(str(root)) as repo:
-            stages = {s.name for s in repo.index.stages}
-        assert stages == expected_stages(cfg), name
-        assert cfg == load_config(REPO / "examples" / f"{name}.yaml"), name  # the recipe alone is the same config
+        with Repo(str(root)) as dvc:
+            stages = {s.name: s for s in dvc.index.stages}
+            assert set(stages) == expected_stages(cfg), name
+            for stage in stages.values():
+                for dep in (d for d in stage.deps if isinstance(d, ParamsDependency)):
+                    assert set(dep.params) <= set(dep.read_params()), (name, stage.name)
+        with Repo(str(root)) as dvc:
+            planned = [s.name for s in dvc.reproduce(dry=True, force=True)]
+        assert set(planned) == set(stages), name
+        assert planned.index("sft") < planned.index("score") < planned.index("evaluate"), name
 
 
 # what each recipe's run must show beyond the common outputs (the metrics file and a key in it, or a path)
@@ -116,7 +123,8 @@ def test_every_recipe_runs_to_the_end_at_smoke_test_sizes(repo, ray_head, name):
 
     root, env = repo
     env = {**env, **ray_head}
-    rlcore(["config", "use", f"examples/{name}.yaml", "examples/quick.yaml", *SUITE], root, env)
+    shutil.copy(root / "examples" / f"{name}.yaml", root / "params.yaml")
+    rlcore(["config", "use", "params.yaml", "examples/quick.yaml", *SUITE], root, env)
     out = run_group(["dvc", "repro"], root, env, timeout_s=600)
     cfg = load_config(root / "params.yaml")
     assert ran_stages(out) <= expected_stages(cfg)

@@ -92,16 +92,16 @@ def _help_top(top: argparse.ArgumentParser) -> list[str]:
 
 
 def examples_table() -> str:
-    """One row per examples/*.yaml: its file, its first comment line, the keys it sets (a recipe holds only the keys
-    it changes from rlcore's defaults; ``rlcore config use`` writes it over them as params.yaml)."""
+    """One row per examples/*.yaml: its file, its first comment line, the keys it changes from rlcore's defaults (a
+    recipe is a whole params file, those keys marked in it)."""
     from rlcore.commands.config import render
-    from rlcore.recipes import leaf_keys, read_recipe
+    from rlcore.recipes import changes, leaf_keys
 
-    lines = ["| file | what it shows | keys it sets over the defaults |", "| --- | --- | --- |"]
+    lines = ["| file | what it shows | keys it changes from the defaults |", "| --- | --- | --- |"]
     for path in sorted((ROOT / "examples").glob("*.yaml")):
         about = path.read_text().splitlines()[0].lstrip("# ").strip()
-        recipe = read_recipe(path)
-        changed = [f"`{key}: {render(_at(recipe, key))}`" for key in leaf_keys(recipe)]
+        changed = changes(path)
+        changed = [f"`{key}: {render(_at(changed, key))}`" for key in leaf_keys(changed)]
         lines.append(f"| `examples/{path.name}` | {_escape(about)} | {'<br>'.join(changed) or 'none'} |")
     return "\n".join(lines)
 

@@ -10,26 +10,42 @@ from typing import Any, Iterator
 
 from rlcore.commands.common import DEFAULT_PARAMS, add_config_options, config_from, params_source, parse_overrides
 
-HELP = "write a recipe over the defaults as params.yaml (use), show the resolved params (show), or check them"
-EXAMPLE = ("rlcore config use examples/dapo.yaml   |   rlcore config show rollout --set rollout.top_p=0.9   |   "
-           "rlcore config check")
+HELP = ("write recipes over the defaults as params.yaml (use), bring params files up to this rlcore (refresh), show "
+        "the resolved params (show), or check them")
+EXAMPLE = ("rlcore config use examples/dapo.yaml examples/quick.yaml   |   rlcore config show rollout --set "
+           "rollout.top_p=0.9   |   rlcore config check")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="<action>", required=True)
     use = sub.add_parser("use", help="write params.yaml: rlcore's defaults with recipes (examples/*.yaml) over them",
-                         description="Write the pipeline's params file: every key at rlcore's default, each recipe "
-                                     "file over them in order (a recipe holds only the keys it changes), then the "
+                         description="Write the pipeline's params file: every key at rlcore's default, what each "
+                                     "recipe file changes from the defaults over them in order (a recipe may hold "
+                                     "every key or only a few; a value at its default changes nothing), then the "
                                      "--set values; validated first, nothing is written if it is not valid. Each "
                                      "key a recipe or --set chose is marked in the file.",
-                         epilog="examples:\n  rlcore config use examples/dapo.yaml && dvc repro\n"
-                                "  rlcore config use examples/dapo.yaml examples/quick.yaml   # at smoke-test sizes\n"
+                         epilog="examples:\n  rlcore config use examples/dapo.yaml examples/quick.yaml   # at "
+                                "smoke-test sizes\n"
+                                "  rlcore config use params.yaml examples/quick.yaml          # the same, after "
+                                "cp examples/dapo.yaml params.yaml\n"
                                 "  rlcore config use                                          # the defaults",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     use.add_argument("recipes", nargs="*", metavar="RECIPE", help="recipe files, applied in order")
     use.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override one param after the recipes (dotted key, YAML value); repeatable")
     use.add_argument("--out", default=DEFAULT_PARAMS, metavar="FILE", help="the file to write (default: params.yaml)")
+    refresh = sub.add_parser("refresh", help="write params files again with every key of this rlcore, their "
+                                             "changes and leading comments kept",
+                             description="Rewrite each params file in place (a recipe, your params.yaml after an "
+                                         "upgrade): every key of this rlcore in schema order, the values the file "
+                                         "changes from the defaults kept and marked, its leading comment kept. A key "
+                                         "added to rlcore since takes its default; a key rlcore no longer has is a "
+                                         "one-line error and nothing is written.",
+                             epilog="examples:\n  rlcore config refresh params.yaml\n"
+                                    "  rlcore config refresh --check examples/*.yaml   # exit 1 naming the stale ones",
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    refresh.add_argument("files", nargs="+", metavar="FILE", help="params files to rewrite in place")
+    refresh.add_argument("--check", action="store_true", help="write nothing; exit 1 if any file is not current")
     show = sub.add_parser("show", help="the resolved config: each key's value, default, whether it differs, its doc",
                           description="The resolved config, whole or one section or key.",
                           epilog="example:\n  rlcore config show algorithm --set algorithm.adv_estimator=rloo",
@@ -149,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action == "use":
         return use(args)
+    if args.action == "refresh":
+        return refresh(args)
     cfg = config_from(args)
     source = params_source(args) or "built-in defaults"
     if args.action == "check":
@@ -173,6 +191,26 @@ def describe(row: dict[str, Any]) -> str:
     """One key's type, range and whole doc (``rlcore config show KEY`` and the docs' params reference)."""
     kind = row["type"] + (f", {row['range']}" if row["range"] else "")
     return f"{row['key']} ({kind}; default {render(row['default'])}): {row['text']}"
+
+
+def refresh(args: argparse.Namespace) -> int:
+    """``rlcore config refresh``: every file checked first (an invalid one stops all before anything is written),
+    then each stale one rewritten, or with ``--check`` named."""
+    from pathlib import Path
+
+    from rlcore.recipes import refresh as refreshed
+
+    texts = {path: refreshed(path) for path in map(Path, args.files)}
+    stale = [path for path, text in texts.items() if path.read_text() != text]
+    for path in stale:
+        if args.check:
+            print(f"{path}: not current (`rlcore config refresh {path}` writes it with every key of this rlcore)")
+        else:
+            path.write_text(texts[path])
+            print(f"{path}: written again with every key of this rlcore")
+    if not stale:
+        print(f"{len(texts)} file(s) current")
+    return 1 if stale and args.check else 0
 
 
 def use(args: argparse.Namespace) -> int:
