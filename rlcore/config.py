@@ -11,6 +11,8 @@ and what is allowed::
 
 from __future__ import annotations
 
+import copy
+
 import hashlib
 import json
 from pathlib import Path
@@ -280,7 +282,50 @@ class ResourcesConfig(_Section):
         return self
 
 
-class SFTConfig(_Section):
+class Optimizer(_Section):
+    """AdamW and its guards, the keys of every section that trains a model (sft, rm, actor, critic): the same
+    meaning and limits in each, the defaults (and a doc where a section's value needs a reason) its own, given as
+    ``class XConfig(Optimizer, defaults={"lr": 2e-3, "weight_decay": (0.1, "why")})``. Its keys come first in
+    the section."""
+
+    lr: float = Field(1e-4, gt=0)
+    """Peak AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Max global gradient norm."""
+    max_nonfinite_steps: int = Field(3, ge=0)
+    """Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm after which the stage
+    stops (exit code 3; the message names the step and the last finite metrics). A skipped step changes nothing
+    (weights, optimizer state, learning-rate schedule) and is counted in ``<section>/nonfinite_steps``.
+    0 = never stop."""
+
+    def __init_subclass__(cls, defaults: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = set(defaults or {}) - set(Optimizer.__annotations__)
+        if unknown:
+            raise TypeError(f"{cls.__name__}: defaults for keys Optimizer does not have: {sorted(unknown)}")
+        cls._optimizer_defaults = dict(defaults or {})
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """The section's own defaults and docs on copies of Optimizer's fields (their limits kept), then the
+        validator rebuilt with them."""
+        super().__pydantic_init_subclass__(**kwargs)
+        for key, value in cls._optimizer_defaults.items():
+            default, doc = value if isinstance(value, tuple) else (value, None)
+            field = copy.copy(cls.__pydantic_fields__[key])
+            field.default = default
+            if doc is not None:
+                field.description = doc
+            cls.__pydantic_fields__[key] = field
+        cls.model_rebuild(force=True)
+
+
+class SFTConfig(Optimizer, defaults={
+        "lr": 2e-3,
+        "weight_decay": (0.1, "AdamW weight decay. 0.1 makes the tiny model's SFT converge on every seed (0.0: "
+                              "stuck in a plateau on some).")}):
     steps: int = Field(2000, ge=1)
     """Optimizer steps. The tiny model's loss drops suddenly, at a step that depends on the seed (1300 on seed
     11)."""
@@ -288,20 +333,8 @@ class SFTConfig(_Section):
     """Sequences per step across all ranks (divisible by resources.n_workers)."""
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward on one rank (gradient accumulation above it)."""
-    lr: float = Field(2e-3, gt=0)
-    """Peak AdamW learning rate."""
-    weight_decay: float = Field(0.1, ge=0)
-    """AdamW weight decay. 0.1 makes the tiny model's SFT converge on every seed (0.0: stuck in a plateau on
-    some)."""
     warmup_steps: int = Field(20, ge=0)
     """Linear warm-up steps before cosine decay to 10% of lr."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Max global gradient norm."""
-    max_nonfinite_steps: int = Field(3, ge=0)
-    """Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm after which the stage
-    stops (exit code 3; the message names the step and the last finite metrics). A skipped step changes
-    nothing (weights, optimizer state, learning-rate schedule) and logs ``sft/nonfinite_steps`` 1.
-    0 = never stop."""
     save_every: int = Field(200, ge=0)
     """Step checkpoint every N steps (rlcore.trainer.checkpoint); a re-run after a crash resumes from the last
     one. 0 = off."""
@@ -609,12 +642,15 @@ class BypassConfig(_Section):
         return self
 
 
-class ActorConfig(_Section):
-    lr: float = Field(1e-4, gt=0)
-    """AdamW learning rate of the policy. On the default task 3e-4 gained on some seeds and lost on others;
-    1e-3 collapses."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
+class ActorConfig(Optimizer, defaults={
+        "lr": (1e-4, "AdamW learning rate of the policy. On the default task 3e-4 gained on some seeds and lost on "
+                     "others; 1e-3 collapses."),
+        "max_nonfinite_steps": (3, "Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm "
+                                   "after which the round stops (exit code 3; the message names the step and the "
+                                   "last finite metrics). A skipped step changes nothing (weights, optimizer state, "
+                                   "learning-rate schedule); each PPO step logs how many of its optimizer steps it "
+                                   "skipped (``actor/nonfinite_steps``), and the count runs over consecutive PPO "
+                                   "steps that skipped any. 0 = never stop.")}):
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up steps (constant afterwards)."""
     ppo_epochs: int = Field(1, ge=1)
@@ -623,14 +659,6 @@ class ActorConfig(_Section):
     """Prompts per optimizer step (times rollout.n responses)."""
     micro_batch_size: int = Field(256, ge=1)
     """Sequences per forward/backward on one rank."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Max global gradient norm."""
-    max_nonfinite_steps: int = Field(3, ge=0)
-    """Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm after which the round
-    stops (exit code 3; the message names the step and the last finite metrics). A skipped step changes
-    nothing (weights, optimizer state, learning-rate schedule); each PPO step logs how many of its optimizer
-    steps it skipped (``actor/nonfinite_steps``), and the count runs over consecutive PPO steps that skipped
-    any. 0 = never stop."""
     policy_loss: str = Field("vanilla", description=(
         f"Policy loss from rlcore.algos.losses.POLICY_LOSSES: {', '.join(names.POLICY_LOSSES)}."))
     loss_agg_mode: str = Field("token-mean", description=(
@@ -711,11 +739,10 @@ class ActorConfig(_Section):
         return names.check_name("KL estimator", v, names.KL_ESTIMATORS)
 
 
-class CriticConfig(_Section):
-    lr: float = Field(3e-3, gt=0)
-    """AdamW learning rate of the value model (used by gae)."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay of the value model."""
+class CriticConfig(Optimizer, defaults={
+        "lr": (3e-3, "AdamW learning rate of the value model (used by gae)."),
+        "max_nonfinite_steps": (3, "As actor.max_nonfinite_steps, for the critic's optimizer steps "
+                                   "(``critic/nonfinite_steps``).")}):
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch."""
     ppo_mini_batch_size: int | None = Field(None, ge=1)
@@ -724,10 +751,6 @@ class CriticConfig(_Section):
     """Value clipping range."""
     warmup_steps: int = Field(0, ge=0)
     """Steps during which only the critic trains."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Max global gradient norm."""
-    max_nonfinite_steps: int = Field(3, ge=0)
-    """As actor.max_nonfinite_steps, for the critic's optimizer steps (``critic/nonfinite_steps``)."""
     micro_batch_size: int = Field(256, ge=1)
     """Sequences per value forward and per forward/backward on one rank."""
     gradient_checkpointing: bool = False
@@ -777,7 +800,7 @@ class RewardModelTraining(_Section):
     learns to rank the answer above the policy's own mistakes. 0 = off."""
 
 
-class RMConfig(_Section):
+class RMConfig(Optimizer, defaults={"lr": (2e-3, "Peak AdamW learning rate (linear warm-up, cosine decay to 10%).")}):
     models: dict[str, RewardModelTraining] = {}
     """Reward models to train: name -> {train, test, init}; dvc.yaml makes one stage per key (rm@<name>) writing
     models/rm/<name>, none while it is empty. Use one with reward.model.path: models/rm/<name>."""
@@ -787,16 +810,8 @@ class RMConfig(_Section):
     """Pairs per step across all ranks (divisible by resources.n_workers)."""
     micro_batch_size: int = Field(64, ge=1)
     """Pairs per forward/backward on one rank."""
-    lr: float = Field(2e-3, gt=0)
-    """Peak AdamW learning rate (linear warm-up, cosine decay to 10%)."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
     warmup_steps: int = Field(20, ge=0)
     """Linear warm-up steps."""
-    grad_clip: float = Field(1.0, gt=0)
-    """Max global gradient norm."""
-    max_nonfinite_steps: int = Field(3, ge=0)
-    """As sft.max_nonfinite_steps, for the reward model's optimizer steps (``rm/nonfinite_steps``)."""
     center_rewards_coefficient: float = Field(0.01, ge=0)
     """Weight of mean((r_chosen + r_rejected)^2) in the loss, which keeps scores centred on 0 (TRL's
     center_rewards_coefficient; Eisenstein et al. 2023). 0 = off."""

@@ -40,8 +40,7 @@ class RoundGroups:
         a, c, timeout = cfg.actor, cfg.critic, cfg.ray.timeout_s
         actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor", share=share, timeout_s=timeout,
                             model=model_spec(cfg, init_dir, "actor"), engine=engine_spec(cfg.rollout),
-                            optim=OptimSpec(lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps,
-                                            offload=cfg.resources.offload.optimizer),
+                            optim=OptimSpec.of(a, warmup_steps=a.warmup_steps, offload=cfg.resources.offload.optimizer),
                             with_ref=needs_reference(cfg), seed=cfg.seed)
         groups = cls(actor)
         try:
@@ -51,8 +50,8 @@ class RoundGroups:
                 groups.critic = WorkerGroup(CriticWorker, pool, name="critic", share=share, timeout_s=timeout,
                                             model=model_spec(cfg, critic_dir if critic_dir.is_dir() else init_dir,
                                                              "critic"),
-                                            optim=OptimSpec(lr=c.lr, weight_decay=c.weight_decay,
-                                                            offload=cfg.resources.offload.optimizer), seed=cfg.seed)
+                                            optim=OptimSpec.of(c, offload=cfg.resources.offload.optimizer),
+                                            seed=cfg.seed)
                 groups.critic.call(CriticWorker.init_model)
             groups.reward_model = start_reward_model(cfg, pool, share=share)
         except BaseException:

@@ -109,7 +109,7 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
     world = cfg.resources.n_workers
     if r.batch_size % world:
         raise DataError(f"rm.batch_size {r.batch_size} must be divisible by resources.n_workers {world}")
-    optim = OptimSpec(lr=r.lr, weight_decay=r.weight_decay, warmup_steps=r.warmup_steps, total_steps=r.steps)
+    optim = OptimSpec.of(r, warmup_steps=r.warmup_steps, total_steps=r.steps, offload=cfg.resources.offload.optimizer)
     step_spec = RMStepSpec(micro_batch_size=max(1, min(r.micro_batch_size, r.batch_size // world)),
                            grad_clip=r.grad_clip, center_rewards_coefficient=r.center_rewards_coefficient)
     log = StepLog(tracker, plot_csv)

@@ -82,8 +82,7 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
     data = sft_batch(read_rows(data_path), tokenizer, cfg, data_path, tools=tool_schemas(cfg.rollout.agent))
     check_model(cfg, base_model, "sft")
     s = cfg.sft
-    optim = OptimSpec(lr=s.lr, weight_decay=s.weight_decay, warmup_steps=s.warmup_steps, total_steps=s.steps,
-                      offload=cfg.resources.offload.optimizer)
+    optim = OptimSpec.of(s, warmup_steps=s.warmup_steps, total_steps=s.steps, offload=cfg.resources.offload.optimizer)
     step_spec = SFTStepSpec(micro_batch_size=max(1, min(s.micro_batch_size, s.batch_size // cfg.resources.n_workers)),
                             grad_clip=s.grad_clip)
     log = StepLog(tracker, plot_csv)

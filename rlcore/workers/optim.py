@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlcore.config import Optimizer
 from rlcore.engine.sequence import SequenceModel
 from rlcore.protocol import Metrics
 
@@ -24,6 +25,14 @@ class OptimSpec:
     min_lr_ratio: float = 0.1
     offload: bool = False
     """The AdamW state lives in CPU memory between optimizer steps (``resources.offload.optimizer``; GPU runs)."""
+
+    @classmethod
+    def of(cls, section: Optimizer, *, offload: bool, warmup_steps: int = 0,
+           total_steps: int | None = None) -> OptimSpec:
+        """The optimizer of a params section that trains a model (``sft``, ``rm``, ``actor``, ``critic``); the
+        schedule is the caller's, since ``warmup_steps`` means another thing in ``critic``."""
+        return cls(lr=section.lr, weight_decay=section.weight_decay, warmup_steps=warmup_steps,
+                   total_steps=total_steps, offload=offload)
 
 
 def make_optimizer(model: torch.nn.Module, spec: OptimSpec):
