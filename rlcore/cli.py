@@ -1,9 +1,12 @@
-"""What every stage script shares: argument parsing, config loading, clean failures, outputs.
+"""What every stage script shares: argument parsing, config loading, clean failures, its MLflow run, outputs.
 
-A stage declares the params sections it reads (``PARAMS``); :func:`stage_config`
-hands it only those, so a stage cannot depend on a key that dvc.yaml does not list.
-Importing this module loads no torch, pandas, pyarrow or ray: a stage validates its params
-and input paths before anything heavy starts.
+A stage script reads as the same four steps: :func:`parser` (the arguments every stage has, and the reward and tool
+input folders where it reads them), ``rlcore.stage.stage_setup`` in :func:`stage_errors` (the params sections it
+declares in ``PARAMS`` and dvc.yaml, validated, and the recorded hashes of its reward and tool files), its heavy
+imports in ``rlcore.heap.long_lived``, then its work inside ``rlcore.stage.stage_run`` (its MLflow run, nested under
+the pipeline's). :func:`stage_config` hands a stage only the sections it declares, so a stage cannot depend on a key that dvc.yaml
+does not list. Importing this module loads no torch, pandas, pyarrow or ray: a stage validates its params and
+input paths before anything heavy starts.
 """
 
 from __future__ import annotations
@@ -29,10 +32,18 @@ EXIT_WORKER_DIED = 75
 EXIT_DIVERGED = 3
 
 
-def parser(doc: str | None) -> argparse.ArgumentParser:
+def parser(doc: str | None, *, rewards: bool = False, tools: bool = False) -> argparse.ArgumentParser:
+    """A stage's arguments: ``--params``, ``--metrics``; ``rewards``: ``--rewards``, the folder of the reward
+    inputs' manifests; ``tools``: ``--tools``, the tool files'. ``rlcore.stage.stage_setup`` records the inputs of
+    those a stage declares."""
     p = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0] if doc else None)
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     p.add_argument("--metrics", required=True, help="metrics JSON to write")
+    if rewards:
+        p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
+    if tools:
+        p.add_argument("--tools", default=None, help="folder of the tool files' manifests (rlcore.inputs); without "
+                                                     "it, the files are hashed as they are")
     return p
 
 

@@ -11,42 +11,32 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import parser, require_file, stage_errors, write_json
 from rlcore.config import Config
 from rlcore.heap import long_lived, script
+from rlcore.stage import stage_run, stage_setup
 
 PARAMS = tuple(Config.model_fields)  # all of params.yaml: they label the pipeline run in MLflow
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, rewards=True, tools=True)
     p.add_argument("--data", required=True)
-    p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
-    p.add_argument("--tools", default=None,
-                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--sft", required=True)
     p.add_argument("--final", required=True)
     p.add_argument("--samples", required=True, help="CSV of sample prompts, responses and rewards")
     args = p.parse_args(argv)
     with stage_errors("evaluate"):
-        cfg, params = stage_config(args.params, PARAMS, "evaluate")
+        cfg, params = stage_setup(args, PARAMS, "evaluate")
         for path, what in ((args.data, "test data"), (args.sft, "SFT model"), (args.final, "final model")):
             require_file(path, what)
-        from rlcore.inputs import recorded_reward_inputs
-        params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
-        from rlcore.inputs import recorded_tool_inputs
-        if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
-            params = {**params, "tool_inputs": tools}
         # heavy imports (torch, transformers, ray) only after the params are known to be valid; what they load
         # lives to the end of the process (rlcore.heap)
         with long_lived():
             from rlcore.engine.model import load_tokenizer
-            from rlcore.pipeline_run import pipeline_params
-            from rlcore.tracking import open_run
             from rlcore.trainer.evaluate import run_evaluate
             tokenizer = load_tokenizer(args.sft)
-        with open_run(cfg.tracking, stage="evaluate", params=params, root=REPO_ROOT,
-                      pipeline=pipeline_params(args.params), params_file=args.params) as tracker:
+        with stage_run(cfg, args, "evaluate", params) as tracker:
             metrics, table = run_evaluate(cfg, models={"sft": args.sft, "final": args.final}, tokenizer=tokenizer,
                                           data_path=args.data)
             write_json(args.metrics, metrics)

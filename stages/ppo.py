@@ -7,9 +7,10 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_errors, write_json
 from rlcore.errors import ConfigError
 from rlcore.heap import long_lived, script
+from rlcore.stage import stage_run, stage_setup
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
           "rollout", "reward", "algorithm", "actor", "critic",
@@ -17,13 +18,10 @@ PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.ma
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, rewards=True, tools=True)
     p.add_argument("--round", required=True)
     p.add_argument("--init", required=True)
     p.add_argument("--data", required=True)
-    p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
-    p.add_argument("--tools", default=None,
-                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
     p.add_argument("--val-data", default=None, help="held-out prompts for ppo.val_every (reported only)")
@@ -31,15 +29,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="parquet of the ppo.log_samples rollouts of every step (rewritten after each step)")
     args = p.parse_args(argv)
     with stage_errors(f"ppo@{args.round}"):
-        cfg, params = stage_config(args.params, PARAMS, "ppo")
+        cfg, params = stage_setup(args, PARAMS, "ppo")
         if args.round not in cfg.ppo.rounds:
             raise ConfigError(f"--round {args.round!r} is not a key of ppo.rounds ({', '.join(cfg.ppo.rounds)})")
         require_file(args.data, "scored rl data")
-        from rlcore.inputs import recorded_reward_inputs
-        params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
-        from rlcore.inputs import recorded_tool_inputs
-        if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
-            params = {**params, "tool_inputs": tools}
         require_file(args.init, "initial model")
         if args.val_data and cfg.ppo.val_every:
             require_file(args.val_data, "validation data")
@@ -47,8 +40,6 @@ def main(argv: list[str] | None = None) -> None:
         # lives to the end of the process (rlcore.heap)
         with long_lived():
             from rlcore.engine.model import load_tokenizer
-            from rlcore.pipeline_run import pipeline_params
-            from rlcore.tracking import open_run
             from rlcore.trainer.checkpoint import stage_checkpoints
             from rlcore.trainer.ppo import run_ppo_round
             tokenizer = load_tokenizer(args.init)
@@ -58,9 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         checkpoints = stage_checkpoints(cfg, stage=f"ppo@{args.round}", save_every=cfg.ppo.save_every, params=own,
                                         root=REPO_ROOT, inputs=inputs)
         resume = checkpoints.resume()
-        with open_run(cfg.tracking, stage="ppo", params=params, root=REPO_ROOT,
-                      pipeline=pipeline_params(args.params), params_file=args.params, round_name=args.round,
-                      run_id=resume.run_id if resume else None) as tracker:
+        with stage_run(cfg, args, "ppo", params, round_name=args.round,
+                       run_id=resume.run_id if resume else None) as tracker:
             metrics = run_ppo_round(cfg, round_name=args.round, init_dir=args.init, tokenizer=tokenizer,
                                     data_path=args.data, out_dir=args.out, tracker=tracker, plot_csv=args.plots,
                                     val_path=args.val_data, rollouts_path=args.rollouts, checkpoints=checkpoints,

@@ -10,9 +10,10 @@ it changes.
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import parser, require_file, stage_errors, write_json
 from rlcore.errors import ConfigError
 from rlcore.heap import long_lived, script
+from rlcore.stage import stage_run, stage_setup
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources", "rm")
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plots", default=None)
     args = p.parse_args(argv)
     with stage_errors(f"rm@{args.name}"):
-        cfg, params = stage_config(args.params, PARAMS, "rm")
+        cfg, params = stage_setup(args, PARAMS, "rm")
         if args.name not in cfg.rm.models:
             raise ConfigError(f"--name {args.name!r} is not a key of rm.models ({', '.join(cfg.rm.models) or 'none'})")
         for path, what in ((args.train, "training pairs"), (args.test, "held-out pairs"), (args.init, "initial model")):
@@ -38,13 +39,10 @@ def main(argv: list[str] | None = None) -> None:
         with long_lived():
             from rlcore.engine.model import load_tokenizer
             from rlcore.inputs import write_manifest
-            from rlcore.pipeline_run import pipeline_params
-            from rlcore.tracking import open_run
             from rlcore.trainer.rm_training import run_rm
             tokenizer = load_tokenizer(args.init)
         own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}
-        with open_run(cfg.tracking, stage="rm", params=own, root=REPO_ROOT,
-                      pipeline=pipeline_params(args.params), params_file=args.params, round_name=args.name) as tracker:
+        with stage_run(cfg, args, "rm", own, round_name=args.name) as tracker:
             metrics = run_rm(cfg, init=args.init, tokenizer=tokenizer, train_path=args.train, test_path=args.test,
                              out_dir=args.out, tracker=tracker, plot_csv=args.plots,
                              self_play=cfg.rm.models[args.name].self_play)

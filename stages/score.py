@@ -8,41 +8,31 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import parser, require_file, stage_errors, write_json
 from rlcore.heap import long_lived, script
+from rlcore.stage import stage_run, stage_setup
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
           "rollout", "reward", "score")
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, rewards=True, tools=True)
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
-    p.add_argument("--rewards", required=True, help="folder of the reward inputs' manifests (rlcore.inputs)")
-    p.add_argument("--tools", default=None,
-                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     with stage_errors("score"):
-        cfg, params = stage_config(args.params, PARAMS, "score")
+        cfg, params = stage_setup(args, PARAMS, "score")
         require_file(args.data, "rl data")
-        from rlcore.inputs import recorded_reward_inputs
-        params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
-        from rlcore.inputs import recorded_tool_inputs
-        if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
-            params = {**params, "tool_inputs": tools}
         require_file(args.model, "SFT model")
         # heavy imports (torch, transformers, ray) only after the params are known to be valid; what they load
         # lives to the end of the process (rlcore.heap)
         with long_lived():
             from rlcore.engine.model import load_tokenizer
-            from rlcore.pipeline_run import pipeline_params
-            from rlcore.tracking import open_run
             from rlcore.trainer.score import run_score
             tokenizer = load_tokenizer(args.model)
-        with open_run(cfg.tracking, stage="score", params=params, root=REPO_ROOT,
-                      pipeline=pipeline_params(args.params), params_file=args.params) as tracker:
+        with stage_run(cfg, args, "score", params) as tracker:
             metrics = run_score(cfg, model_dir=args.model, tokenizer=tokenizer, data_path=args.data,
                                 out_path=args.out)
             write_json(args.metrics, metrics)

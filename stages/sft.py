@@ -9,33 +9,27 @@ multi-turn demonstrations (``extra_info.messages``) are trained on their assista
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_config, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_errors, write_json
 from rlcore.heap import long_lived, script
+from rlcore.stage import stage_run, stage_setup
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
           "sft", "checkpoint", "rollout.agent.loop", "rollout.agent.tools")
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__)
+    p = parser(__doc__, tools=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
-    p.add_argument("--tools", default=None,
-                   help="folder of the tool files' manifests (rlcore.inputs); without it, the files are hashed as they are")
     args = p.parse_args(argv)
     with stage_errors("sft"):
-        cfg, params = stage_config(args.params, PARAMS, "sft")
+        cfg, params = stage_setup(args, PARAMS, "sft")
         require_file(args.data, "sft data")
-        from rlcore.inputs import recorded_tool_inputs
-        if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
-            params = {**params, "tool_inputs": tools}
         # heavy imports (torch, transformers, ray) only after the params are known to be valid; what they load
         # lives to the end of the process (rlcore.heap)
         with long_lived():
             from rlcore.engine.model import load_tokenizer, resolve_model_path
-            from rlcore.pipeline_run import pipeline_params
-            from rlcore.tracking import open_run
             from rlcore.trainer.checkpoint import stage_checkpoints
             from rlcore.trainer.sft import run_sft
             base = resolve_model_path(cfg.model.path, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
@@ -43,9 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         checkpoints = stage_checkpoints(cfg, stage="sft", save_every=cfg.sft.save_every, params=params, root=REPO_ROOT,
                                         inputs=[args.data, base])
         resume = checkpoints.resume()
-        with open_run(cfg.tracking, stage="sft", params=params, root=REPO_ROOT,
-                      pipeline=pipeline_params(args.params), params_file=args.params,
-                      run_id=resume.run_id if resume else None) as tracker:
+        with stage_run(cfg, args, "sft", params, run_id=resume.run_id if resume else None) as tracker:
             metrics = run_sft(cfg, base_model=base, tokenizer=tokenizer, data_path=args.data, out_dir=args.out,
                               tracker=tracker, plot_csv=args.plots, checkpoints=checkpoints, resume=resume)
             write_json(args.metrics, metrics)
