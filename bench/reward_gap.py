@@ -82,7 +82,7 @@ def one_batch() -> dict[str, float]:
     from bench import trl_side
     from bench.settings import paths, rl_config
     from rlcore.algos.advantage import compute_advantage
-    from rlcore.algos.losses import AggScale
+    from rlcore.algos.aggregation import AggScale
     from rlcore.controller import RankPlacement
     from rlcore.data.collate import decode_responses, prompt_batch
     from rlcore.data.schema import read_rows
@@ -90,8 +90,8 @@ def one_batch() -> dict[str, float]:
     from rlcore.protocol import Batch
     from rlcore.rewards.rule import compute_score
     from rlcore.rollout import EngineSpec, SamplingParams
-    from rlcore.trainer.rollout_data import place_scores
     from rlcore.trainer.ppo_step import actor_update_spec
+    from rlcore.trainer.rollout_data import place_scores
     from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
     from rlcore.workers.optim import OptimSpec
     from rlcore.workers.proximal import ProximalTerms

@@ -662,7 +662,7 @@ class ActorConfig(Optimizer, defaults={
     policy_loss: str = Field("vanilla", description=(
         f"Policy loss from rlcore.algos.losses.POLICY_LOSSES: {', '.join(names.POLICY_LOSSES)}."))
     loss_agg_mode: str = Field("token-mean", description=(
-        f"Loss aggregation from rlcore.algos.losses.LOSS_AGG_MODES: {', '.join(names.LOSS_AGG_MODES)} (gspo, geo_mean, "
+        f"Loss aggregation from rlcore.algos.aggregation.LOSS_AGG_MODES: {', '.join(names.LOSS_AGG_MODES)} (gspo, geo_mean, "
         "sapo and luspo fix their own)."))
     clip_ratio: float = Field(0.2, gt=0)
     """PPO clip epsilon (dppo_tv/dppo_kl: the divergence bound of the trust region, as in verl; its DPPO recipe

@@ -21,10 +21,10 @@ BEHAVIOUR_OLD_POLICY_LOSSES = ("bypass_mode",)
 # rlcore.algos.off_policy.REJECTION_OPTIONS (bypass_mode's rejection tests)
 REJECTION_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
                      "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
-# rlcore.algos.losses.KL_ESTIMATORS
+# rlcore.algos.kl.KL_ESTIMATORS
 KL_ESTIMATORS = ("abs", "abs+", "k1", "k1+", "k2", "k2+", "k3", "k3+", "kl", "kl+", "low_var_kl", "low_var_kl+",
                  "mse", "mse+")
-# rlcore.algos.losses.LOSS_AGG_MODES
+# rlcore.algos.aggregation.LOSS_AGG_MODES
 LOSS_AGG_MODES = ("bnpo", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean",
                   "token-sum")
 # rlcore.algos.kl_control.KL_CONTROLLERS

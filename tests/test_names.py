@@ -8,8 +8,10 @@ from rlcore import names
 from rlcore.agents import LOOPS
 from rlcore.agents.parsers import PARSERS
 from rlcore.algos.advantage import ESTIMATORS
+from rlcore.algos.aggregation import LOSS_AGG_MODES
+from rlcore.algos.kl import KL_ESTIMATORS
 from rlcore.algos.kl_control import KL_CONTROLLERS
-from rlcore.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from rlcore.algos.losses import POLICY_LOSSES
 from rlcore.data.splits import TASKS
 from rlcore.engine.strategy import STRATEGIES
 from rlcore.rollout import ENGINES

@@ -1,4 +1,4 @@
-"""Policy losses, KL estimators, loss aggregation, value loss.
+"""Policy losses: the 16 ways of turning log-probs and advantages into the actor's loss (``POLICY_LOSSES``).
 
 Tensor conventions: ``old_log_prob``, ``log_prob``, ``ref_log_prob``, ``advantages``,
 ``values``, ``returns`` and ``vpreds`` are ``[batch, response_len]`` per-token tensors;
@@ -6,10 +6,9 @@ Tensor conventions: ``old_log_prob``, ``log_prob``, ``ref_log_prob``, ``advantag
 1 marks a response token the loss is trained on and 0 marks padding or an observation
 token, which never contributes to a loss or a metric.
 
-Three registries select behaviour by name: ``POLICY_LOSSES`` (``policy_loss``; entries declare
-the options they take, read by name from :class:`PolicyLossOptions`), ``KL_ESTIMATORS``
-(``kl_penalty``) and ``LOSS_AGG_MODES`` (``agg_loss``; entries declare what they are normalised
-by, so a micro-batch of a data-parallel mini-batch is scaled exactly, see :class:`AggScale`).
+``POLICY_LOSSES`` selects by name (``policy_loss``; entries declare the options they take, read by name
+from :class:`PolicyLossOptions`). Each loss is aggregated by ``rlcore.algos.aggregation`` (``agg_loss``,
+``AggScale``); the KL estimators are ``rlcore.algos.kl``'s and the critic's loss ``rlcore.algos.value_loss``.
 Formulas follow the papers cited in each docstring and verl's current ``core_algos.py``; where
 rlcore differs on purpose, the docstring says so.
 """
@@ -18,214 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
+from rlcore.algos.aggregation import AggScale, agg_loss, normalize
 from rlcore.algos.masked import masked_mean, masked_sum
 from rlcore.algos.off_policy import bypass_is_weights, rejection_keep
 from rlcore.registry import Registry, check_keywords, keyword_names
-
-# ------------------------------------------------------------------- aggregation
-
-Normalizer = Literal["tokens", "sequences", "none"]
-
-
-@dataclass(frozen=True)
-class AggScale:
-    """Global normalisers of a loss computed on one micro-batch of a data-parallel mini-batch.
-
-    With it, ``agg_loss`` returns the micro-batch's share of the global mini-batch loss times
-    ``dp_size``: summed over a rank's micro-batches (gradient accumulation) and averaged over the
-    ranks (DDP/FSDP gradient averaging), the gradient is that of the loss aggregated over the whole
-    global mini-batch at once, however it was split (verl's ``global_batch_info``).
-    """
-
-    tokens: float
-    """Valid (mask 1) tokens in the global mini-batch, all ranks."""
-    rows: float
-    """Rows (sequences) in the global mini-batch, all ranks, empty ones included."""
-    dp_size: int = 1
-    """Ranks whose gradients are averaged."""
-
-
-@dataclass(frozen=True)
-class AggMode:
-    """A registered loss aggregation mode: what it sums, and what it divides by."""
-
-    total: Callable[[torch.Tensor, torch.Tensor, Optional[float]], torch.Tensor]
-    """``(loss_mat, loss_mask, loss_scale_factor) -> 0-dim`` sum over tokens or sequences."""
-    normalizer: Normalizer
-    """``tokens``: divided by the valid token count; ``sequences``: by the sequence count; ``none``.
-    Under gradient accumulation a micro-batch therefore weighs its share of tokens or sequences."""
-
-
-LOSS_AGG_MODES: Registry[AggMode] = Registry("loss aggregation mode")
-
-
-def _row_totals(loss_mat: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    return masked_sum(loss_mat, loss_mask, dim=-1)
-
-
-def _token_sum(loss_mat, loss_mask, loss_scale_factor):
-    return masked_sum(loss_mat, loss_mask)
-
-
-def _seq_token_sums(loss_mat, loss_mask, loss_scale_factor):
-    return _row_totals(loss_mat, loss_mask).sum()
-
-
-def _seq_token_means(loss_mat, loss_mask, loss_scale_factor):
-    return masked_mean(loss_mat, loss_mask, dim=-1).sum()  # an empty row's mean is 0
-
-
-def _seq_token_sums_normed(loss_mat, loss_mask, loss_scale_factor):
-    scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-    return _row_totals(loss_mat, loss_mask).sum() / scale
-
-
-LOSS_AGG_MODES.add("token-mean", AggMode(_token_sum, "tokens"))
-LOSS_AGG_MODES.add("token-sum", AggMode(_token_sum, "none"))
-LOSS_AGG_MODES.add("seq-mean-token-sum", AggMode(_seq_token_sums, "sequences"))
-LOSS_AGG_MODES.add("seq-mean-token-mean", AggMode(_seq_token_means, "sequences"))
-LOSS_AGG_MODES.add("seq-mean-token-sum-norm", AggMode(_seq_token_sums_normed, "sequences"))
-# TRL's loss_type "bnpo" (GRPOTrainer) is an aggregation, not a policy loss: its per-token loss is GRPO's clipped
-# surrogate (rlcore's ``vanilla``), and only the normaliser differs from TRL's "grpo" (sequence means) and "dapo"
-# (global token count): the valid tokens of the batch. TRL counts them per device micro-batch, so its loss depends
-# on how a mini-batch is split; here every term is normalised by the global mini-batch (``AggScale``), which makes
-# "bnpo" the token mean of the whole mini-batch, the same normaliser as "token-mean".
-LOSS_AGG_MODES.add("bnpo", AggMode(_token_sum, "tokens"))
-
-
-def _normalize(total: torch.Tensor, normalizer: Normalizer, loss_mask: torch.Tensor, scale: AggScale | None,
-               *, all_rows: bool = False) -> torch.Tensor:
-    """``total`` divided by the local (or, with ``scale``, global) token or sequence count, times ``dp_size``.
-    Locally, sequences are the non-empty rows (all rows with ``all_rows``)."""
-    if normalizer == "none":
-        return total * (scale.dp_size if scale else 1)
-    if scale is not None:
-        count = scale.tokens if normalizer == "tokens" else scale.rows
-        return total / max(float(count), 1.0) * scale.dp_size
-    m = loss_mask.to(total.dtype)
-    if normalizer == "tokens":
-        count = m.sum()
-    elif all_rows:
-        count = torch.tensor(float(m.shape[0]), dtype=total.dtype, device=total.device)
-    else:
-        count = (m.sum(-1) > 0).to(total.dtype).sum()
-    return total / count.clamp(min=1)
-
-
-def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str, *,
-             loss_scale_factor: Optional[float] = None, scale: AggScale | None = None) -> torch.Tensor:
-    """Aggregate a per-token loss matrix into a scalar (verl ``agg_loss``; Dr. GRPO, Liu et al. 2025,
-    arXiv:2503.20783, motivates the length-unbiased modes).
-
-    With ``m`` the mask, ``L_i = sum_t m_it`` and ``S`` the set of rows with ``L_i > 0``:
-
-    * ``token-mean``: ``sum_it m_it l_it / sum_it m_it``.
-    * ``bnpo`` (TRL's name): the same token mean over the whole mini-batch (TRL takes it per device
-      micro-batch; see the registration for why it is an aggregation mode).
-    * ``token-sum``: ``sum_it m_it l_it``.
-    * ``seq-mean-token-sum``: ``mean_{i in S} sum_t m_it l_it``.
-    * ``seq-mean-token-mean``: ``mean_{i in S} (sum_t m_it l_it / L_i)``.
-    * ``seq-mean-token-sum-norm``: ``mean_{i in S} (sum_t m_it l_it) / loss_scale_factor``, the factor
-      defaulting to ``response_len`` (``loss_mask.shape[-1]``): Dr. GRPO's constant normaliser
-      ``1/G sum_i sum_t l_it / MAX_TOKENS``.
-
-    Fully masked rows are left out of the sequence means (as verl does); an all-masked batch
-    aggregates to 0 instead of NaN. With ``scale`` the denominators are the global mini-batch's
-    token or row counts instead of this micro-batch's (its empty rows then count, as in verl's
-    engine), and the result is multiplied by ``scale.dp_size`` (see :class:`AggScale`).
-
-    Args:
-        loss_mat: ``[batch, response_len]`` per-token losses.
-        loss_mask: ``[batch, response_len]``; 1 = token counted, 0 = ignored.
-        mode: A name in ``LOSS_AGG_MODES``.
-        loss_scale_factor: Divisor of ``seq-mean-token-sum-norm`` (the other modes have none).
-        scale: Global normalisers when ``loss_mat`` is one micro-batch of a larger mini-batch.
-
-    Returns:
-        0-dim loss tensor.
-    """
-    entry = LOSS_AGG_MODES.get(mode)
-    return _normalize(entry.total(loss_mat, loss_mask, loss_scale_factor), entry.normalizer, loss_mask, scale)
-
-
-# ---------------------------------------------------------------- KL estimators
-
-KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("KL estimator")
-
-
-def _log_ratio(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
-    return log_prob - ref_log_prob
-
-
-def _kl_k1(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
-    """k1: ``logp - logp_ref`` (unbiased, high variance)."""
-    return _log_ratio(log_prob, ref_log_prob)
-
-
-def _kl_abs(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
-    """abs: ``|logp - logp_ref|``."""
-    return _log_ratio(log_prob, ref_log_prob).abs()
-
-
-def _kl_k2(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
-    """k2: ``0.5 (logp - logp_ref)^2``."""
-    return 0.5 * _log_ratio(log_prob, ref_log_prob).square()
-
-
-def _kl_k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
-    """k3 (low-variance): ``e^x - x - 1`` with ``x = logp_ref - logp``, clamped as in verl."""
-    x = torch.clamp(ref_log_prob - log_prob, min=-20.0, max=20.0)
-    return torch.clamp(torch.exp(x) - x - 1.0, min=-10.0, max=10.0)
-
-
-def _straight_through_k2(value_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
-    """``<name>+``: the value of ``value_fn`` with the gradient of k2, ``k2 - sg(k2) + sg(value)``: k2's
-    gradient is an unbiased estimate of the gradient of KL(pi || pi_ref) whatever estimator is logged."""
-
-    def estimator(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
-        k2 = _kl_k2(log_prob, ref_log_prob)
-        return k2 - k2.detach() + value_fn(log_prob, ref_log_prob).detach()
-
-    estimator.__doc__ = f"value of {value_fn.__name__}, gradient of k2"
-    return estimator
-
-
-for _names, _fn in ((("kl", "k1"), _kl_k1), (("abs",), _kl_abs), (("mse", "k2"), _kl_k2),
-                    (("low_var_kl", "k3"), _kl_k3)):
-    for _name in _names:
-        KL_ESTIMATORS.add(_name, _fn)
-        KL_ESTIMATORS.add(_name + "+", _straight_through_k2(_fn))
-
-
-def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) (Schulman 2020, "Approximating KL
-    divergence", http://joschu.net/blog/kl-approx.html).
-
-    With ``d = log_prob - ref_log_prob``:
-
-    * ``kl`` / ``k1``: ``d``.
-    * ``abs``: ``|d|``.
-    * ``mse`` / ``k2``: ``0.5 * d^2``.
-    * ``low_var_kl`` / ``k3``: ``x = clamp(-d, -20, 20)``, ``clamp(e^x - x - 1, -10, 10)``.
-    * any of these with ``+`` (``k3+``, ``low_var_kl+``, ...): the same value, with the gradient of k2
-      (a straight-through estimator, verl's ``+`` variants).
-
-    Args:
-        log_prob: ``[batch, response_len]`` log-probs of the sampled tokens under pi.
-        ref_log_prob: ``[batch, response_len]`` log-probs under the reference policy.
-        kind: A name in ``KL_ESTIMATORS``.
-
-    Returns:
-        ``[batch, response_len]`` per-token penalty (unmasked; aggregate with a mask).
-    """
-    return KL_ESTIMATORS.get(kind)(log_prob, ref_log_prob)
-
-
-# ----------------------------------------------------------------- policy losses
 
 
 @dataclass(frozen=True)
@@ -500,7 +299,7 @@ def geo_mean_loss(
     seq_losses = -seq_adv * ratio
     if is_weights is not None:  # a sequence weighs the geometric mean of its tokens' weights (verl's)
         seq_losses = seq_losses * torch.exp(masked_sum(torch.log(is_weights + 1e-10), response_mask, dim=-1) / lengths)
-    loss = _normalize(seq_losses.sum(), "sequences", response_mask, agg_scale, all_rows=True)
+    loss = normalize(seq_losses.sum(), "sequences", response_mask, agg_scale, all_rows=True)
     was_clipped = neg_kl != neg_kl_clamped
     clipfrac = masked_mean((was_clipped & (advantages > 0)).to(log_prob.dtype), response_mask)
     clipfrac_lower = masked_mean((was_clipped & (advantages < 0)).to(log_prob.dtype), response_mask)
@@ -889,7 +688,7 @@ def luspo_loss(
     loss1 = -advantages * ratio
     loss2 = -advantages * torch.clamp(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
     total = masked_sum(_weighted(torch.maximum(loss1, loss2), is_weights), response_mask)
-    loss = _normalize(total, "sequences", response_mask, agg_scale, all_rows=True)
+    loss = normalize(total, "sequences", response_mask, agg_scale, all_rows=True)
     clipfrac = masked_mean((loss2 > loss1).to(log_prob.dtype), response_mask)
     return loss, _metrics(loss, clipfrac, 0.0, masked_mean(-neg_kl, response_mask))
 
@@ -1040,38 +839,3 @@ def policy_loss(
     if entry.uses_old_log_prob:
         options["old_log_prob"] = old_log_prob
     return entry.fn(log_prob=log_prob, advantages=advantages, response_mask=response_mask, **options)
-
-
-# -------------------------------------------------------------------- value loss
-
-
-def value_loss(
-    vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, *,
-    cliprange_value: float, loss_agg_mode: str = "token-mean", agg_scale: Optional[AggScale] = None,
-) -> "tuple[torch.Tensor, torch.Tensor]":
-    """Clipped value-function loss of PPO (Schulman et al. 2017, arXiv:1707.06347; as in
-    TRL/verl ``compute_value_loss``).
-
-    ``v_clip = clamp(vpred, V_old - c, V_old + c)``;
-    ``loss = 0.5 * agg(max((vpred - R)^2, (v_clip - R)^2))``;
-    ``clipfrac = masked_mean([(v_clip - R)^2 > (vpred - R)^2])``.
-
-    Args:
-        vpreds: ``[batch, response_len]`` current value predictions (differentiated).
-        returns: ``[batch, response_len]`` value targets ``R``.
-        values: ``[batch, response_len]`` values at rollout time ``V_old``.
-        response_mask: ``[batch, response_len]``; 1 = token in the loss.
-        cliprange_value: Clip range ``c``.
-        loss_agg_mode: ``agg_loss`` mode.
-        agg_scale: Global normalisers of a micro-batch (``AggScale``).
-
-    Returns:
-        ``(loss, clipfrac)``, both 0-dim tensors (``clipfrac`` detached).
-    """
-    vclipped = torch.maximum(torch.minimum(vpreds, values + cliprange_value), values - cliprange_value)
-    unclipped_loss = (vpreds - returns) ** 2
-    clipped_loss = (vclipped - returns) ** 2
-    loss = 0.5 * agg_loss(torch.maximum(unclipped_loss, clipped_loss), response_mask, loss_agg_mode,
-                          scale=agg_scale)
-    clipfrac = masked_mean((clipped_loss > unclipped_loss).to(vpreds.dtype), response_mask).detach()
-    return loss, clipfrac

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage
+from rlcore.algos.kl import kl_penalty
 from rlcore.algos.kl_control import controller_options, make_kl_controller
-from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions, kl_penalty
+from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions
 from rlcore.config import Config
 from rlcore.controller.balance import balance_over_ranks
 from rlcore.controller.worker_group import Pending

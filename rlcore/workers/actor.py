@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.algos.losses import POLICY_LOSSES, AggScale, PolicyLossOptions, agg_loss, kl_penalty, policy_loss
+from rlcore.algos.aggregation import AggScale, agg_loss
+from rlcore.algos.kl import kl_penalty
+from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions, policy_loss
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed, peak_memory, sync_check
 from rlcore.engine.lora import reference_weights
@@ -56,7 +58,7 @@ class KLLossSpec:
     """The KL(actor || reference) term of the actor loss."""
 
     estimator: str
-    """``rlcore.algos.losses.KL_ESTIMATORS`` name."""
+    """``rlcore.algos.kl.KL_ESTIMATORS`` name."""
     coef: float
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.algos.losses import AggScale, value_loss
+from rlcore.algos.aggregation import AggScale
+from rlcore.algos.value_loss import value_loss
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed
 from rlcore.engine.model import ModelSpec, load_critic, save_pretrained

@@ -2,7 +2,7 @@
 
 Each optimizer step covers one mini-batch: this rank's share of a global mini-batch spread over the
 data-parallel ranks, run in micro-batches (gradient accumulation). Every loss term is aggregated
-with the global mini-batch's token and row counts (``rlcore.algos.losses.AggScale``), so summed over
+with the global mini-batch's token and row counts (``rlcore.algos.aggregation.AggScale``), so summed over
 micro-batches and averaged over ranks the gradient is that of the loss over the whole global
 mini-batch, whatever each term's aggregation mode and however the batch was split.
 """
@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from rlcore.algos.losses import AggScale
+from rlcore.algos.aggregation import AggScale
 from rlcore.engine import distributed
 from rlcore.protocol import Batch, Metrics
 from rlcore.workers.optim import mean_metrics

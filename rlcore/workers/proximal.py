@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlcore.algos.losses import kl_penalty
+from rlcore.algos.kl import kl_penalty
 from rlcore.algos.off_policy import MAX_KEYS, SUM_KEYS, importance_weights, merge_stats, off_policy_metrics
 from rlcore.engine import distributed
 from rlcore.protocol import Batch, Metrics

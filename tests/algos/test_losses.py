@@ -8,19 +8,12 @@ import pytest
 import torch
 from numpy.testing import assert_allclose
 
+from rlcore.algos.aggregation import LOSS_AGG_MODES, AggScale, agg_loss
 from rlcore.algos.entropy import entropy_from_logits
-from rlcore.algos.losses import (
-    KL_ESTIMATORS,
-    LOSS_AGG_MODES,
-    POLICY_LOSSES,
-    AggScale,
-    PolicyLossOptions,
-    agg_loss,
-    kl_penalty,
-    policy_loss,
-    value_loss,
-)
+from rlcore.algos.kl import KL_ESTIMATORS, kl_penalty
+from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions, policy_loss
 from rlcore.algos.masked import masked_mean, masked_var, masked_whiten
+from rlcore.algos.value_loss import value_loss
 from rlcore.registry import options_from
 
 from . import reference_impl as ref

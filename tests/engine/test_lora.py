@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlcore.algos.losses import AggScale, PolicyLossOptions
+from rlcore.algos.aggregation import AggScale
+from rlcore.algos.losses import PolicyLossOptions
 from rlcore.controller import RankPlacement
 from rlcore.engine import lora, sync_check
 from rlcore.engine.lora import LoraSpec

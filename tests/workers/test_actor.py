@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlcore.algos.losses import AggScale, PolicyLossOptions
+from rlcore.algos.aggregation import AggScale
+from rlcore.algos.losses import PolicyLossOptions
 from rlcore.controller import RankPlacement
 from rlcore.engine.model import ModelSpec, load_causal_lm
 from rlcore.engine.sequence import sequences
