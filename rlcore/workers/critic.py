@@ -9,14 +9,14 @@ import torch
 
 from rlcore.algos.aggregation import AggScale
 from rlcore.algos.value_loss import value_loss
-from rlcore.controller.decorator import Dispatch, RankPlacement, register
+from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine import distributed
-from rlcore.engine.model import ModelSpec, load_critic, save_pretrained
+from rlcore.engine.model import load_critic, save_pretrained
 from rlcore.engine.sequence import eval_mode, sequences
 from rlcore.protocol import Batch, Metrics
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
-from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
-from rlcore.workers.rank import RankWorker
+from rlcore.workers.optim import clipped_step, make_optimizer, update_metrics
+from rlcore.workers.rank import TrainingRank
 from rlcore.workers.state import TrainedModelState
 
 
@@ -43,13 +43,8 @@ class CriticUpdateSpec:
     loss_agg_mode: str = "token-mean"
 
 
-class CriticWorker(TrainedModelState, RankWorker):
+class CriticWorker(TrainedModelState, TrainingRank):
     state_name, state_model = "critic", "critic"
-
-    def __init__(self, placement: RankPlacement, *, model: ModelSpec, optim: OptimSpec, seed: int = 0):
-        super().__init__(placement, seed)
-        self.model_spec = model
-        self.optim_spec = optim
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

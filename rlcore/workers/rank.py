@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlcore import heap
 from rlcore.controller.decorator import RankPlacement
 from rlcore.engine import distributed
+
+if TYPE_CHECKING:
+    from rlcore.engine.model import ModelSpec
+    from rlcore.workers.optim import OptimSpec
 
 
 class RankWorker:
@@ -38,6 +43,15 @@ class RankWorker:
         offload = bool(getattr(getattr(self, "model_spec", None), "offload_params", False))
         self.device = distributed.init_process_group(self.rank, self.world_size, master_addr, master_port,
                                                      use_gpu, timeout_s, cpu_collectives=offload)
+
+
+class TrainingRank(RankWorker):
+    """A rank that trains one model with one optimizer (SFT, the critic, a reward model): the model and optimizer
+    specs it is built from, for its ``init_model``."""
+
+    def __init__(self, placement: RankPlacement, *, model: ModelSpec, optim: OptimSpec, seed: int = 0):
+        super().__init__(placement, seed)
+        self.model_spec, self.optim_spec = model, optim
 
 
 def enter_workdir(workdir: str, worker: str, rank: int) -> None:

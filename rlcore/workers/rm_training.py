@@ -7,13 +7,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlcore.controller.decorator import Dispatch, RankPlacement, register
+from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine import distributed
-from rlcore.engine.model import ModelSpec, load_tokenizer
+from rlcore.engine.model import load_tokenizer
 from rlcore.engine.reward_model import load_reward_model, save_reward_model
 from rlcore.protocol import Batch, Metrics
-from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer
-from rlcore.workers.rank import RankWorker
+from rlcore.workers.optim import clipped_step, make_optimizer
+from rlcore.workers.rank import TrainingRank
 from rlcore.workers.reward_model import ScoreSpec, sequence_batch_scores
 
 
@@ -45,12 +45,8 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
     return loss.mean()
 
 
-class RewardTrainWorker(RankWorker):
+class RewardTrainWorker(TrainingRank):
     """A reward model and its optimizer, trained on preference pairs (data parallel)."""
-
-    def __init__(self, placement: RankPlacement, *, model: ModelSpec, optim: OptimSpec, seed: int = 0):
-        super().__init__(placement, seed)
-        self.model_spec, self.optim_spec = model, optim
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlcore.controller.decorator import Dispatch, RankPlacement, register
+from rlcore.controller.decorator import Dispatch, register
 from rlcore.engine import distributed
-from rlcore.engine.model import ModelSpec, load_policy, load_tokenizer, save_pretrained
+from rlcore.engine.model import load_policy, load_tokenizer, save_pretrained
 from rlcore.engine.sequence import sequences
 from rlcore.protocol import Batch, Metrics
-from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer
-from rlcore.workers.rank import RankWorker
+from rlcore.workers.optim import clipped_step, make_optimizer
+from rlcore.workers.rank import TrainingRank
 from rlcore.workers.state import TrainedModelState
 
 
@@ -24,13 +24,8 @@ class SFTStepSpec:
     """Max global gradient norm."""
 
 
-class SFTWorker(TrainedModelState, RankWorker):
+class SFTWorker(TrainedModelState, TrainingRank):
     state_name, state_model = "sft", "model"
-
-    def __init__(self, placement: RankPlacement, *, model: ModelSpec, optim: OptimSpec, seed: int = 0):
-        super().__init__(placement, seed)
-        self.model_spec = model
-        self.optim_spec = optim
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
