@@ -12,6 +12,7 @@ input paths before anything heavy starts.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -99,7 +100,6 @@ def _term_with_parent(signum: int) -> None:
     gone by then counts at once."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
 
     parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signum), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
@@ -142,12 +142,13 @@ def stage_config(path: str, sections: tuple[str, ...], stage: str) -> tuple[Conf
     imports of torch, transformers and Ray (about 10 s of CPU) and before it opens its MLflow run."""
     cfg = load_config(path)
     if "resources" in sections:  # before the stage imports torch: its kernels are chosen then
+        # here, not at the top: a stage that declares no resources (prepare) does not load it (dvc.yaml's deps)
         from rlcore.kernels import pin
 
         if warning := pin(cfg.resources.cpu_kernels):
             print(warning, file=sys.stderr, flush=True)
     if "ray" in sections:
-        from rlcore.controller.address import check_reachable
+        from rlcore.controller.address import check_reachable  # as rlcore.kernels: only the stages that use Ray
 
         check_reachable(cfg.ray.address)
     return DeclaredConfig(cfg, sections, stage), section_dict(cfg, sections)  # type: ignore[return-value]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rlcore.engine import lora
 from rlcore.errors import ConfigError, InputNotFound
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -28,8 +29,6 @@ MERGED_TOLERANCE = 1e-4
 
 def check_source(path: Path) -> dict:
     """The source folder's config (its base's, for an adapter folder), after checking it holds a causal LM."""
-    from rlcore.engine import lora
-
     if lora.is_adapter(path):
         task = lora.adapter_config(path).get("task_type")
         if task not in (None, "CAUSAL_LM"):
@@ -62,7 +61,6 @@ def load_checkpoint_policy(folder: Path):
     adapters on that folder's base, unmerged)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore.engine import lora
     from rlcore.trainer.checkpoint import CONTROLLER_FILE
 
     state = torch.load(folder / CONTROLLER_FILE, map_location="cpu", weights_only=False)
@@ -97,7 +95,6 @@ def load_source(src: Path):
     """The policy of a model folder, an adapter folder (unmerged) or a step checkpoint, with its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore.engine import lora
     from rlcore.trainer.checkpoint import CONTROLLER_FILE
 
     if (src / CONTROLLER_FILE).is_file():
@@ -115,8 +112,6 @@ def export_model(source: str | Path, out: str | Path, *, dtype: str = "float32",
     """Write ``source``'s policy (a stage's model folder, an adapter folder or a step checkpoint folder) to ``out`` in
     ``dtype``, adapters merged; returns a one-line report."""
     from transformers import AutoModelForCausalLM
-
-    from rlcore.engine import lora
 
     src, out = Path(source), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from rlcore.config import flatten, params_hash
+from rlcore.config import ConfigError, flatten, load_config, params_hash, parse_config, section_dict
 
 PIPELINE_STAGE = "pipeline"  # the parent's rlcore.stage tag
 KEY_TAG = "rlcore.pipeline"
@@ -45,8 +45,6 @@ NAME_CHARS = 120
 def pipeline_params(path: str | Path) -> dict[str, Any]:
     """Every section of the params file as plain data, for the pipeline's parent run: a label for comparing
     pipelines; what a stage computes reads only its own sections (rlcore.cli.stage_config)."""
-    from rlcore.config import load_config, section_dict
-
     cfg = load_config(path)
     return section_dict(cfg, tuple(type(cfg).model_fields))
 
@@ -72,8 +70,6 @@ def _git(root: Path, *args: str) -> str | None:
 def committed_params(root: Path, rev: str, params_file: str | Path) -> dict[str, Any] | None:
     """The params file as commit ``rev`` has it, defaults filled in (None: no such commit or file, or it does not
     validate any more)."""
-    from rlcore.config import ConfigError, parse_config, section_dict
-
     try:
         rel = Path(params_file).resolve().relative_to(Path(root).resolve())
     except ValueError:

@@ -16,8 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
 from rlcore.errors import ConfigError
+from rlcore.registry import options_from
 
 
 def sample_row(cfg: Config) -> tuple[dict[str, Any], str]:
@@ -38,7 +40,6 @@ def sample_row(cfg: Config) -> tuple[dict[str, Any], str]:
         gsm8k_rows(t.file["test"], split="test")[:1]
         return gsm8k_rows(t.file["train"], split="train")[0], f"{t.file['train']}: row 0"
     from rlcore.data.splits import build_splits, task_options
-    from rlcore.registry import options_from
 
     options = options_from(t, task_options(t.name) - {"seed"})
     options.update(n_sft=1, n_rl=1, n_test=1)
@@ -80,8 +81,6 @@ def check_inputs(cfg: Config) -> list[str]:
         lines.append(f"reward.model: {cfg.reward.model.path}: ok")
     assert probed == len(cfg.reward.functions)
     if cfg.rollout.agent.loop == "tool":
-        from rlcore.agents.check import tool_schemas
-
         functions = {s["function"]["name"] for s in tool_schemas(cfg.rollout.agent) or []}
         for t in cfg.rollout.agent.tools:
             kind = "a function, schema from its hints and docstring" if t.name in functions else "an environment"

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from rlcore.config import flatten, params_hash
+from rlcore.config import flatten, load_config, params_hash
 from rlcore.heap import long_lived
 from rlcore.pipeline_run import KEY_TAG, PipelineId, find_or_create, identify, ui_url, update_experiment
 
@@ -259,8 +259,6 @@ def print_ui_address(root: str | Path, base: str = "http://127.0.0.1:5000") -> N
     """``make mlflow-ui``: print where the pipelines' table will be, for the store and experiment params.yaml
     names (nothing when the experiment has no runs yet)."""
     import mlflow
-
-    from rlcore.config import load_config
 
     root = Path(root)
     params = root / "params.yaml"

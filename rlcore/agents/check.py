@@ -10,14 +10,13 @@ from typing import Any
 
 from rlcore.agents import agent_spec
 from rlcore.agents.spec import AgentSpec
+from rlcore.agents.tools import ToolPool
 from rlcore.errors import ConfigError
 
 
 @cache
 def describe_tools(spec: AgentSpec) -> dict:
     """What each of ``spec.tools`` is, from a short-lived tool process (:meth:`ToolPool.describe`)."""
-    from rlcore.agents.tools import ToolPool
-
     pool = ToolPool(spec)
     try:
         return pool.describe()

@@ -30,7 +30,9 @@ import inspect
 import io
 import json
 import os
+import resource
 import signal
+import socket
 import struct
 import sys
 import traceback
@@ -85,7 +87,6 @@ def _leave_network() -> str:
         except OSError:
             pass
         return "namespace"
-    import socket
 
     real = socket.socket
 
@@ -100,8 +101,6 @@ def _leave_network() -> str:
 
 
 def _limit_memory(memory_mb: int) -> None:
-    import resource
-
     if memory_mb > 0:
         limit = memory_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -175,7 +174,7 @@ class Sandbox:
     def handle(self, req: dict) -> dict:
         op = req["op"]
         if op == "describe":
-            from rlcore.agents.schema import describe
+            from rlcore.agents.schema import describe  # pydantic, docstring_parser: only when asked to describe
 
             return {"ok": True, "tools": {name: describe(obj, name) for name, obj in self.objects.items()},
                     "broken": self.broken}

@@ -17,6 +17,8 @@ import importlib
 import sys
 from types import ModuleType
 
+from rlcore.heap import script
+
 # name -> module, in the order ``rlcore --help`` lists them
 COMMANDS = ("generate", "eval", "serve", "view", "diagnose", "config", "init-model", "export", "compare")
 
@@ -49,6 +51,4 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The console script (``[project.scripts]``; ``python -m rlcore``)."""
-    from rlcore.heap import script
-
     sys.exit(script(main))

@@ -11,6 +11,7 @@ import yaml
 
 from rlcore.config import Config, apply_overrides, load_config, parse_config
 from rlcore.errors import ConfigError
+from rlcore.kernels import pin
 
 DEFAULT_PARAMS = "params.yaml"
 
@@ -48,8 +49,6 @@ def config_from(args: argparse.Namespace) -> Config:
     """The validated config: the params file (or the defaults) with ``--set`` overrides applied. The command's
     process computes with the CPU kernels it names (``resources.cpu_kernels``, :mod:`rlcore.kernels`), chosen here,
     before the command imports torch."""
-    from rlcore.kernels import pin
-
     overrides = parse_overrides(getattr(args, "overrides", []))
     source = params_source(args)
     if source is not None:

@@ -8,6 +8,8 @@ import re
 import shlex
 from pathlib import Path
 
+from rlcore.errors import ConfigError
+
 HELP = "run a grid of params values (x seeds) as DVC experiments and write a report: mean ± std per value, curves"
 EXAMPLE = ("rlcore compare --name estimators --grid algorithm.adv_estimator=grpo,rloo,opo --grid seed=1,2,3 "
            "--set ppo.rounds.r1.steps=200")
@@ -40,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     from rlcore.commands.common import parse_overrides
     from rlcore.compare.grid import CompareSpec, check_cells, grid_cells, parse_grid
     from rlcore.compare.run import run_compare
-    from rlcore.errors import ConfigError
 
     grid = parse_grid(args.grid)
     parse_overrides(args.overrides)  # the same KEY=VALUE checks as every command's --set

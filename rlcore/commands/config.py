@@ -6,9 +6,18 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import types
+import typing
+from pathlib import Path
 from typing import Any, Iterator
 
+from pydantic import BaseModel
+
 from rlcore.commands.common import DEFAULT_PARAMS, add_config_options, config_from, params_source, parse_overrides
+from rlcore.config import Config, load_config
+from rlcore.errors import ConfigError
+from rlcore.preflight import check_inputs
+from rlcore.recipes import compose, first_sentence, refresh as refreshed, render as render_params
 
 HELP = ("write recipes over the defaults as params.yaml (use), bring params files up to this rlcore (refresh), show "
         "the resolved params (show), or check them")
@@ -66,16 +75,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def one_line(doc: str | None) -> str:
     """The first sentence of a field's docstring, on one line."""
-    from rlcore.recipes import first_sentence
-
     return first_sentence(doc)
 
 
 def type_name(annotation: Any) -> str:
     """A field's type as a reader wants it: ``int``, ``one of: llama, qwen2``, ``list of: +, -, *``, ``str or null``."""
-    import types
-    import typing
-
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Literal:
         return "one of: " + ", ".join(str(a) for a in args)
@@ -105,8 +109,6 @@ def entries(model: Any, defaults: Any, prefix: str = "") -> Iterator[dict[str, A
     """``{key, value, default, changed, doc, text, type, range}`` for every leaf of a config section, in schema
     order: ``doc`` is the first sentence of the field's docstring (the table's), ``text`` all of it.
     Sections recurse; mappings of sections (``ppo.rounds``) are one entry with a JSON value."""
-    from pydantic import BaseModel
-
     for name, field in type(model).model_fields.items():
         value, default = getattr(model, name), getattr(defaults, name, None)
         key = f"{prefix}{field.alias or name}"  # ppo.async: a Python keyword, the field is async_
@@ -121,8 +123,6 @@ def entries(model: Any, defaults: Any, prefix: str = "") -> Iterator[dict[str, A
 
 
 def _plain(value: Any) -> Any:
-    from pydantic import BaseModel
-
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, dict):
@@ -138,8 +138,6 @@ def select(rows: list[dict[str, Any]], key: str | None) -> list[dict[str, Any]]:
         return rows
     picked = [r for r in rows if r["key"] == key or r["key"].startswith(key + ".")]
     if not picked:
-        from rlcore.errors import ConfigError
-
         known = sorted({r["key"] for r in rows} | {r["key"].rsplit(".", 1)[0] for r in rows if "." in r["key"]})
         close = difflib.get_close_matches(key, known, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -161,8 +159,6 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlcore.config import Config
-
     if args.action == "use":
         return use(args)
     if args.action == "refresh":
@@ -170,8 +166,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from(args)
     source = params_source(args) or "built-in defaults"
     if args.action == "check":
-        from rlcore.preflight import check_inputs
-
         lines = check_inputs(cfg)  # the task's files and the reward functions, called once on a row
         print("\n".join([f"{source}: ok ({len(list(entries(cfg, Config())))} keys valid)", *lines]))
         return 0
@@ -196,10 +190,6 @@ def describe(row: dict[str, Any]) -> str:
 def refresh(args: argparse.Namespace) -> int:
     """``rlcore config refresh``: every file checked first (an invalid one stops all before anything is written),
     then each stale one rewritten, or with ``--check`` named."""
-    from pathlib import Path
-
-    from rlcore.recipes import refresh as refreshed
-
     texts = {path: refreshed(path) for path in map(Path, args.files)}
     stale = [path for path, text in texts.items() if path.read_text() != text]
     for path in stale:
@@ -216,11 +206,6 @@ def refresh(args: argparse.Namespace) -> int:
 def use(args: argparse.Namespace) -> int:
     """``rlcore config use``: compose, validate, then write; the keys of the file it replaces that held values of
     their own (neither the default nor the new value) are named, since they are gone."""
-    from pathlib import Path
-
-    from rlcore.config import Config, load_config
-    from rlcore.recipes import compose, render as render_params
-
     cfg, origin = compose(args.recipes, parse_overrides(args.overrides))
     out = Path(args.out)
     lost: list[str] = []

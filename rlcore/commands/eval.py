@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from rlcore.cli import write_json
 from rlcore.commands.common import add_config_options, config_from, positive_int
 
 HELP = "score a generations file with the params' reward: mean reward, pass@1 and pass@k per data_source"
@@ -34,7 +35,6 @@ def format_table(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     cfg = config_from(args)
     k = args.k if args.k is not None else cfg.evaluate.k
-    from rlcore.cli import write_json
     from rlcore.rewards.generations import evaluate_generations
     from rlcore.rewards.scoring import RewardScorer
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from rlcore.cli import require_file
 from rlcore.commands.common import add_config_options, config_from, positive_int
+from rlcore.errors import ConfigError
 
 HELP = "generate responses for a file of prompts (parquet rows or jsonl) into a parquet"
 EXAMPLE = ("rlcore generate --model models/ppo/r1 --data data/processed/test.parquet --out gen.parquet "
@@ -26,11 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlcore.cli import require_file
-    from rlcore.errors import ConfigError
-
     cfg = config_from(args)
-    from pathlib import Path
 
     if not (Path(args.model) / "adapter_config.json").is_file():  # a LoRA adapter folder loads over its base
         require_file(f"{args.model}/config.json", "model folder (config.json)")

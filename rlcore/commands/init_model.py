@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from rlcore.commands.common import positive_int
+from rlcore.errors import ConfigError, InputNotFound
 
 HELP = "write a randomly initialised Llama/Qwen2 model folder (safetensors, config, tokenizer)"
 EXAMPLE = ("rlcore init-model --arch qwen2 --hidden-size 256 --num-layers 4 --num-heads 4 --out models/init-256 "
@@ -47,8 +48,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _resolved(args: argparse.Namespace) -> dict:
     """The shape: the preset's, then each flag given over it, then the defaults."""
-    from rlcore.errors import ConfigError
-
     shape = {"max_position_embeddings": 2048, "tie_word_embeddings": False, **SHAPES.get(args.shape or "", {})}
     for key in ("arch", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
                 "tie_word_embeddings", "max_position_embeddings"):
@@ -62,8 +61,6 @@ def _resolved(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlcore.errors import ConfigError
-
     shape = _resolved(args)
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -77,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
     if heads % shape.get("num_kv_heads", heads):
         raise ConfigError(f"--num-heads {heads} is not divisible by --num-kv-heads {shape['num_kv_heads']}")
     if args.tokenizer is not None and not Path(args.tokenizer).is_dir():
-        from rlcore.errors import InputNotFound
-
         raise InputNotFound(f"--tokenizer {args.tokenizer}: not a folder (a local tokenizer, never a hub name)")
     from rlcore.engine.model import load_tokenizer
     from rlcore.engine.tiny_model import build_char_tokenizer, build_tiny_model

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from rlcore.commands.common import add_config_options, config_from
+from rlcore.errors import ConfigError, InputNotFound
 
 HELP = "render a PPO round's rollouts as one HTML page: search, filters, sorting, per-step reward/length chart"
 EXAMPLE = "rlcore view --rollouts metrics/ppo_r1_rollouts.parquet --out r1.html"
@@ -21,7 +22,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlcore.errors import ConfigError, InputNotFound
     from rlcore.viewer import read_rollouts, rollouts_path, write_page
 
     final_round = None if args.rollouts else config_from(args).evaluate.final_round

@@ -17,6 +17,7 @@ from rlcore.compare.report import Group, plot_curves, render_markdown, summarize
 from rlcore.compare.repository import Repository, tail
 from rlcore.compare.results import CellResult, PipelinePaths, cell_metrics
 from rlcore.config import Config, ConfigError, parse_config
+from rlcore.tracking import open_run
 
 
 def run_cells(repo: Repository, spec: CompareSpec, cells: list[Cell], base: dict[str, Any], paths: PipelinePaths,
@@ -123,8 +124,6 @@ def _cell_times(seconds: list[float]) -> str:
 def _log_to_mlflow(cfg: Config, spec: CompareSpec, root: Path, out_dir: Path, groups: list[Group], commit: str) -> None:
     """A run of its own, named ``compare-<name>``, tagged ``rlcore.stage`` = ``compare`` and ``rlcore.compare`` =
     the name: the grid as params, each group's means as metrics, the report as artifacts."""
-    from rlcore.tracking import open_run
-
     params = {"compare": {"name": spec.name, "grid": {k: ",".join(v) for k, v in spec.grid.items()},
                           "set": spec.fixed, "seed_key": spec.seed_key, "baseline": commit}}
     with open_run(cfg.tracking, stage="compare", params=params, root=root, run_name=f"compare-{spec.name}",

@@ -6,6 +6,8 @@ continues from the right edge); responses are right-padded to ``max_response_len
 
 from __future__ import annotations
 
+from rlcore.agents.template import TurnTemplate
+
 from itertools import compress
 from typing import Sequence
 
@@ -61,8 +63,6 @@ def encode_conversations(tokenizer, conversations: Sequence[list[dict]], max_len
     between them) as the tool loop lays a trajectory out (:class:`rlcore.agents.template.TurnTemplate`):
     ``[batch, max_len]`` ids, loss mask (1 on the assistant turns' tokens and their EOS) and attention mask (1 on
     every token), right-padded."""
-    from rlcore.agents.template import TurnTemplate
-
     turns = TurnTemplate(tokenizer, tools)
     ids = torch.full((len(conversations), max_len), tokenizer.pad_token_id, dtype=torch.long)
     loss = torch.zeros((len(conversations), max_len), dtype=torch.long)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlcore.diagnose.base import Check, Context, register
+from rlcore.engine import footprint
+from rlcore.engine.lora import architecture_folder
 
 
 def _model(ctx: Context):
@@ -23,9 +25,6 @@ def _model(ctx: Context):
 
 @register("memory")
 def check_memory(ctx: Context) -> Check:
-    from rlcore.engine import footprint
-    from rlcore.engine.lora import architecture_folder
-
     model = _model(ctx)
     if isinstance(model, Path) and not (architecture_folder(model) / "config.json").is_file():
         return Check("memory", "warn", f"model.path {ctx.cfg.model.path!r}: no model folder to estimate from",

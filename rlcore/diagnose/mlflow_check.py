@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from rlcore.diagnose.base import Check, Context, Status, register
+from rlcore.tracking import resolve_uri
 
 
 def mlflow_schema_head() -> str | None:
@@ -111,8 +112,6 @@ def _http_store(uri: str, experiment: str, timeout_s: float) -> Check:
 
 @register("mlflow")
 def check_mlflow(ctx: Context) -> Check:
-    from rlcore.tracking import resolve_uri
-
     tracking = ctx.cfg.tracking
     if not tracking.enabled:
         return Check("mlflow", "ok", "tracking.enabled is false: stages log nothing")

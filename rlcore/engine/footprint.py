@@ -35,6 +35,7 @@ from pathlib import Path
 
 from rlcore import cache
 from rlcore.config import Config
+from rlcore.engine.lora import architecture_folder
 from rlcore.heap import long_lived
 
 GIB = 2**30
@@ -104,8 +105,6 @@ def model_shape(folder, loras: list[tuple[int, str | tuple[str, ...]]] = ()) -> 
     """The shape of the model in ``folder`` (an adapter folder's base; or a Hugging Face config), counted on the meta
     device (no memory)."""
     from transformers import AutoConfig, PretrainedConfig
-
-    from rlcore.engine.lora import architecture_folder
 
     if isinstance(folder, PretrainedConfig):
         config = folder

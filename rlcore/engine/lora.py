@@ -16,8 +16,11 @@ two low-rank matrices per target module. What that changes elsewhere:
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import sys
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,8 +149,6 @@ def load_adapter(model: torch.nn.Module, path: str | Path, *, trainable: bool, w
 @contextmanager
 def _quiet() -> Iterator[None]:
     """peft 0.21 asks transformers 5 a deprecated question (``is_gradient_checkpointing``) on every wrap."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         yield
@@ -166,8 +167,6 @@ def hf_model(model: torch.nn.Module) -> torch.nn.Module:
 def merged_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     """A plain model on the CPU with the peft ``model``'s full unsharded ``state`` and its adapter merged in, built
     fresh from the model's config (the live, possibly sharded, model stays as it is and may go on training)."""
-    import copy
-
     import torch
     from peft import get_peft_model
 
@@ -190,8 +189,6 @@ def merged_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch
 
 def is_peft(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a peft model (without importing peft where it was never imported: then none is)."""
-    import sys
-
     if "peft" not in sys.modules:
         return False
     from peft import PeftModel

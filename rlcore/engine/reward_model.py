@@ -112,7 +112,7 @@ class LocalRewardModel:
     def __call__(self, prompts: list[list[dict]], responses: list[str], ended: list[bool]):
         """Scores of each response to its prompt; ``ended``: it stopped at EOS (the EOS is then its last token, as
         in generation), else it ran to the token limit."""
-        from rlcore.rewards.scoring import ModelScores
+        from rlcore.rewards.scoring import ModelScores  # here: keeps rlcore/rewards out of the rm stage's deps
 
         tok, raw = self.tokenizer, []
         for start in range(0, len(responses), self.micro):

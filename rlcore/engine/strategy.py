@@ -26,6 +26,7 @@ from typing import ClassVar, ContextManager, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from rlcore.engine.distributed import coalesced, world_size
 from rlcore.registry import Registry
@@ -149,7 +150,6 @@ class Sharded:
         """``reshard_after_forward=False`` keeps each block's gathered weights from its forward until its
         backward (``resources.reshard_after_forward``); the root keeps FSDP2's own default, which never
         reshards it after forward."""
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         mesh = init_device_mesh(self.device.type, (world_size(),))

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from rlcore.data.arithmetic import DATA_SOURCE as ARITHMETIC
 from rlcore.data.gsm8k import DATA_SOURCE as GSM8K
+from rlcore.data.schema import read_rows
 from rlcore.errors import DataError
 from rlcore.rewards.rule import RULES
 
@@ -47,8 +48,6 @@ def read_reward_rows(path: str, reward: Any = None):
     """The rows of a dataset parquet (``rlcore.data.schema.read_rows``: the schema checked), with every
     row's data_source and ground truth checked as above against params.yaml's ``reward`` section (None: the
     built-in rules alone): what score, PPO rounds and evaluate read."""
-    from rlcore.data.schema import read_rows
-
     df = read_rows(path)
     others = reward is not None and bool(reward.functions or reward.model)
     check_ground_truths(df.to_dict("records"), str(path), others=others)

@@ -27,6 +27,7 @@ def _hf_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int)
 
 @ENGINES.register("static")
 def _static_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int) -> RolloutEngine:
+    # an engine's module loads when it is chosen (hf: transformers' generation; vllm: its own package)
     from rlcore.rollout.static import StaticRolloutEngine, adapter_reason, unsupported_reason
 
     reason = unsupported_reason(model.config) or adapter_reason(model)
@@ -43,7 +44,7 @@ def reads_weights_in_place(model, spec: EngineSpec) -> bool:
     supports the model)."""
     if spec.name != "static":
         return False
-    from rlcore.rollout.static import adapter_reason, unsupported_reason
+    from rlcore.rollout.static import adapter_reason, unsupported_reason  # as in _static_engine
 
     return unsupported_reason(model.config) is None and adapter_reason(model) is None
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from rlcore.engine.lora import is_adapter_key
 from rlcore.rollout.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -66,8 +67,6 @@ class RolloutEngine(Protocol):
 def load_into(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     """Copy ``state_dict`` into ``model``'s own tensors (so compiled steps and CUDA graphs keep reading them): all of
     them, or only some (a LoRA model's adapters). A key the model lacks is a bug: ValueError naming it."""
-    from rlcore.engine.lora import is_adapter_key
-
     result = model.load_state_dict(state_dict, strict=False)
     if result.unexpected_keys:
         raise ValueError(f"rollout engine: weights for tensors the model lacks: {result.unexpected_keys[:3]}")

@@ -24,12 +24,12 @@ every step, so with bitwise-equal logits the two engines sample the same tokens.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from rlcore.engine.lora import is_peft
 from rlcore.rollout.base import SamplingParams, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
 from rlcore.rollout.turns import Trajectories
@@ -43,8 +43,6 @@ LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 
 def adapter_reason(model) -> str | None:
     """Why this engine cannot run the adapters of a peft ``model`` (None: it can, or there are none)."""
-    from rlcore.engine.lora import is_peft
-
     if not is_peft(model):
         return None
     targets = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if hasattr(m, "lora_A")}

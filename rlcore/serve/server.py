@@ -17,7 +17,7 @@ import torch
 
 from rlcore.agents.parsers import PARSERS, ToolCall
 from rlcore.config import Config
-from rlcore.rollout import RolloutEngine
+from rlcore.rollout import RolloutEngine, engine_spec, make_engine
 from rlcore.serve.batcher import Batcher, Busy, Rows, Sampling
 from rlcore.serve.http import APIError
 from rlcore.serve.schema import (GREEDY_BELOW, MAX_STOP_STRINGS, MIN_TEMPERATURE, UNSUPPORTED, ChatRequest,
@@ -352,7 +352,6 @@ def load_server(model_dir: str | Path, cfg: Config, options: ServeOptions, devic
     """The model at ``model_dir`` on ``device`` in the rollout engine params ``rollout`` names (the
     ``model`` section's dtype and attention), and its tokenizer."""
     from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
-    from rlcore.rollout import engine_spec, make_engine
 
     tokenizer = load_tokenizer(model_dir)
     m = cfg.model

@@ -28,7 +28,9 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
+from rlcore.engine.lora import architecture_folder
 from rlcore.errors import DataError
 from rlcore.rewards.generations import read_records
 
@@ -72,8 +74,6 @@ def chat_messages(row: Mapping[str, Any], where: str) -> list[dict[str, str]]:
 def model_context(model_dir: str | Path) -> int:
     """The longest sequence the model at ``model_dir`` accepts (its ``max_position_embeddings``; an adapter folder's
     base's)."""
-    from rlcore.engine.lora import architecture_folder
-
     config = json.loads((architecture_folder(model_dir) / "config.json").read_text())
     return int(config.get("max_position_embeddings") or config.get("n_positions") or 2048)
 
@@ -101,7 +101,6 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     """Input rows of ``data_path`` plus their generations (module docstring), from the model at
     ``model_dir`` on a Ray worker group of ``resources.n_workers`` ranks."""
     from rlcore.agents.batch import ROW_FIELDS
-    from rlcore.agents.check import tool_schemas
     from rlcore.engine.model import load_tokenizer
     from rlcore.protocol import Batch
     from rlcore.trainer.common import start_pool

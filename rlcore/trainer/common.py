@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 
 from rlcore.config import Config
 from rlcore.controller.resource_pool import ResourcePool, start_ray
+from rlcore.engine import footprint, lora
 from rlcore.engine.lora import LoraSpec
 from rlcore.engine.model import ModelSpec
 from rlcore.errors import ConfigError, TrainingDiverged
@@ -55,10 +57,6 @@ def check_model(cfg: Config, model_dir: str | Path, stage: str) -> None:
     """Before Ray starts: LoRA settings that cannot work are a ConfigError naming the key (target modules the model
     lacks; an adapter to train on whose rank or alpha differ), and an estimate of the stage's memory that does not fit
     is printed as a warning (``rlcore.engine.footprint``). ``stage``: ``sft`` or ``ppo``."""
-    import sys
-
-    from rlcore.engine import footprint, lora
-
     # (a critic never continues an adapter: it starts a fresh one on its merged folder)
     roles: dict[str, dict[str, Path | None]] = {"sft": {"sft": Path(model_dir)},
                                                 "ppo": {"actor": Path(model_dir), "critic": None}}

@@ -7,10 +7,11 @@ rollout copy it refreshes with the actor's weights after every update.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from rlcore.agents.batch import trajectory_batch
+from rlcore.agents.loop import AgentRuntime
 from rlcore.agents.spec import AgentSpec
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
@@ -18,9 +19,6 @@ from rlcore.protocol import Batch
 from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams, reads_weights_in_place
 from rlcore.rollout import make_engine as build_engine
 from rlcore.workers.rank import RankWorker
-
-if TYPE_CHECKING:
-    from rlcore.agents.loop import AgentRuntime
 
 
 @dataclass(frozen=True)
@@ -45,8 +43,6 @@ class AgentRunners:
         self.runtime: AgentRuntime | None = None
 
     def get(self, spec: AgentSpec) -> AgentRuntime:
-        from rlcore.agents.loop import AgentRuntime
-
         if spec != self.spec or self.runtime is None:
             self.close()
             self.runtime, self.spec = AgentRuntime(spec, load_tokenizer(self.model_path)), spec
@@ -91,7 +87,6 @@ def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank
     for part in batch.split(spec.micro_batch_size):
         if spec.agent is not None:
             assert agents is not None, "an agent generation call needs the worker's AgentRunners"
-            from rlcore.agents.batch import trajectory_batch
 
             outs.append(trajectory_batch(agents.get(spec.agent), engine, part, spec.sampling, gen, device))
             continue
