@@ -24,13 +24,14 @@ class ChildError(RuntimeError):
 
 
 class Child:
-    def __init__(self, name: str, module: str, env: dict[str, str] | None = None, timeout_s: float = 600.0):
+    def __init__(self, name: str, module: str, env: dict[str, str] | None = None, timeout_s: float = 600.0,
+                 cwd: Path | None = None):
         self.name, self.timeout_s = name, timeout_s
         self.log_path = WORK_DIR / "logs" / f"{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.records: queue.Queue = queue.Queue()
         full_env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", module], cwd=REPO_ROOT, env=full_env, text=True,
+        self.proc = subprocess.Popen([sys.executable, "-m", module], cwd=cwd or REPO_ROOT, env=full_env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.pid = self.proc.pid
         threading.Thread(target=self._read, daemon=True).start()
