@@ -18,11 +18,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 from pathlib import Path
 
 from bench import report
-from bench.children import Child
+from bench.children import Child, commit_of, other_checkout
 from bench.monitor import LoadMeter
 from bench.prepare import ensure_prepared
 from bench.run_bench import alternate, ours_env, parse_sets, renice
@@ -46,21 +45,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def phase_means(records: list[dict]) -> dict[str, float]:
     return {k: round(statistics.mean(r["phases"][k] for r in records), 4) for k in records[0]["phases"]}
-
-
-def other_checkout(root: Path) -> Path:
-    """The checkout B runs, with this one's prepared data (its ``bench/_work`` a link to ours)."""
-    root = root.resolve()
-    if not (root / "rlcore").is_dir() or not (root / "bench" / "ours.py").is_file():
-        raise SystemExit(f"--b-root {root}: not an rlcore checkout (no rlcore/ or bench/ours.py there)")
-    work = root / "bench" / WORK_DIR.name
-    if not work.exists():
-        work.symlink_to(WORK_DIR.resolve(), target_is_directory=True)
-    return root
-
-
-def commit_of(root: Path) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> None:

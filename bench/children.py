@@ -84,3 +84,18 @@ class Child:
                 self.proc.wait(timeout=120)
             except (BrokenPipeError, subprocess.TimeoutExpired):
                 self.proc.kill()
+
+
+def other_checkout(root: Path) -> Path:
+    """The checkout B runs, with this one's prepared data (its ``bench/_work`` a link to ours)."""
+    root = root.resolve()
+    if not (root / "rlcore").is_dir() or not (root / "bench" / "ours.py").is_file():
+        raise SystemExit(f"--b-root {root}: not an rlcore checkout (no rlcore/ or bench/ours.py there)")
+    work = root / "bench" / WORK_DIR.name
+    if not work.exists():
+        work.symlink_to(WORK_DIR.resolve(), target_is_directory=True)
+    return root
+
+
+def commit_of(root: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()

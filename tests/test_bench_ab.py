@@ -1,11 +1,11 @@
-"""bench.ab's other checkout (``--b-root``): refused in one line unless it is an rlcore checkout; given this one's
+"""bench.ab's other checkout (bench.children.other_checkout) (``--b-root``): refused in one line unless it is an rlcore checkout; given this one's
 prepared data."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.ab import other_checkout
+from bench.children import other_checkout
 from bench.settings import WORK_DIR
 
 
