@@ -58,12 +58,12 @@ test-recipes: $(STAMP)
 	@$(BYTECODE)
 	$(PY) -m pytest -q -m recipes tests/test_recipes.py --durations=20
 
-# every recipe in examples/ written again with every key of this rlcore (after a key is added to rlcore.config):
-# each file keeps its own values, marks and leading comment. make test fails until this has run (and, for the
+# every recipe in examples/ written again with every key of this rlcore (after a key is added to rlcore.config, or a
+# default changed): each file keeps its marked values, marks and leading comment, every other key today's default. make test fails until this has run (and, for the
 # repository's params.yaml, until `rlcore config use` has written the defaults out; your own params.yaml:
 # `rlcore config refresh params.yaml` keeps what it changes).
 recipes: $(STAMP)
-	$(VENV)/bin/rlcore config refresh examples/*.yaml
+	$(VENV)/bin/rlcore config refresh --follow-defaults examples/*.yaml
 
 # The documentation site (MkDocs + Material) into site/: open site/index.html, no server or network needed.
 # --strict: a broken link or a missing page fails the build (make test builds it the same way).

@@ -92,10 +92,19 @@ def other_checkout(root: Path) -> Path:
     if not (root / "rlcore").is_dir() or not (root / "bench" / "ours.py").is_file():
         raise SystemExit(f"--b-root {root}: not an rlcore checkout (no rlcore/ or bench/ours.py there)")
     work = root / "bench" / WORK_DIR.name
+    if work.is_symlink() and work.resolve() != WORK_DIR.resolve():
+        work.unlink()  # a link elsewhere (or to nothing): ours instead
     if not work.exists():
         work.symlink_to(WORK_DIR.resolve(), target_is_directory=True)
+    elif not work.is_symlink():
+        raise SystemExit(f"--b-root {root}: {work} is a folder of its own; remove it, so that B reads this "
+                         "checkout's prepared data")
     return root
 
 
 def commit_of(root: Path) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    """The checkout's commit, ``+changes`` when its tracked files differ from it."""
+    git = ["git", "-C", str(root)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
+    return commit + ("+changes" if dirty else "")

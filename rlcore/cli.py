@@ -4,9 +4,9 @@ A stage script reads as the same four steps: :func:`parser` (the arguments every
 input folders where it reads them), ``rlcore.stage.stage_setup`` in :func:`stage_errors` (the params sections it
 declares in ``PARAMS`` and dvc.yaml, validated, and the recorded hashes of its reward and tool files), its heavy
 imports in ``rlcore.heap.long_lived``, then its work inside ``rlcore.stage.stage_run`` (its MLflow run, nested under
-the pipeline's). :func:`stage_config` hands a stage only the sections it declares, so a stage cannot depend on a key that dvc.yaml
-does not list. Importing this module loads no torch, pandas, pyarrow or ray: a stage validates its params and
-input paths before anything heavy starts.
+the pipeline's). :func:`stage_config` hands a stage only the sections it declares, so a stage cannot depend on a
+key that dvc.yaml does not list. Importing this module loads no torch, pandas, pyarrow or ray: a stage validates its
+params and input paths before anything heavy starts.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ and what is allowed::
 from __future__ import annotations
 
 import copy
-
 import hashlib
 import json
 from pathlib import Path
@@ -282,11 +281,11 @@ class ResourcesConfig(_Section):
         return self
 
 
-class Optimizer(_Section):
+class OptimizerSettings(_Section):
     """AdamW and its guards, the keys of every section that trains a model (sft, rm, actor, critic): the same
     meaning and limits in each, the defaults (and a doc where a section's value needs a reason) its own, given as
-    ``class XConfig(Optimizer, defaults={"lr": 2e-3, "weight_decay": (0.1, "why")})``. Its keys come first in
-    the section."""
+    ``class XConfig(OptimizerSettings, defaults={"lr": 2e-3, "weight_decay": (0.1, "why")})`` (``(..., "why")``:
+    the shared default with a doc of the section's own). Its keys come first in the section."""
 
     lr: float = Field(1e-4, gt=0)
     """Peak AdamW learning rate."""
@@ -302,27 +301,28 @@ class Optimizer(_Section):
 
     def __init_subclass__(cls, defaults: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        unknown = set(defaults or {}) - set(Optimizer.__annotations__)
+        unknown = set(defaults or {}) - set(OptimizerSettings.__annotations__)
         if unknown:
-            raise TypeError(f"{cls.__name__}: defaults for keys Optimizer does not have: {sorted(unknown)}")
+            raise TypeError(f"{cls.__name__}: defaults for keys OptimizerSettings does not have: {sorted(unknown)}")
         cls._optimizer_defaults = dict(defaults or {})
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        """The section's own defaults and docs on copies of Optimizer's fields (their limits kept), then the
+        """The section's own defaults and docs on copies of the shared fields (their limits kept), then the
         validator rebuilt with them."""
         super().__pydantic_init_subclass__(**kwargs)
         for key, value in cls._optimizer_defaults.items():
             default, doc = value if isinstance(value, tuple) else (value, None)
             field = copy.copy(cls.__pydantic_fields__[key])
-            field.default = default
+            if default is not ...:
+                field.default = default
             if doc is not None:
                 field.description = doc
             cls.__pydantic_fields__[key] = field
         cls.model_rebuild(force=True)
 
 
-class SFTConfig(Optimizer, defaults={
+class SFTConfig(OptimizerSettings, defaults={
         "lr": 2e-3,
         "weight_decay": (0.1, "AdamW weight decay. 0.1 makes the tiny model's SFT converge on every seed (0.0: "
                               "stuck in a plateau on some).")}):
@@ -642,10 +642,10 @@ class BypassConfig(_Section):
         return self
 
 
-class ActorConfig(Optimizer, defaults={
+class ActorConfig(OptimizerSettings, defaults={
         "lr": (1e-4, "AdamW learning rate of the policy. On the default task 3e-4 gained on some seeds and lost on "
                      "others; 1e-3 collapses."),
-        "max_nonfinite_steps": (3, "Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm "
+        "max_nonfinite_steps": (..., "Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm "
                                    "after which the round stops (exit code 3; the message names the step and the "
                                    "last finite metrics). A skipped step changes nothing (weights, optimizer state, "
                                    "learning-rate schedule); each PPO step logs how many of its optimizer steps it "
@@ -662,7 +662,8 @@ class ActorConfig(Optimizer, defaults={
     policy_loss: str = Field("vanilla", description=(
         f"Policy loss from rlcore.algos.losses.POLICY_LOSSES: {', '.join(names.POLICY_LOSSES)}."))
     loss_agg_mode: str = Field("token-mean", description=(
-        f"Loss aggregation from rlcore.algos.aggregation.LOSS_AGG_MODES: {', '.join(names.LOSS_AGG_MODES)} (gspo, geo_mean, "
+        f"Loss aggregation from rlcore.algos.aggregation.LOSS_AGG_MODES: {', '.join(names.LOSS_AGG_MODES)} "
+        "(gspo, geo_mean, "
         "sapo and luspo fix their own)."))
     clip_ratio: float = Field(0.2, gt=0)
     """PPO clip epsilon (dppo_tv/dppo_kl: the divergence bound of the trust region, as in verl; its DPPO recipe
@@ -739,9 +740,9 @@ class ActorConfig(Optimizer, defaults={
         return names.check_name("KL estimator", v, names.KL_ESTIMATORS)
 
 
-class CriticConfig(Optimizer, defaults={
+class CriticConfig(OptimizerSettings, defaults={
         "lr": (3e-3, "AdamW learning rate of the value model (used by gae)."),
-        "max_nonfinite_steps": (3, "As actor.max_nonfinite_steps, for the critic's optimizer steps "
+        "max_nonfinite_steps": (..., "As actor.max_nonfinite_steps, for the critic's optimizer steps "
                                    "(``critic/nonfinite_steps``).")}):
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each batch."""
@@ -800,7 +801,8 @@ class RewardModelTraining(_Section):
     learns to rank the answer above the policy's own mistakes. 0 = off."""
 
 
-class RMConfig(Optimizer, defaults={"lr": (2e-3, "Peak AdamW learning rate (linear warm-up, cosine decay to 10%).")}):
+class RMConfig(OptimizerSettings, defaults={
+        "lr": (2e-3, "Peak AdamW learning rate (linear warm-up, cosine decay to 10%).")}):
     models: dict[str, RewardModelTraining] = {}
     """Reward models to train: name -> {train, test, init}; dvc.yaml makes one stage per key (rm@<name>) writing
     models/rm/<name>, none while it is empty. Use one with reward.model.path: models/rm/<name>."""

@@ -122,20 +122,61 @@ def compose(recipes: list[str | Path], overrides: dict[str, Any] | None = None) 
     return parse_config(raw, source), origin
 
 
-def refresh(path: str | Path) -> str:
+def refresh(path: str | Path, follow_defaults: bool = False) -> str:
     """The params file at ``path`` written again for this rlcore: its leading comment block kept, then every key of
-    the schema, its :func:`changes` kept and marked with its path (a key added to rlcore since takes its default; a
-    key rlcore no longer has is a ConfigError naming it)."""
+    the schema, its :func:`changes` kept and marked (each with the mark it had, a new one with ``path``). A key
+    added to rlcore since takes its default; a key rlcore no longer has is a ConfigError naming it.
+
+    ``follow_defaults``: only the keys the file marks (``# <- ...``) are its changes, every other key takes today's
+    default, so a default changed in rlcore reaches the file (the repository's recipes, whose marks say what each
+    one changes: ``make recipes``). Without it a value that differs from today's default is kept, marked or not (a
+    params.yaml edited by hand or by ``dvc exp run -S``)."""
     path = Path(path)
-    cfg, origin = compose([path])
+    text = path.read_text()
+    marks = marked(text)
+    if follow_defaults and marks:
+        raw = read_recipe(path)
+        chosen: dict[str, Any] = {}
+        for key in marks:
+            parts, value = key.split("."), raw
+            for part in parts:
+                value = value[part]
+            node = chosen
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = value
+        defaults = Config().model_dump(mode="json")
+        changed = _differs(parse_config(merge(defaults, chosen), str(path)).model_dump(mode="json"), defaults, Config)
+    else:
+        changed = changes(path)
+    cfg = parse_config(merge(Config().model_dump(mode="json"), changed), str(path))
+    origin = {}
+    for key in leaf_keys(changed):  # a value given whole (reward.model) is marked on each of its lines
+        had = [m for k, m in marks.items() if k == key or k.startswith(key + ".")]
+        origin[key] = had[0] if had else str(path)
     lead = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         if not line.startswith("#"):
             break
         lead.append(line)
-    if not lead or lead[0].startswith("# " + HEADER[:20]):  # no header of its own, or the one `use` writes
-        return render(cfg, [path], origin)
-    return render(cfg, [path], origin, header=lead)
+    return render(cfg, [path], origin, header=lead or None)
+
+
+def marked(text: str) -> dict[str, str]:
+    """The dotted keys of a params file's lines marked ``# <- SOURCE`` (:func:`render`'s marks), with their
+    sources; sections are followed by their indentation."""
+    path: list[tuple[int, str]] = []
+    out = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        path = [(i, k) for i, k in path if i < indent]
+        path.append((indent, line.strip().split(":")[0]))
+        match = re.search(r"  # <- (.+)$", line)
+        if match:
+            out[".".join(k for _, k in path)] = match.group(1)
+    return out
 
 
 def leaf_keys(mapping: dict[str, Any], schema: type[BaseModel] = Config, prefix: str = "") -> list[str]:

@@ -1,5 +1,5 @@
-"""bench.ab's other checkout (bench.children.other_checkout) (``--b-root``): refused in one line unless it is an rlcore checkout; given this one's
-prepared data."""
+"""bench.ab --b-root's other checkout (bench.children.other_checkout): refused in one line unless it is an rlcore
+checkout; given this checkout's prepared data."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def test_b_root_must_be_an_rlcore_checkout_and_shares_the_prepared_data(tmp_path
     link = tmp_path / "bench" / WORK_DIR.name
     assert link.is_symlink() and link.resolve() == WORK_DIR.resolve()
     assert other_checkout(tmp_path) == tmp_path.resolve()  # a second run keeps the link
+    link.unlink()
+    link.symlink_to(tmp_path / "gone")  # a dangling link is replaced
+    assert other_checkout(tmp_path) == tmp_path.resolve() and link.resolve() == WORK_DIR.resolve()
+    link.unlink()
+    link.mkdir()  # a folder of its own would be read instead of ours: refused
+    with pytest.raises(SystemExit, match="is a folder of its own"):
+        other_checkout(tmp_path)

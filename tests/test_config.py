@@ -399,17 +399,17 @@ def test_config_show_lists_every_new_estimator_loss_and_knob(capsys):
 
 
 def test_every_section_that_trains_a_model_is_one_optimizer_type_with_its_own_defaults():
-    """sft, rm, actor and critic share Optimizer's keys and limits; each keeps its defaults (the values params.yaml
+    """sft, rm, actor and critic share OptimizerSettings's keys and limits; each keeps its defaults (the values params.yaml
     had before they shared a type) and its own reason where one was given; the optimizer a worker gets is the
     section's."""
-    from rlcore.config import Optimizer
+    from rlcore.config import OptimizerSettings
     from rlcore.workers.optim import OptimSpec
 
     cfg = Config()
     sections = {"sft": (2e-3, 0.1), "rm": (2e-3, 0.0), "actor": (1e-4, 0.0), "critic": (3e-3, 0.0)}
     for name, (lr, weight_decay) in sections.items():
         section = getattr(cfg, name)
-        assert isinstance(section, Optimizer), name
+        assert isinstance(section, OptimizerSettings), name
         assert (section.lr, section.weight_decay, section.grad_clip, section.max_nonfinite_steps) == (
             lr, weight_decay, 1.0, 3), name
         for key, bad in (("lr", 0.0), ("weight_decay", -0.1), ("grad_clip", 0.0), ("max_nonfinite_steps", -1)):
@@ -417,8 +417,8 @@ def test_every_section_that_trains_a_model_is_one_optimizer_type_with_its_own_de
                 parse_config({name: {key: bad}})
         spec = OptimSpec.of(section, warmup_steps=5, offload=False)
         assert (spec.lr, spec.weight_decay, spec.warmup_steps) == (lr, weight_decay, 5), name
-    assert Optimizer.model_fields["lr"].default == 1e-4  # a section's defaults did not leak into the shared type
+    assert OptimizerSettings.model_fields["lr"].default == 1e-4  # a section's defaults did not leak into the shared type
     assert "1e-3 collapses" in type(cfg.actor).model_fields["lr"].description
     assert "0.1 makes the tiny model's SFT converge" in type(cfg.sft).model_fields["weight_decay"].description
-    with pytest.raises(TypeError, match="defaults for keys Optimizer does not have: \\['warmup'\\]"):
-        type("Bad", (Optimizer,), {"__module__": __name__}, defaults={"warmup": 3})
+    with pytest.raises(TypeError, match="defaults for keys OptimizerSettings does not have: \\['warmup'\\]"):
+        type("Bad", (OptimizerSettings,), {"__module__": __name__}, defaults={"warmup": 3})

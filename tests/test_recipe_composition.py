@@ -11,7 +11,7 @@ import yaml
 
 from rlcore.commands import main
 from rlcore.config import Config, load_config
-from rlcore.recipes import changes, compose, leaf_keys, merge, read_recipe, refresh, render
+from rlcore.recipes import changes, compose, leaf_keys, marked, merge, read_recipe, refresh, render
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "examples").glob("*.yaml"))
@@ -23,41 +23,21 @@ def test_the_repository_params_yaml_is_the_defaults_written_out():
     assert (REPO / "params.yaml").read_text() == render(Config()), "params.yaml is stale: run `rlcore config use`"
 
 
-def marked_keys(text: str, source: str) -> set[str]:
-    """The dotted keys of a params file's lines marked ``# <- source`` (sections followed by their indentation)."""
-    path: list[tuple[int, str]] = []
-    out = set()
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        indent = len(line) - len(line.lstrip())
-        path = [(i, k) for i, k in path if i < indent]
-        key = line.strip().split(":")[0]
-        path.append((indent, key))
-        if line.endswith(f"# <- {source}"):
-            out.add(".".join(k for _, k in path))
-    return out
-
-
-def dotted(mapping: dict, key: str):
-    for part in key.split("."):
-        mapping = mapping[part]
-    return mapping
-
-
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
-def test_every_recipe_holds_every_key_and_marks_exactly_what_it_changes(path):
+def test_every_recipe_holds_every_key_and_marks_exactly_what_it_changes(path, monkeypatch):
     """What `cp examples/<recipe>.yaml params.yaml && dvc repro` needs: every key of this rlcore (a key added to
-    the schema fails this until `make recipes` has written it into every recipe), the file as `rlcore config
-    refresh` writes it, and a `<-` mark on exactly the keys whose value is not the default."""
+    the schema, or a default changed, fails this until `make recipes` has written it into every recipe), the file as
+    `rlcore config refresh --follow-defaults` writes it, and a `<-` mark on exactly the keys whose value is not the
+    default."""
+    monkeypatch.chdir(REPO)
     text = path.read_text()
-    assert text == refresh(path.relative_to(REPO)), f"{path.name} is not current: run `make recipes`"
+    assert text == refresh(path.relative_to(REPO), follow_defaults=True), f"{path.name}: not current: `make recipes`"
     assert leaf_keys(read_recipe(path)) == leaf_keys(Config().model_dump(mode="json"))
-    marked = marked_keys(text, f"examples/{path.name}")
+    marks = set(marked(text))
     changed = leaf_keys(changes(path))
     related = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
-    assert all(any(related(m, c) for c in changed) for m in marked), (marked, changed)
-    assert all(any(related(m, c) for m in marked) for c in changed), (marked, changed)
+    assert all(any(related(m, c) for c in changed) for m in marks), (marks, changed)
+    assert all(any(related(m, c) for m in marks) for c in changed), (marks, changed)
     assert load_config(path) == compose([path])[0]
 
 
@@ -78,7 +58,7 @@ def test_refresh_brings_a_file_from_an_older_rlcore_up_to_date_and_refuses_a_key
     cfg = load_config(tmp_path / "mine.yaml")
     assert cfg.actor.clip_ratio_high == Config().actor.clip_ratio_high and cfg.evaluate == Config().evaluate
     assert cfg.actor.clip_ratio_low == 0.2 and cfg.ppo.dapo.dynamic_sampling  # what the file changed stays
-    assert "  clip_ratio_low: 0.2  # <- mine.yaml" in new
+    assert "  clip_ratio_low: 0.2  # <- examples/dapo.yaml" in new  # each mark keeps its source
     assert main(["config", "refresh", "--check", "mine.yaml"]) == 0
     capsys.readouterr()
     (tmp_path / "gone.yaml").write_text(new.replace("seed: 42", "seed: 42\nold_knob: 1"))
@@ -88,6 +68,31 @@ def test_refresh_brings_a_file_from_an_older_rlcore_up_to_date_and_refuses_a_key
     assert err.value.code == 2
     assert capsys.readouterr().err.strip() == "rlcore config: error: gone.yaml: unknown key 'old_knob'"
     assert (tmp_path / "mine.yaml").read_text() == "\n".join(old) + "\n"
+
+
+def test_a_copied_recipe_stays_current_and_a_changed_default_reaches_the_recipes_only_with_follow_defaults(
+        tmp_path, monkeypatch):
+    """`cp examples/dapo.yaml params.yaml`: refresh finds it current (its marks keep their source). A default that
+    changed since a recipe was written (here: the file holds 0.5 for `sft.grad_clip`, unmarked, where today's
+    default is 1.0): `--follow-defaults` (make recipes) gives the key today's default and keeps the marked ones;
+    a plain refresh keeps the value and marks it, as it would a value set by hand."""
+    monkeypatch.chdir(tmp_path)
+    text = (REPO / "examples/dapo.yaml").read_text()
+    (tmp_path / "params.yaml").write_text(text)
+    assert main(["config", "refresh", "--check", "params.yaml"]) == 0
+    assert refresh("params.yaml") == text
+    assert "  grad_clip: 1.0\n" in text
+    (tmp_path / "params.yaml").write_text(text.replace("  grad_clip: 1.0\n", "  grad_clip: 0.5\n", 1))
+    followed = refresh("params.yaml", follow_defaults=True)
+    assert followed == text
+    kept = load_config_text(refresh("params.yaml"), tmp_path)
+    assert kept.sft.grad_clip == 0.5 and kept.actor.clip_ratio_high == 0.28
+    assert "  grad_clip: 0.5  # <- params.yaml\n" in refresh("params.yaml")
+
+
+def load_config_text(text: str, folder: Path):
+    (folder / "shown.yaml").write_text(text)
+    return load_config(folder / "shown.yaml")
 
 
 def test_a_value_at_its_default_changes_nothing_so_whole_recipes_stack():

@@ -49,12 +49,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                          "upgrade): every key of this rlcore in schema order, the values the file "
                                          "changes from the defaults kept and marked, its leading comment kept. A key "
                                          "added to rlcore since takes its default; a key rlcore no longer has is a "
-                                         "one-line error and nothing is written.",
+                                         "one-line error and nothing is written. With --follow-defaults only the "
+                                         "marked keys are kept, so a default changed in rlcore reaches the file.",
                              epilog="examples:\n  rlcore config refresh params.yaml\n"
                                     "  rlcore config refresh --check examples/*.yaml   # exit 1 naming the stale ones",
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     refresh.add_argument("files", nargs="+", metavar="FILE", help="params files to rewrite in place")
     refresh.add_argument("--check", action="store_true", help="write nothing; exit 1 if any file is not current")
+    refresh.add_argument("--follow-defaults", action="store_true",
+                         help="only the keys a file marks (# <- ...) are its own; every other key takes today's "
+                              "default (the repository's recipes: make recipes)")
     show = sub.add_parser("show", help="the resolved config: each key's value, default, whether it differs, its doc",
                           description="The resolved config, whole or one section or key.",
                           epilog="example:\n  rlcore config show algorithm --set algorithm.adv_estimator=rloo",
@@ -190,7 +194,7 @@ def describe(row: dict[str, Any]) -> str:
 def refresh(args: argparse.Namespace) -> int:
     """``rlcore config refresh``: every file checked first (an invalid one stops all before anything is written),
     then each stale one rewritten, or with ``--check`` named."""
-    texts = {path: refreshed(path) for path in map(Path, args.files)}
+    texts = {path: refreshed(path, follow_defaults=args.follow_defaults) for path in map(Path, args.files)}
     stale = [path for path, text in texts.items() if path.read_text() != text]
     for path in stale:
         if args.check:

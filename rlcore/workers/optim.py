@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore.config import Optimizer
 from rlcore.engine.sequence import SequenceModel
 from rlcore.protocol import Metrics
+
+if TYPE_CHECKING:
+    from rlcore.config import OptimizerSettings
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class OptimSpec:
     """The AdamW state lives in CPU memory between optimizer steps (``resources.offload.optimizer``; GPU runs)."""
 
     @classmethod
-    def of(cls, section: Optimizer, *, offload: bool, warmup_steps: int = 0,
+    def of(cls, section: OptimizerSettings, *, offload: bool, warmup_steps: int = 0,
            total_steps: int | None = None) -> OptimSpec:
         """The optimizer of a params section that trains a model (``sft``, ``rm``, ``actor``, ``critic``); the
         schedule is the caller's, since ``warmup_steps`` means another thing in ``critic``."""

@@ -71,7 +71,8 @@ class RewardTrainWorker(TrainingRank):
         lr = self.sched.get_last_lr()[0]
         pairs = distributed.all_reduce_sum(float(n), self.device)
         loss = distributed.all_reduce_sum(total, self.device) / pairs
-        grad_norm, skipped = clipped_step(self.model, self.opt, self.sched, spec.grad_clip, loss)
+        grad_norm, skipped = clipped_step(self.model, self.opt, self.sched, spec.grad_clip, loss,
+                                          offload=self.optim_spec.offload)
         return {"rm/loss": loss, "rm/accuracy": distributed.all_reduce_sum(correct, self.device) / pairs,
                 "rm/margin": distributed.all_reduce_sum(margin_sum, self.device) / pairs,
                 "rm/grad_norm": grad_norm, "rm/lr": lr, "rm/nonfinite_steps": float(skipped)}
