@@ -72,6 +72,8 @@ def duplicate_pairs(root: Path) -> int | None:
 
 
 def report(revs: list[str]) -> str:
+    revs = [subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.strip() for rev in revs]  # HEAD and branch names as commits
     with tempfile.TemporaryDirectory() as tmp:
         rows = {}
         for rev in revs:

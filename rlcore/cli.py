@@ -100,7 +100,6 @@ def _term_with_parent(signum: int) -> None:
     gone by then counts at once."""
     if not sys.platform.startswith("linux"):
         return
-
     parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signum), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     if signum and os.getppid() != parent:

@@ -93,7 +93,7 @@ def unjustified(root: Path) -> list[str]:
                 heavy = set().union(*(heavy_loaded(t, top) for t in targets(node, name, path, modules)))
                 if not heavy - own and not has_reason(lines, node.lineno):
                     out.append(f"{path.relative_to(root)}:{node.lineno} {lines[node.lineno - 1].strip()}")
-    return out
+    return list(dict.fromkeys(out))  # (a nested function's imports are inside its parent's too)
 
 
 def test_every_function_local_import_keeps_something_heavy_out_or_says_why():

@@ -199,7 +199,7 @@ def test_every_declared_code_dep_is_code_the_stage_loads(name, loaded_rlcore_fil
 def test_algorithm_code_is_not_a_dependency_of_data_sft_or_scoring(name, loaded_rlcore_files):
     """Editing the RL algorithms must not throw away the SFT model (an hour on a real model)."""
     algorithm_code = ("rlcore/algos/advantage.py", "rlcore/algos/losses.py", "rlcore/algos/aggregation.py",
-                      "rlcore/algos/value_loss.py", "rlcore/algos/kl_control.py")
+                      "rlcore/algos/kl.py", "rlcore/algos/value_loss.py", "rlcore/algos/kl_control.py")
     for d in entries(dvc_stages()[name].get("deps")):
         assert not any(code == d or code.startswith(d.rstrip("/") + "/") for code in algorithm_code), (name, d)
     files = {str(Path(f).resolve().relative_to(REPO_ROOT)) for f in loaded_rlcore_files[name]}

@@ -9,10 +9,9 @@ tries them in turn:
   params.yaml as DVC reads it;
 * at smoke-test sizes (the recipe copied over params.yaml, then `rlcore config use params.yaml examples/quick.yaml`,
   as the examples page says), `dvc repro` runs every stage to the end and the outputs a user would look at are
-  there. These runs (marker
-  ``recipes``) take about 16 minutes of a 2-core machine for the 14 recipes, more than the whole of `make test`'s
-  budget: `make test-integration` runs them with the suite's other long runs (`make test-recipes` alone), and CI
-  runs it after `make test` (.ci/run).
+  there. These runs (marker ``recipes``) take about 16 minutes of a 2-core machine for the 14 recipes, more than
+  the whole of `make test`'s budget: `make test-integration` runs them with the suite's other long runs (`make
+  test-recipes` alone), and CI runs it after `make test` (.ci/run).
 
 DVC re-runs only the stages a recipe's params change, and restores from its run cache a stage an earlier recipe
 ran with the same code, inputs and params. The stages join the session's Ray head (``--set ray.address=auto``) with

@@ -53,7 +53,7 @@ def describe(obj: Any, name: str) -> dict:
 
 def function_schema(fn: Callable, name: str) -> dict:
     """The OpenAI function schema of ``fn`` (module docstring), named ``name``."""
-    # loaded only by a tool process asked to describe its tools: every tool process imports this module
+    # loaded when a tool process is asked to describe its tools, not at every tool process's start
     import docstring_parser
     from pydantic import TypeAdapter
     from pydantic.errors import PydanticUserError

@@ -30,7 +30,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from(args)
-
     if not (Path(args.model) / "adapter_config.json").is_file():  # a LoRA adapter folder loads over its base
         require_file(f"{args.model}/config.json", "model folder (config.json)")
     require_file(args.data, "prompts file")

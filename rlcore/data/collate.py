@@ -6,8 +6,6 @@ continues from the right edge); responses are right-padded to ``max_response_len
 
 from __future__ import annotations
 
-from rlcore.agents.template import TurnTemplate
-
 from itertools import compress
 from typing import Sequence
 
@@ -15,6 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from rlcore.agents.template import TurnTemplate
 from rlcore.errors import DataError
 from rlcore.protocol import Batch
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from rlcore.diagnose.base import Check, Context, model_cache, register
+from rlcore.engine.lora import adapter_base
 from rlcore.errors import UserError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -61,8 +62,6 @@ def check_model(ctx: Context) -> Check:
 
 def _check_adapter(path: str, folder: Path) -> Check:
     """A LoRA adapter folder: its weights, and its base model folder (resolved relative to it)."""
-    from rlcore.engine.lora import adapter_base  # reads json only (no torch)
-
     if not (folder / "adapter_model.safetensors").is_file():
         return Check("model", "fail", f"model.path {path!r}: {folder} has adapter_config.json but no "
                      "adapter_model.safetensors", "point model.path at a complete adapter folder")

@@ -87,7 +87,6 @@ def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank
     for part in batch.split(spec.micro_batch_size):
         if spec.agent is not None:
             assert agents is not None, "an agent generation call needs the worker's AgentRunners"
-
             outs.append(trajectory_batch(agents.get(spec.agent), engine, part, spec.sampling, gen, device))
             continue
         out = engine.generate(part["prompts"].to(device), part["prompt_mask"].to(device), spec.sampling,
