@@ -92,13 +92,14 @@ def other_checkout(root: Path) -> Path:
     if not (root / "rlcore").is_dir() or not (root / "bench" / "ours.py").is_file():
         raise SystemExit(f"--b-root {root}: not an rlcore checkout (no rlcore/ or bench/ours.py there)")
     work = root / "bench" / WORK_DIR.name
-    if work.is_symlink() and work.resolve() != WORK_DIR.resolve():
+    if work.is_symlink():
+        if work.resolve() == WORK_DIR.resolve():
+            return root
         work.unlink()  # a link elsewhere (or to nothing): ours instead
-    if not work.exists():
-        work.symlink_to(WORK_DIR.resolve(), target_is_directory=True)
-    elif not work.is_symlink():
+    elif work.exists():
         raise SystemExit(f"--b-root {root}: {work} is a folder of its own; remove it, so that B reads this "
                          "checkout's prepared data")
+    work.symlink_to(WORK_DIR.resolve(), target_is_directory=True)
     return root
 
 

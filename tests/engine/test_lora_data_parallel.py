@@ -9,6 +9,7 @@ adapter folder must hold the adapters it trained, and the training state the sam
 
 from __future__ import annotations
 
+import pytest
 import ray
 import torch
 from safetensors.torch import load_file
@@ -44,6 +45,8 @@ def peft_training(model_dir, batches: list[Batch]) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
+# two FSDP ranks and a single-process peft model through several optimizer steps (~22 s): make test-integration
+@pytest.mark.integration
 def test_fsdp_lora_steps_equal_single_process_peft_steps(ray_local, tiny_model_dir, tiny_tokenizer, tmp_path):
     batches = sft_batches(tiny_tokenizer)
     pool = ResourcePool(2, 1.0, False, 60)

@@ -68,6 +68,8 @@ def test_bradley_terry_loss_by_hand():
     assert bradley_terry_loss(chosen, rejected, margin, 0.1).item() == pytest.approx(centred, rel=1e-6)
 
 
+# a reward model trained to a preference on Ray ranks (~28 s): make test-integration
+@pytest.mark.integration
 def test_a_reward_model_learns_a_preference_on_ray(tiny_model_dir, tiny_tokenizer, tmp_path, ray_local):
     """Chosen answers end in "!" and rejected ones do not: 40 steps on two data-parallel ranks rank every held-out
     pair right, and the saved statistics are the scores' own."""
