@@ -47,7 +47,7 @@ test: $(STAMP)
 	@$(BYTECODE)
 	$(PYTEST) --durations=15 -m "not integration and not recipes"
 
-# the integration tier: what make test leaves out (21 min 27 s on 2 cores, fresh clone). CI runs it after make test.
+# the integration tier: what make test leaves out (23 min 24 s on 2 cores, fresh clone). CI runs it after make test.
 test-integration: $(STAMP)
 	@$(BYTECODE)
 	$(PYTEST) --durations=20 -m "integration or recipes"
