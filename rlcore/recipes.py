@@ -82,14 +82,18 @@ def _sections(schema: type[BaseModel]) -> dict[str, type[BaseModel]]:
     return out
 
 
-def changes(path: str | Path, schema: type[BaseModel] = Config) -> dict[str, Any]:
+def changes(path: str | Path) -> dict[str, Any]:
     """What the params file at ``path`` changes from rlcore's defaults, nested as in params.yaml: the values it sets
     (validated alone over the defaults, so an error names the file and the key) that differ from the default. A
     section is compared key by key; any other value (``ppo.rounds``, ``task.file``) whole."""
-    raw = read_recipe(path)
+    return _changes_of(read_recipe(path), str(path))
+
+
+def _changes_of(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """:func:`changes` of the params mapping ``raw``, read from ``source``."""
     defaults = Config().model_dump(mode="json")
-    alone = parse_config(merge(defaults, raw), str(path)).model_dump(mode="json")
-    return _differs(alone, defaults, schema)
+    alone = parse_config(merge(defaults, raw), source).model_dump(mode="json")
+    return _differs(alone, defaults, Config)
 
 
 def _differs(value: dict[str, Any], default: dict[str, Any], schema: type[BaseModel]) -> dict[str, Any]:
@@ -132,10 +136,9 @@ def refresh(path: str | Path, follow_defaults: bool = False) -> str:
     one changes: ``make recipes``). Without it a value that differs from today's default is kept, marked or not (a
     params.yaml edited by hand or by ``dvc exp run -S``)."""
     path = Path(path)
-    text = path.read_text()
+    text, raw = path.read_text(), read_recipe(path)
     marks = marked(text)
     if follow_defaults and marks:
-        raw = read_recipe(path)
         chosen: dict[str, Any] = {}
         for key in marks:
             parts, value = key.split("."), raw
@@ -145,10 +148,8 @@ def refresh(path: str | Path, follow_defaults: bool = False) -> str:
             for part in parts[:-1]:
                 node = node.setdefault(part, {})
             node[parts[-1]] = value
-        defaults = Config().model_dump(mode="json")
-        changed = _differs(parse_config(merge(defaults, chosen), str(path)).model_dump(mode="json"), defaults, Config)
-    else:
-        changed = changes(path)
+        raw = chosen
+    changed = _changes_of(raw, str(path))
     cfg = parse_config(merge(Config().model_dump(mode="json"), changed), str(path))
     origin = {}
     for key in leaf_keys(changed):  # a value given whole (reward.model) is marked on each of its lines
