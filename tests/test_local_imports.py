@@ -6,7 +6,7 @@ nothing else (2026-11-28, beside other work; the torch.distributed parts after t
 transformers with it), mlflow 3.6 s, torch 3.1 s, transformers 2.1 s, torch.distributed.fsdp / .tensor /
 .checkpoint 1.5 s each beyond torch, pandas 1.0 s, ray 0.9 s, math_verify 0.7 s, sympy 0.65 s, fastapi and
 matplotlib 0.6 s, rlcore.config 0.54 s (building the params schema), dvc 0.5 s, pyarrow 0.4 s, numpy 0.24 s,
-uvicorn 0.18 s. pydantic (0.1 s), yaml and the standard library are not.
+uvicorn 0.18 s; vllm (an optional install) about 25 s. pydantic (0.1 s), yaml and the standard library are not.
 
 A function-local import passes when what it imports loads, through the module-level imports of rlcore's modules,
 a heavy module that the importing module does not load at its own top; or when a comment on its line, or on the
@@ -24,7 +24,7 @@ from .test_import_graph import module_files, resolve
 
 HEAVY = ("torch", "transformers", "peft", "ray", "pyarrow", "pandas", "numpy", "mlflow", "matplotlib", "fastapi",
          "starlette", "uvicorn", "dvc", "math_verify", "sympy", "torch.distributed.fsdp", "torch.distributed.tensor",
-         "torch.distributed.checkpoint", "rlcore.config")
+         "torch.distributed.checkpoint", "rlcore.config", "vllm")
 
 
 def targets(node: ast.Import | ast.ImportFrom, name: str, path: Path, modules: dict[str, Path]) -> list[str]:

@@ -21,6 +21,7 @@ process that imports torch and loads a model before its first call.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -111,11 +112,18 @@ SHOWS = {
     "ppo-critic": ("models/ppo/r1/critic/config.json", None),
     "reinforce-pp": ("plots/ppo_r1.csv", "actor/reward_kl_penalty"),
     "rlhf": ("metrics/rm_arith.json", "rm/test_accuracy"),
+    "vllm": ("metrics/ppo_r1.json", "ppo/reward_last10"),
 }
 
 
+# a recipe that needs an optional install runs where it is installed (examples/vllm.yaml: make test-vllm, CI)
+NEEDS = {"vllm": "vllm"}
+
+
 @pytest.mark.recipes
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[getattr(pytest.mark, NEEDS[n]), pytest.mark.skipif(
+    importlib.util.find_spec(NEEDS[n]) is None, reason=f"{NEEDS[n]} is not installed")]) if n in NEEDS else n
+    for n in RECIPES])
 def test_every_recipe_runs_to_the_end_at_smoke_test_sizes(repo, ray_head, name):
     from rlcore.config import load_config
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from rlcore.cli import check_engine_installed
 from rlcore.config import Config, apply_overrides, load_config, parse_config
 from rlcore.errors import ConfigError
 from rlcore.kernels import pin
@@ -45,7 +46,7 @@ def params_source(args: argparse.Namespace) -> str | None:
     return DEFAULT_PARAMS if Path(DEFAULT_PARAMS).is_file() else None
 
 
-def config_from(args: argparse.Namespace) -> Config:
+def config_from(args: argparse.Namespace, *, runs: bool = True) -> Config:
     """The validated config: the params file (or the defaults) with ``--set`` overrides applied. The command's
     process computes with the CPU kernels it names (``resources.cpu_kernels``, :mod:`rlcore.kernels`), chosen here,
     before the command imports torch."""
@@ -56,6 +57,8 @@ def config_from(args: argparse.Namespace) -> Config:
     else:
         print("rlcore: no params.yaml here; using the built-in defaults", file=sys.stderr)
         cfg = parse_config(apply_overrides({}, overrides), "--set")
+    if runs:  # a command that generates: refused before its work where the engine it names is not installed
+        check_engine_installed(cfg, source or "--set")
     pin(cfg.resources.cpu_kernels)
     return cfg
 

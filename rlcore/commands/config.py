@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel
 
+from rlcore.cli import check_engine_installed
 from rlcore.commands.common import DEFAULT_PARAMS, add_config_options, config_from, params_source, parse_overrides
 from rlcore.config import Config, load_config
 from rlcore.errors import ConfigError
@@ -167,10 +168,14 @@ def run(args: argparse.Namespace) -> int:
         return use(args)
     if args.action == "refresh":
         return refresh(args)
-    cfg = config_from(args)
+    cfg = config_from(args, runs=False)  # the params alone: valid whatever this environment has installed
     source = params_source(args) or "built-in defaults"
     if args.action == "check":
         lines = check_inputs(cfg)  # the task's files and the reward functions, called once on a row
+        try:
+            check_engine_installed(cfg, source)
+        except ConfigError as err:  # a fact of this environment, not of the params
+            lines.append(f"warning: {err}")
         print("\n".join([f"{source}: ok ({len(list(entries(cfg, Config())))} keys valid)", *lines]))
         return 0
     rows = select(list(entries(cfg, Config())), args.key)

@@ -187,6 +187,29 @@ def merged_copy(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch
     return fresh.merge_and_unload()
 
 
+def merged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` as a plain Hugging Face state dict, the policy adapter merged in (base weight plus
+    peft's ``get_delta_weight``; other adapters left out), computed beside the live tensors without changing them (a
+    merge and unmerge in place would leave rounding in the base weights): what an engine that takes whole models
+    (vLLM) loads. A model without an adapter: its own state dict."""
+    if not is_peft(model):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    with torch.no_grad():
+        deltas = {f"{name}.weight": module.get_delta_weight(POLICY) for name, module in base.named_modules()
+                  if isinstance(module, LoraLayer) and POLICY in module.lora_A}
+        out = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            key = key.replace(".base_layer.", ".")
+            out[key] = (value + deltas[key].to(value.dtype) if key in deltas else value).detach()
+    return out
+
+
 def is_peft(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a peft model (without importing peft where it was never imported: then none is)."""
     if "peft" not in sys.modules:

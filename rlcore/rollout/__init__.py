@@ -3,8 +3,8 @@
 Engines that exist: ``hf`` (the transformers model in a token loop with a dynamic KV cache; any
 causal LM) and ``static`` (``rlcore.rollout.static``: a preallocated KV cache, compacted batches,
 CUDA graphs on a GPU; Llama and Qwen2 layouts, other architectures fall back to ``hf`` with a
-warning). An adapter for an external server engine (vLLM, SGLang) would be one more entry here
-that implements :class:`RolloutEngine`; none exists, because neither runs on this project's machines.
+warning) and ``vllm`` (``rlcore.rollout.vllm_engine``: vLLM's offline engine in the worker's process, weights
+moved in memory; an optional install, ``make setup-vllm``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,13 @@ def _static_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: 
         return _hf_engine(model, spec, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     return StaticRolloutEngine(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, compile=spec.compile,
                                cuda_graphs=spec.cuda_graphs)
+
+
+@ENGINES.register("vllm")
+def _vllm_engine(model, spec: EngineSpec, *, eos_token_id: int, pad_token_id: int) -> RolloutEngine:
+    from rlcore.rollout.vllm_engine import VllmRolloutEngine  # imports vLLM (tens of seconds): only when chosen
+
+    return VllmRolloutEngine(model, spec, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
 
 
 def reads_weights_in_place(model, spec: EngineSpec) -> bool:

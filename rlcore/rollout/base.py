@@ -24,14 +24,20 @@ class EngineSpec:
     name: str = "static"
     """``rlcore.rollout.ENGINES`` name."""
     compile: bool = False
-    """static: ``torch.compile`` the decode step (costs a compilation per process and batch bucket)."""
+    """static: ``torch.compile`` the decode step (costs a compilation per process and batch bucket); vllm: its
+    compiled path instead of eager mode."""
     cuda_graphs: bool = True
     """static, on a GPU: capture each decode step in a CUDA graph and replay it."""
+    kv_cache_gib: float = 1.0
+    """vllm: KV cache space of the engine, GiB."""
+    max_batch: int = 512
+    """vllm: sequences scheduled at once (``rollout.micro_batch_size``)."""
 
 
 def engine_spec(rollout: RolloutConfig) -> EngineSpec:
     """The engine params.yaml ``rollout`` names, as the workers, the generators and ``rlcore serve`` build it."""
-    return EngineSpec(name=rollout.engine, compile=rollout.compile, cuda_graphs=rollout.cuda_graphs)
+    return EngineSpec(name=rollout.engine, compile=rollout.compile, cuda_graphs=rollout.cuda_graphs,
+                      kv_cache_gib=rollout.kv_cache_gib, max_batch=rollout.micro_batch_size)
 
 
 class RolloutEngine(Protocol):

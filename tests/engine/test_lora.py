@@ -229,3 +229,21 @@ def test_a_lora_critic_trains_its_value_head_fully_and_its_merged_folder_restore
         want = critic.response_values(ids, mask, 4)
         got = load_critic(ModelSpec(str(tmp_path / "critic")), torch.device("cpu")).response_values(ids, mask, 4)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_merged_state_is_peft_merge_and_unloads_and_leaves_the_live_model_as_it_was(tiny_model_dir):
+    """What the vllm engine loads: the base weights with the policy adapter merged in, the live tensors untouched."""
+    model = lora.add_adapter(load_causal_lm(tiny_model_dir), RANK4, seed=0)
+    with torch.no_grad():  # B starts at zero: give the adapter weights that matter
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
+    live = {k: v.clone() for k, v in model.state_dict().items()}
+    got = lora.merged_state(model)
+    want = lora.merged_copy(model, model.state_dict()).state_dict()
+    assert got.keys() == want.keys()
+    assert max(float((got[k] - want[k]).abs().max()) for k in want) < 1e-6
+    plain = load_causal_lm(tiny_model_dir)
+    assert any(not torch.equal(want[k], v) for k, v in plain.state_dict().items())  # the adapter counts
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in live.items())
+    assert lora.merged_state(plain).keys() == plain.state_dict().keys()
