@@ -1,7 +1,7 @@
 """TRL's side of the benchmark: GRPOTrainer on the same model, prompts, reward and settings.
 
 Started by ``bench.run_bench`` as a child process. One process, torch with 2 threads,
-no vLLM. ``trainer.train()`` runs once; a callback pauses it after every block of steps
+no vLLM (with ``--set rollout.engine=vllm``, run from .venv-vllm: vLLM in TRL's colocate mode, as ours). ``trainer.train()`` runs once; a callback pauses it after every block of steps
 until the parent sends the next ``run K`` (``bench.wire``), so the two systems alternate.
 
     .venv/bin/python -m bench.trl_side      # then type: run 2 / quit
@@ -84,8 +84,15 @@ def grpo_config(total_steps: int):
 
     cfg = rl_config()
     a, per_step = cfg.actor, prompts_per_step(cfg) * cfg.rollout.n
+    # rollout.engine vllm (--set rollout.engine=vllm, in .venv-vllm): TRL generates with vLLM too, in its colocate
+    # mode (vLLM in the trainer's process, weights moved in memory), its KV cache the size of ours
+    vllm = cfg.rollout.engine == "vllm"
+    if vllm:
+        os.environ.update({"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                           "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(cfg.rollout.kv_cache_gib)))})
     return GRPOConfig(
-        output_dir=str(WORK_DIR / "trl_out"), use_cpu=True, bf16=False, fp16=False, use_vllm=False,
+        output_dir=str(WORK_DIR / "trl_out"), use_cpu=True, bf16=False, fp16=False, use_vllm=vllm,
+        vllm_mode="colocate", vllm_enable_sleep_mode=False,
         gradient_checkpointing=False, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
         max_steps=total_steps, seed=RL_SEED, shuffle_dataset=False, dataloader_num_workers=0,
         num_generations=cfg.rollout.n, per_device_train_batch_size=per_step, generation_batch_size=per_step,

@@ -31,9 +31,10 @@ hand out. vLLM's CPU attention runs head dims 32, 64, 80, ... (not the built-in 
 from __future__ import annotations
 
 import os
+import random
 import tempfile
-from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from rlcore.cli import VLLM_INSTALL_HINT
@@ -69,21 +70,30 @@ class VllmRolloutEngine:
         self._prompt = vllm.inputs.TokensPrompt
         config = lora.hf_model(model).config
         self.max_len = int(config.max_position_embeddings)
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it for the whole process
-        with tempfile.TemporaryDirectory(prefix="rlcore-vllm-") as folder:
-            config.save_pretrained(folder)  # the architecture only: weights come from memory below
-            self.llm = vllm.LLM(model=folder, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
-                                enforce_eager=not spec.compile, max_model_len=self.max_len,
-                                max_num_seqs=spec.max_batch, kv_cache_memory_bytes=int(spec.kv_cache_gib * 2**30),
-                                logprobs_mode="processed_logprobs", enable_prefix_caching=True, seed=0)
-        torch.set_num_threads = set_threads
+        weight = next(model.parameters())
+        dtype = str(weight.dtype).removeprefix("torch.")
+        # vLLM's CPU worker replaces torch.set_num_threads for the whole process, and seeds Python's, NumPy's and
+        # torch's global generators: the worker's own (its threads, dropout, shuffles) are put back
+        set_threads, states = torch.set_num_threads, (random.getstate(), np.random.get_state())
+        try:
+            with tempfile.TemporaryDirectory(prefix="rlcore-vllm-") as folder, \
+                    torch.random.fork_rng(devices=[weight.device] if weight.device.type == "cuda" else []):
+                config.save_pretrained(folder)  # the architecture only: weights come from memory below
+                self.llm = vllm.LLM(model=folder, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+                                    enforce_eager=not spec.compile, max_model_len=self.max_len,
+                                    max_num_seqs=spec.max_batch,
+                                    kv_cache_memory_bytes=int(spec.kv_cache_gib * 2**30),
+                                    logprobs_mode="processed_logprobs", enable_prefix_caching=True, seed=0)
+        finally:
+            torch.set_num_threads = set_threads
+            random.setstate(states[0])
+            np.random.set_state(states[1])
         self._runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
         self._push()
 
     def _push(self) -> None:
         """Hand vLLM the copy's weights (adapter merged), then drop the prefix cache computed with the old ones."""
-        self._runner.reload_weights(weights_iterator=_items(lora.merged_state(self.model)))
+        self._runner.reload_weights(weights_iterator=iter(lora.merged_state(self.model).items()))
         self.llm.reset_prefix_cache()
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -140,7 +150,3 @@ class VllmRolloutEngine:
     def open_rows(self, *args, **kwargs):
         raise NotImplementedError("rollout engine vllm: multi-turn agent rollouts (rollout.agent.loop tool) need "
                                   "the hf or static engine")
-
-
-def _items(state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
-    return iter(state.items())

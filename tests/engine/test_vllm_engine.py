@@ -4,7 +4,7 @@ One engine for the module (vLLM's import and start-up take tens of seconds): gre
 on left-padded prompts of different lengths with EOS stops; its log-probs of given responses equal a plain forward's
 to float tolerance, and so do the log-probs it returns for its sampled tokens (temperature applied); sampling is
 reproducible by the call's generator; new weights (a whole model, then LoRA adapters merged) show in the next
-generation. Runs where vLLM is installed (`make test-vllm`, CI); skipped elsewhere.
+generation; starting an engine leaves the process's global random stream as it was. Runs where vLLM is installed (`make test-vllm`, CI); skipped elsewhere.
 """
 
 from __future__ import annotations
@@ -152,7 +152,9 @@ def test_lora_adapters_reach_vllm_merged(model):
                 p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
     adapters = {k: v for k, v in policy.state_dict().items() if lora.is_adapter_key(k)}
     host = lora.add_adapter(copy.deepcopy(model), spec, seed=0)
+    rng = torch.get_rng_state()
     eng = make_engine(host, EngineSpec("vllm", kv_cache_gib=0.25, max_batch=64), eos_token_id=-1, pad_token_id=PAD)
+    assert torch.equal(torch.get_rng_state(), rng)  # vLLM seeds the global generators at start: put back
     ids, mask = prompts([5, 9], seed=5)
     before = greedy(eng, ids, mask)["responses"]
     eng.load_weights(adapters)
