@@ -962,8 +962,8 @@ class Config(_Section):
             if head_dim is not None and head_dim not in names.VLLM_CPU_HEAD_DIMS:
                 raise ValueError(f"rollout.engine vllm: {where} has head_dim {head_dim}, which vLLM's CPU attention "
                                  f"does not run (it runs {', '.join(map(str, names.VLLM_CPU_HEAD_DIMS))}): use "
-                                 f"rollout.engine static or hf, or a model with head_dim 64 (the built-in one: "
-                                 f"model.tiny.hidden_size 128, model.tiny.num_heads 2)")
+                                 f"rollout.engine static or hf, or a model whose head_dim it runs (the built-in one: "
+                                 f"model.tiny.num_heads 2, heads of 32)")
 
     def _separate_rm_cpus(self) -> float:
         rm = self.reward.model

@@ -25,7 +25,7 @@ token ids and log-probs out.
 Multi-turn agent rollouts are not supported (config validation refuses ``rollout.agent.loop: tool`` with this
 engine): the agent loop samples every token from full logits (:mod:`rlcore.rollout.turns`), which vLLM does not
 hand out. vLLM's CPU attention runs head dims 32, 64, 80, ... (not the built-in tiny model's 16:
-``model.tiny.hidden_size 128`` and ``num_heads 2`` give 64); config validation refuses others on a CPU.
+``model.tiny.num_heads 2`` gives 32); config validation refuses others on a CPU.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from rlcore.engine.tiny_model import build_char_tokenizer, build_tiny_model
 from rlcore.rollout import EngineSpec, make_engine
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.hf import HFRolloutEngine
+from tests.engine.test_static_engine import left_padded
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make test-vllm)")]
@@ -50,17 +51,7 @@ def engine(model):
 
 
 def prompts(lengths: list[int], repeat: int = 1, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for n in lengths:
-        rows += [torch.randint(7, 100, (n,), generator=g).tolist()] * repeat
-    width = max(lengths)
-    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    return ids, mask
+    return left_padded(100, lengths, repeat, seed)
 
 
 def forward_log_probs(model, ids, mask, responses, temperature: float = 1.0) -> torch.Tensor:

@@ -10,6 +10,7 @@ object store, checks them, and the round trains. Runs where vLLM is installed (`
 from __future__ import annotations
 
 import importlib.util
+from contextlib import contextmanager
 
 import pandas as pd
 import pytest
@@ -66,16 +67,22 @@ def config(mode: str):
         "ppo": {"train_batch_size": 8, "mode": mode, "async": {"max_staleness": 0, "queue_size": 1}}})
 
 
-def test_a_sync_round_learns_with_vllm_generating_and_every_sync_checked(policy, ray_local):
-    folder, tok, rows = policy
-    cfg = config("sync")
+@contextmanager
+def worker_groups(cfg, folder):
     with start_pool(cfg) as pool:
         groups = RoundGroups.start(cfg, pool, str(folder))
         try:
-            runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompt_batch(rows, tok, 64, "rows"), seed=0)
-            metrics = [runner.step(s) for s in range(12)]
+            yield groups
         finally:
             groups.shutdown()
+
+
+def test_a_sync_round_learns_with_vllm_generating_and_every_sync_checked(policy, ray_local):
+    folder, tok, rows = policy
+    cfg = config("sync")
+    with worker_groups(cfg, folder) as groups:
+        runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompt_batch(rows, tok, 64, "rows"), seed=0)
+        metrics = [runner.step(s) for s in range(12)]
     rewards = [m["rollout/reward_mean"] for m in metrics]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print("rewards", [round(r, 3) for r in rewards])
@@ -87,14 +94,10 @@ def test_a_sync_round_learns_with_vllm_generating_and_every_sync_checked(policy,
 def test_an_async_round_trains_on_a_vllm_generator(policy, ray_local):
     folder, tok, rows = policy
     cfg = config("async")
-    with start_pool(cfg) as pool:
-        groups = RoundGroups.start(cfg, pool, str(folder))
-        try:
-            with running_async_round(cfg, groups, init_dir=str(folder), tokenizer=tok,
-                                     prompts=prompt_batch(rows, tok, 64, "rows"), seed=0, steps=3) as runner:
-                metrics = [runner.step(s) for s in range(3)]
-        finally:
-            groups.shutdown()
+    with worker_groups(cfg, folder) as groups, running_async_round(
+            cfg, groups, init_dir=str(folder), tokenizer=tok, prompts=prompt_batch(rows, tok, 64, "rows"), seed=0,
+            steps=3) as runner:
+        metrics = [runner.step(s) for s in range(3)]
     # max_staleness 0: each step trained on rollouts of the weights of the step before, which the generator's
     # vLLM engine took (and checked) between the steps
     assert all(m["async/staleness"] == 0 for m in metrics)
