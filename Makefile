@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup-vllm test-vllm run test test-integration test-recipes recipes docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
+.PHONY: setup-vllm test-vllm bench-vllm run test test-integration test-recipes recipes docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
 
 # uv installs what pip would, in a quarter of the time (42 s against 2 min 55 s here). It reads no pip
 # configuration, so a local wheel folder pip is pointed at (PIP_FIND_LINKS: on these machines, torch 2.13.0's
@@ -95,6 +95,14 @@ bench: $(STAMP)
 	$(INSTALL) -e ".[bench,test]"
 	$(PY) -m bench.run_bench --configs default,realistic,long
 	$(PY) -m bench.update_ceiling
+
+# vLLM beside rlcore's engines (docs/concepts/engines.md): tokens/s of hf, static and vllm (eager and compiled), then
+# the realistic GRPO step with vLLM generating on both sides (TRL's GRPOTrainer in its colocate mode)
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) \
+		--override vllm-overrides.txt -e ".[vllm,bench,test]"
+	$(VLLM_PY) -m bench.rollout_engines --repeats 5
+	$(VLLM_PY) -m bench.run_bench --configs realistic --set rollout.engine=vllm --out bench/RESULTS-vllm.md
 
 # rlcore serve under load (64 clients, batching vs --no-batching): its own section of bench/RESULTS.md
 bench-serve: $(STAMP)
