@@ -97,12 +97,12 @@ bench: $(STAMP)
 	$(PY) -m bench.update_ceiling
 
 # vLLM beside rlcore's engines (docs/concepts/engines.md): tokens/s of hf, static and vllm (eager and compiled), then
-# the realistic GRPO step with vLLM generating on both sides (TRL's GRPOTrainer in its colocate mode)
+# the realistic GRPO step with static (A) and vllm (B) side by side
 bench-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/uv pip install -q --python $(VLLM_PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) \
 		--override vllm-overrides.txt -e ".[vllm,bench,test]"
 	$(VLLM_PY) -m bench.rollout_engines --repeats 5
-	$(VLLM_PY) -m bench.run_bench --configs realistic --set rollout.engine=vllm --out bench/RESULTS-vllm.md
+	$(VLLM_PY) -m bench.ab --config realistic --ours-set rollout.engine=vllm --steps 6 --warmup 1 --block 2
 
 # rlcore serve under load (64 clients, batching vs --no-batching): its own section of bench/RESULTS.md
 bench-serve: $(STAMP)
