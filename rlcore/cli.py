@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rlcore.config import Config, load_config, section_dict
-from rlcore.errors import ConfigError, InputNotFound, TrainingDiverged, UserError, WorkerDied
+from rlcore.errors import VLLM_INSTALL_HINT, ConfigError, InputNotFound, TrainingDiverged, UserError, WorkerDied
 from rlcore.interrupt import Terminated, on_signal
 
 REPO_ROOT = Path.cwd()
@@ -134,10 +134,6 @@ class DeclaredConfig:
             raise AttributeError(f"stage {self._stage} reads params section {name!r}, which it does not declare "
                                  f"(declared: {', '.join(sorted(self._sections))}); add it to PARAMS and dvc.yaml")
         return getattr(self._cfg, name)
-
-
-VLLM_INSTALL_HINT = ("vLLM is not installed in this Python environment: `make setup-vllm` builds .venv-vllm with vLLM's "
-                     "CPU build; then `. .venv-vllm/bin/activate` and run again (docs/concepts/engines.md)")
 
 
 def check_engine_installed(cfg: Config, source: str) -> None:

@@ -9,6 +9,11 @@ was lost, or the step that diverged.
 
 from __future__ import annotations
 
+VLLM_INSTALL_HINT = ("vLLM is not installed in this Python environment: `make setup-vllm` builds .venv-vllm with vLLM's "
+                     "CPU build; then `. .venv-vllm/bin/activate` and run again (docs/concepts/engines.md)")
+"""How to get the ``vllm`` rollout engine: the message of the config check (``rlcore.cli``) and of the engine's
+own import (``rlcore.rollout.vllm_engine``)."""
+
 
 class UserError(Exception):
     """Bad input a user can fix: params, paths, data rows, model folders."""

@@ -11,7 +11,8 @@ and what it leaves alive is frozen afterwards with ``gc.freeze``, so no later co
 :func:`script` freezes the heap before the interpreter shuts down. Young objects are collected as usual
 throughout. The processes Ray starts for a worker group's ranks are rlcore's too: the group starts them with
 ``RLCORE_RANK_PROCESS`` set, and the worker module's imports (torch, transformers, rlcore) run with no automatic
-collection from the import of ``rlcore.workers`` until ``RankWorker.__init__`` (:func:`rank_loading`,
+collection from the process's start until ``RankWorker.__init__`` (:func:`rank_loading`, which Ray runs as the
+job's ``worker_process_setup_hook`` in every worker it starts for a session rlcore began or joined, and
 :func:`rank_ready`); models are never frozen (a frozen object in a reference cycle would never be freed, and a
 worker may load one model after another). Called from Python instead (a test, a notebook), rlcore leaves the
 collector alone: freezing is process-wide, and would keep the caller's own objects from ever being collected.
@@ -34,6 +35,10 @@ T = TypeVar("T")
 
 RANK_PROCESS_ENV = "RLCORE_RANK_PROCESS"
 """Set (to ``1``) in the environment of the processes Ray starts for a worker group's ranks."""
+
+RANK_SETUP_HOOK = f"{__name__}.rank_loading"
+"""Ray's ``worker_process_setup_hook`` (a job-level ``runtime_env`` key) of the sessions rlcore starts or joins:
+:func:`rank_loading`, run in each worker process Ray starts before it takes any task or actor."""
 
 _owned = False
 
@@ -80,8 +85,8 @@ def rank_process_env() -> dict[str, str]:
 
 
 def rank_loading() -> None:
-    """Run by ``rlcore.workers`` when imported: in a process started for a rank (:data:`RANK_PROCESS_ENV`), no
-    automatic collection until :func:`rank_ready`. The variable is taken out of the environment, so that processes
+    """Ray's setup hook of every worker process (:data:`RANK_SETUP_HOOK`): in a process started for a rank
+    (:data:`RANK_PROCESS_ENV`), no automatic collection until :func:`rank_ready`; in any other, nothing. The variable is taken out of the environment, so that processes
     the rank starts do not inherit it."""
     global _owned
     if os.environ.pop(RANK_PROCESS_ENV, None) == "1":

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from rlcore import heap
+from rlcore.controller.resource_pool import job_runtime_env
 from tests.conftest import REPO_ROOT
 
 # A script that allocates 200,000 long-lived containers in a long_lived block and 200,000 after it, counting the
@@ -18,6 +19,7 @@ PROBE = r"""
 import gc, json, sys
 at_start = gc.get_freeze_count()  # (some interpreters' start-up freezes a few hundred objects of its own)
 from rlcore import heap
+from rlcore.controller.resource_pool import job_runtime_env
 counts = {"block": [0, 0, 0], "after": [0, 0, 0]}
 where = ["block"]
 gc.callbacks.append(lambda phase, info: phase == "stop" and counts[where[0]].__setitem__(
@@ -86,10 +88,14 @@ def test_this_process_is_not_owned_so_a_block_here_changes_nothing():
 
 
 RANK_PROBE = r"""
-import gc, json, os
+import gc, importlib, json, os, sys
 at_start = gc.get_freeze_count()
+if sys.argv[1] == "hook":  # what Ray runs first in a worker process of a session rlcore began (job_runtime_env)
+    module, _, name = os.environ["HOOK"].rpartition(".")
+    getattr(importlib.import_module(module), name)()
 import rlcore.workers  # what a rank's process imports first, before the worker module's torch
 from rlcore import heap
+from rlcore.controller.resource_pool import job_runtime_env
 loading = [gc.isenabled(), os.environ.get(heap.RANK_PROCESS_ENV)]
 junk = [[i] for i in range(50_000)]
 heap.rank_ready()
@@ -97,10 +103,11 @@ print(json.dumps({"loading": loading, "ready": gc.isenabled(), "frozen": gc.get_
 """
 
 
-def rank_probe(env: dict) -> dict:
+def rank_probe(env: dict, hook: bool = True) -> dict:
     base = {k: v for k, v in os.environ.items() if k != heap.RANK_PROCESS_ENV}
-    proc = subprocess.run([sys.executable, "-c", RANK_PROBE], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=60, env={**base, **env})
+    proc = subprocess.run([sys.executable, "-c", RANK_PROBE, "hook" if hook else "-"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60,
+                          env={**base, **env, "HOOK": job_runtime_env()["worker_process_setup_hook"]})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -111,6 +118,19 @@ def test_a_rank_process_loads_without_collections_until_the_rank_is_built_and_hi
     assert r["ready"] and r["frozen"] >= 50_000
 
 
-def test_any_other_process_that_imports_the_workers_keeps_its_collector():
+def test_any_other_process_that_runs_the_hook_keeps_its_collector():
     r = rank_probe({})
     assert r["loading"] == [True, None] and r["ready"] and r["frozen"] == 0
+
+
+def test_importing_the_workers_changes_nothing_in_the_process():
+    """Only the setup hook tunes a process: importing ``rlcore.workers`` (with the rank's variable set, without the
+    hook) leaves the collector on and the variable in place."""
+    r = rank_probe(heap.rank_process_env(), hook=False)
+    assert r["loading"] == [True, "1"] and r["ready"] and r["frozen"] == 0
+
+
+def test_every_ray_session_rlcore_starts_or_joins_names_the_hook_and_keeps_a_callers_runtime_env():
+    assert job_runtime_env() == {"worker_process_setup_hook": "rlcore.heap.rank_loading"}
+    assert job_runtime_env({"env_vars": {"A": "1"}}) == {"env_vars": {"A": "1"},
+                                                         "worker_process_setup_hook": "rlcore.heap.rank_loading"}

@@ -17,7 +17,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 
 from rlcore.controller.address import check_reachable
 from rlcore.errors import ConfigError
-from rlcore.heap import rank_process_env
+from rlcore.heap import RANK_SETUP_HOOK, rank_process_env
 from rlcore.kernels import inherited as kernel_env
 
 log = logging.getLogger(__name__)
@@ -51,12 +51,23 @@ def init_local(num_cpus: int, *, log_to_driver: bool, **options) -> None:
     not started: it re-lists the session's log folder ten times a second whether or not anyone listens (measured:
     8.1 CPU-s over a test session's 390 s, the largest share of an idle private instance's 23). ``ray.init`` has no
     setting for it either (``ray start`` has ``--include-log-monitor``). ``options``: more ``ray.init`` arguments
-    (``object_store_memory``)."""
+    (``object_store_memory``; a ``runtime_env`` gets :func:`job_runtime_env`'s hook added)."""
     system_config = {"prestart_worker_first_driver": False, **options.pop("_system_config", {})}
     defaults = {"dashboard_agent_listen_port": 0, **({} if log_to_driver else {"include_log_monitor": False})}
+    runtime_env = job_runtime_env(options.pop("runtime_env", None))
     with _ray_params_defaults(defaults):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=log_to_driver,
-                 configure_logging=False, _system_config=system_config, **options)
+                 configure_logging=False, _system_config=system_config, runtime_env=runtime_env, **options)
+
+
+def job_runtime_env(runtime_env: dict | None = None) -> dict:
+    """The job-level ``runtime_env`` of every Ray session rlcore starts or joins: ``runtime_env`` (a caller's) with
+    :data:`rlcore.heap.RANK_SETUP_HOOK` as Ray's ``worker_process_setup_hook``. Ray runs the hook in each worker
+    process it starts for the job, before the process takes its first task or actor; it acts only in a rank's
+    process (the variable :func:`rank_env` sets), so the worker modules' imports run as ``rlcore.heap`` says. Ray
+    takes the hook at the job level only (an actor's own ``runtime_env`` cannot name one), so it is set here, in
+    the driver that owns the session, not as a side effect of importing ``rlcore.workers``."""
+    return {**(runtime_env or {}), "worker_process_setup_hook": RANK_SETUP_HOOK}
 
 
 # held while RayParams.__init__ is replaced: two threads starting Ray at once would otherwise each restore what
@@ -113,7 +124,8 @@ def start_ray(address: str, num_cpus: int) -> str:
     check_reachable(address)
     try:
         with _keeping_signal_handlers():
-            ctx = ray.init(address=address, log_to_driver=True, configure_logging=False)
+            ctx = ray.init(address=address, log_to_driver=True, configure_logging=False,
+                           runtime_env=job_runtime_env())
     except ConnectionError as err:
         if address != "auto" or "Could not find any running Ray instance" not in str(err):
             raise

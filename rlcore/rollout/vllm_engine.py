@@ -37,9 +37,9 @@ import tempfile
 import numpy as np
 import torch
 
-from rlcore.cli import VLLM_INSTALL_HINT
 from rlcore.engine import lora
 from rlcore.engine.sequence import trim_left_padding
+from rlcore.errors import VLLM_INSTALL_HINT
 from rlcore.rollout.base import EngineSpec, SamplingParams, load_into
 
 # vLLM reads these when it is imported; rlcore's worker owns its process (its threads, its logs)

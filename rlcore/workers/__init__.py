@@ -5,9 +5,7 @@
 * ``actor.ActorRolloutRefWorker``: the PPO policy with its rollout engine and reference;
 * ``critic.CriticWorker``: the value model for GAE.
 
-Each is driven as ``group.call(Worker.method, batch, spec)`` (``rlcore.controller.worker_group``).
+Each is driven as ``group.call(Worker.method, batch, spec)`` (``rlcore.controller.worker_group``). Importing
+this package changes nothing in the process: a rank's process is tuned by Ray's setup hook before it imports
+anything of it (``rlcore.heap.rank_loading``, named by ``rlcore.controller.resource_pool.job_runtime_env``).
 """
-
-from rlcore import heap
-
-heap.rank_loading()  # before the worker modules' imports (torch, transformers) in a rank's own process

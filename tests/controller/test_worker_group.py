@@ -302,11 +302,13 @@ NICENESS = "RAY_worker_niceness"
 
 @pytest.fixture
 def fake_ray(monkeypatch) -> list[dict]:
-    """ray.init records its address and the workers' niceness it would see; nothing starts."""
+    """ray.init records its address, the workers' niceness it would see and the job's setup hook; nothing
+    starts."""
     calls = []
     monkeypatch.setattr(resource_pool.ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(resource_pool.ray, "init",
-                        lambda address, **_: calls.append({"address": address, "niceness": os.environ.get(NICENESS)}))
+    monkeypatch.setattr(resource_pool.ray, "init", lambda address, runtime_env=None, **_: calls.append(
+        {"address": address, "niceness": os.environ.get(NICENESS),
+         "hook": (runtime_env or {}).get("worker_process_setup_hook")}))
     monkeypatch.setattr(resource_pool.ray, "cluster_resources", lambda: {})
     monkeypatch.setenv(NICENESS, "")  # so that the variable's original state comes back after the test
     monkeypatch.delenv(NICENESS)
@@ -315,7 +317,7 @@ def fake_ray(monkeypatch) -> list[dict]:
 
 def test_a_local_ray_starts_workers_at_the_drivers_priority(fake_ray):
     start_ray("local", 2)
-    assert fake_ray == [{"address": "local", "niceness": "0"}]
+    assert fake_ray == [{"address": "local", "niceness": "0", "hook": "rlcore.heap.rank_loading"}]
 
 
 def test_the_users_worker_niceness_wins(fake_ray, monkeypatch):
@@ -324,9 +326,9 @@ def test_the_users_worker_niceness_wins(fake_ray, monkeypatch):
     assert fake_ray[0]["niceness"] == "5"
 
 
-def test_joining_a_cluster_leaves_worker_niceness_alone(fake_ray):
+def test_joining_a_cluster_leaves_worker_niceness_alone_and_names_the_setup_hook(fake_ray):
     start_ray("auto", 2)
-    assert fake_ray == [{"address": "auto", "niceness": None}]
+    assert fake_ray == [{"address": "auto", "niceness": None, "hook": "rlcore.heap.rank_loading"}]
 
 
 def test_a_local_node_that_times_out_starting_is_started_again_and_the_failed_trys_processes_killed(
