@@ -824,6 +824,9 @@ class RMConfig(OptimizerSettings, defaults={
     center_rewards_coefficient; Eisenstein et al. 2023). 0 = off."""
     eval_every: int = Field(250, ge=0)
     """Held-out accuracy every N steps (rm/val_accuracy in the plot and MLflow); 0 = only at the end."""
+    save_every: int = Field(200, ge=0)
+    """Step checkpoint every N steps, per reward model (rlcore.trainer.checkpoint, under checkpoint.dir/rm@<name>);
+    a re-run after a crash or a stop resumes from the last one. 0 = off."""
 
 
 class PPORound(_Section):

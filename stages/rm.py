@@ -10,7 +10,7 @@ it changes.
 
 from __future__ import annotations
 
-from rlcore.cli import parser, require_file, stage_errors, write_json
+from rlcore.cli import REPO_ROOT, parser, require_file, stage_errors, write_json
 from rlcore.errors import ConfigError
 from rlcore.heap import long_lived, script
 from rlcore.stage import stage_run, stage_setup
@@ -39,16 +39,22 @@ def main(argv: list[str] | None = None) -> None:
         with long_lived():
             from rlcore.engine.model import load_tokenizer
             from rlcore.inputs import write_manifest
+            from rlcore.trainer.checkpoint import stage_checkpoints
             from rlcore.trainer.rm_training import run_rm
             tokenizer = load_tokenizer(args.init)
+        # the model's checkpoints depend on its own entry of rm.models, not on the other reward models
         own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}
-        with stage_run(cfg, args, "rm", own, round_name=args.name) as tracker:
+        checkpoints = stage_checkpoints(cfg, stage=f"rm@{args.name}", save_every=cfg.rm.save_every, params=own,
+                                        root=REPO_ROOT, inputs=[args.train, args.test, args.init])
+        resume = checkpoints.resume()
+        with stage_run(cfg, args, "rm", own, round_name=args.name, run_id=resume.run_id if resume else None) as tracker:
             metrics = run_rm(cfg, init=args.init, tokenizer=tokenizer, train_path=args.train, test_path=args.test,
                              out_dir=args.out, tracker=tracker, plot_csv=args.plots,
-                             self_play=cfg.rm.models[args.name].self_play)
+                             self_play=cfg.rm.models[args.name].self_play, checkpoints=checkpoints, resume=resume)
             write_json(args.metrics, metrics)
             tracker.log_final(metrics, prefix=f"{args.name}/")
         write_manifest(args.out, args.manifest)
+        checkpoints.finish()
 
 
 if __name__ == "__main__":

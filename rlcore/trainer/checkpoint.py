@@ -48,8 +48,9 @@ from rlcore.errors import UserError
 CONTROLLER_FILE = "controller.pt"
 # params that never change the steps a checkpoint holds: how often it checkpoints, where it logs, which Ray it
 # uses, when divergence stops it
-IGNORED_PARAMS = ("sft.save_every", "ppo.save_every", "checkpoint.", "tracking.", "ray.", "sft.max_nonfinite_steps",
-                  "actor.max_nonfinite_steps", "critic.max_nonfinite_steps")
+IGNORED_PARAMS = ("sft.save_every", "rm.save_every", "ppo.save_every", "checkpoint.", "tracking.", "ray.",
+                  "sft.max_nonfinite_steps", "rm.max_nonfinite_steps", "actor.max_nonfinite_steps",
+                  "critic.max_nonfinite_steps")
 BIG_FILE = 256 * 2**20
 EDGE = 16 * 2**20
 

@@ -19,7 +19,7 @@ from rlcore.data.pairs import read_pairs
 from rlcore.engine.sequence import response_attention
 from rlcore.errors import DataError
 from rlcore.protocol import Batch, Metrics
-from rlcore.trainer.checkpoint import write_error
+from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
 from rlcore.trainer.common import StepLog, model_spec, start_pool
 from rlcore.trainer.group_generation import rollout_group, sample_chunks
 from rlcore.trainer.sft import epoch_batches
@@ -99,11 +99,13 @@ def self_play_pairs(cfg: Config, pool, init: str, pairs: Batch, k: int, seed: in
 
 
 def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str, out_dir: str, tracker,
-           plot_csv: str | None = None, self_play: int = 0) -> Metrics:
+           plot_csv: str | None = None, self_play: int = 0, checkpoints: StepCheckpoints | None = None,
+           resume: Resume | None = None) -> Metrics:
     """Train one reward model from ``init`` on the pairs of ``train_path`` (and ``self_play`` negatives per prompt:
     :func:`self_play_pairs`); save it to ``out_dir`` with its normalisation statistics; return the held-out metrics
     (``rm/test_*``; with self-play, ``rm/test_self_play_accuracy``: the answer against the init model's own
-    samples of the held-out prompts)."""
+    samples of the held-out prompts). With ``resume``, continue after its step from its state: the self-play
+    pairs are drawn again (the same seeds give the same pairs) and the batches of the steps before are skipped."""
     r = cfg.rm
     train, test = pair_batch(train_path, tokenizer, cfg), pair_batch(test_path, tokenizer, cfg)
     world = cfg.resources.n_workers
@@ -113,6 +115,9 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
     step_spec = RMStepSpec(micro_batch_size=max(1, min(r.micro_batch_size, r.batch_size // world)),
                            grad_clip=r.grad_clip, center_rewards_coefficient=r.center_rewards_coefficient)
     log = StepLog(tracker, plot_csv)
+    loop = StepLoop("rm", r.steps, log, tracker=tracker, checkpoints=checkpoints, resume=resume,
+                    divergence=[Divergence("rm", r.max_nonfinite_steps, ("rm/loss", "rm/grad_norm"), "lower rm.lr")],
+                    postfix=lambda m: {"loss": f"{m['rm/loss']:.3f}"})
     extra: Metrics = {}
     with start_pool(cfg) as pool:
         if self_play:
@@ -124,7 +129,9 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
                             model=model_spec(cfg, init), optim=optim, seed=cfg.seed)
         try:
             group.call(RewardTrainWorker.init_model)
-            batches = epoch_batches(train, r.batch_size, r.steps, cfg.seed, fields=PAIR_FIELDS)
+            if resume is not None:
+                group.call(RewardTrainWorker.load_state, str(resume.folder))
+            batches = epoch_batches(train, r.batch_size, r.steps, cfg.seed, start=loop.start, fields=PAIR_FIELDS)
 
             def step(n: int) -> Done:
                 metrics = group.call(RewardTrainWorker.train_step, next(batches), step_spec)
@@ -132,11 +139,7 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
                     metrics.update(pair_metrics(*pair_scores(group, test), "rm/val_"))
                 return Done(metrics)
 
-            # no step checkpoints: a reward model's training is one stage run (rm.steps at the tiny default take
-            # about a minute)
-            StepLoop("rm", r.steps, log, tracker=tracker,
-                     divergence=[Divergence("rm", r.max_nonfinite_steps, ("rm/loss", "rm/grad_norm"), "lower rm.lr")],
-                     postfix=lambda m: {"loss": f"{m['rm/loss']:.3f}"}).run(step)
+            loop.run(step, save=lambda folder: Done(group.call(RewardTrainWorker.save_state, str(folder))))
             final = pair_metrics(*pair_scores(group, test), "rm/test_")
             if self_play and len(test_played):
                 chosen, rejected = pair_scores(group, test_played)

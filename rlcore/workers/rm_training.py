@@ -15,6 +15,7 @@ from rlcore.protocol import Batch, Metrics
 from rlcore.workers.optim import clipped_step, make_optimizer
 from rlcore.workers.rank import TrainingRank
 from rlcore.workers.reward_model import ScoreSpec, sequence_batch_scores
+from rlcore.workers.state import TrainedModelState
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,11 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
     return loss.mean()
 
 
-class RewardTrainWorker(TrainingRank):
-    """A reward model and its optimizer, trained on preference pairs (data parallel)."""
+class RewardTrainWorker(TrainedModelState, TrainingRank):
+    """A reward model and its optimizer, trained on preference pairs (data parallel); step checkpoints hold its
+    weights (the score head included), optimizer, schedule and RNG as ``rm.pt``."""
+
+    state_name, state_model = "rm", "model"
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

@@ -117,6 +117,20 @@ def test_settings_that_cannot_change_results_do_not_invalidate(code_root):
     assert make(code_root, params=params, save_every=5).resume() is not None
 
 
+def test_every_training_sections_checkpoint_cadence_and_divergence_limit_are_left_out_of_the_fingerprint(tmp_path):
+    """What only says how often to checkpoint or when to stop cannot change the steps a checkpoint holds; the
+    optimizer's settings can."""
+    def params(**rm):
+        return {"sft": {"lr": 0.1, "save_every": 1}, "rm": {"lr": 0.1, "save_every": 200, "max_nonfinite_steps": 3,
+                                                           **rm}}
+
+    def prints(p):
+        return fingerprint(p, root=tmp_path, inputs=[], code=[])["params"]
+
+    assert prints(params(save_every=5, max_nonfinite_steps=0)) == prints(params()) == {"sft.lr": 0.1, "rm.lr": 0.1}
+    assert prints(params(lr=0.2)) != prints(params())
+
+
 def test_an_unwritable_checkpoint_folder_is_one_error_naming_it(code_root):
     blocker = code_root / "ckpt"
     blocker.write_text("a file where the folder should be")

@@ -1,5 +1,6 @@
-"""SFT resumed from a step checkpoint ends exactly as the uninterrupted run: the same metric rows, the
-same weights (in-process, on the session's Ray; the SIGKILL of a real stage is in tests/test_e2e_pipeline.py)."""
+"""SFT and reward-model training resumed from a step checkpoint end exactly as the uninterrupted run: the same
+metric rows, the same weights (in-process, on the session's Ray; the SIGKILL of a real stage is in
+tests/test_e2e_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,36 @@ def test_sft_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(ray_local, 
     assert runs["resumed"] == runs["whole"] and len(runs["whole"]) == 5
     whole = (tmp_path / "whole" / "model.safetensors").read_bytes()
     assert (tmp_path / "resumed" / "model.safetensors").read_bytes() == whole
+
+
+@pytest.mark.integration
+def test_a_reward_model_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(ray_local, tiny_model_dir,
+                                                                               tiny_tokenizer, tmp_path):
+    """rm.save_every: the resumed run's metric rows (held-out accuracy across the resume point included), saved
+    model and normalisation statistics are those of the run that was never stopped."""
+    import pandas as pd
+
+    from rlcore.trainer.rm_training import run_rm
+
+    records = [{"prompt": f"{a}+{b}", "chosen": f"{a + b}!", "rejected": f"{a + b + 1}"}
+               for a in range(8) for b in range(5)]
+    pd.DataFrame(records[:32]).to_parquet(tmp_path / "train.parquet")
+    pd.DataFrame(records[32:]).to_parquet(tmp_path / "test.parquet")
+    cfg = parse_config({"rm": {"steps": 5, "batch_size": 8, "lr": 0.01, "warmup_steps": 1, "eval_every": 3,
+                               "save_every": 2}})
+    runs, metrics = {}, {}
+    for name in ("whole", "resumed"):
+        ck = StepCheckpoints(tmp_path / "ckpt", stage="rm@rm", save_every=2, keep_last=0, fingerprint={})
+        resume = ck.resume() if name == "resumed" else None
+        if name == "resumed":
+            assert resume is not None and resume.step == 4  # the newest of steps 2 and 4 (5 is the last)
+            ck = StepCheckpoints(tmp_path / "unused", stage="rm@rm", save_every=0, keep_last=0, fingerprint={})
+        metrics[name] = run_rm(cfg, init=str(tiny_model_dir), tokenizer=tiny_tokenizer,
+                               train_path=str(tmp_path / "train.parquet"), test_path=str(tmp_path / "test.parquet"),
+                               out_dir=str(tmp_path / name), tracker=NullTracker(),
+                               plot_csv=str(tmp_path / f"{name}.csv"), checkpoints=ck, resume=resume)
+        runs[name] = plot_rows(tmp_path / f"{name}.csv")
+    assert runs["resumed"] == runs["whole"] and len(runs["whole"]) == 6  # 5 steps and the final held-out row
+    assert metrics["resumed"] == metrics["whole"]
+    for file in ("model.safetensors", "reward_stats.json"):
+        assert (tmp_path / "resumed" / file).read_bytes() == (tmp_path / "whole" / file).read_bytes()
