@@ -15,7 +15,8 @@ from rlcore.errors import ConfigError
 from rlcore.heap import long_lived, script
 from rlcore.stage import stage_run, stage_setup
 
-PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources", "rm")
+PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources", "rm",
+          "checkpoint")
 
 
 def main(argv: list[str] | None = None) -> None:
