@@ -103,6 +103,55 @@ def mlflow_ui(store: Path):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def first_pipeline(client, experiment_id: str) -> tuple:
+    """The first `dvc repro`'s parent run in MLflow, holding its five stage runs (returned with it)."""
+    first_eval = client.search_runs([experiment_id], "tags.`rlcore.stage` = 'evaluate'",
+                                    order_by=["attributes.start_time ASC"])[0]
+    first = client.get_run(first_eval.data.tags["mlflow.parentRunId"])
+    nested = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{first.info.run_id}'")
+    assert sorted(r.info.run_name for r in nested) == ["evaluate", "ppo-r1", "ppo-r2", "score", "sft"]
+    assert first.info.run_name.startswith("pipeline ") and first.data.params["sft.steps"] == "4"
+    return first, nested
+
+
+def experiment_parent(client, experiment_id: str, exp_name: str, change: tuple[str, str], exp_eval: dict,
+                      root: Path, env: dict) -> tuple:
+    """The experiment's one parent run in MLflow (named after the experiment and its change, finished, holding
+    every param, the commit and the gain evaluate measured) and its stage runs: exactly the stages that ran, the
+    evaluate run holding the samples as an MLflow table."""
+    key, value = change
+    found = client.search_runs([experiment_id], f"tags.`dvc.exp_name` = '{exp_name}' and "
+                               "tags.`rlcore.stage` = 'pipeline'")
+    assert len(found) == 1
+    parent = found[0]
+    assert parent.info.run_name == f"{exp_name}: adv_estimator={value}" and parent.info.status == "FINISHED"
+    assert parent.data.params[key] == value
+    assert parent.data.params["sft.steps"] == "4"  # every param, not only the rounds' own
+    assert parent.data.metrics["gain/greedy_pass_at_1"] == pytest.approx(exp_eval["gain/greedy_pass@1"], abs=1e-12)
+    assert parent.data.tags["mlflow.source.git.commit"] == run(["git", "rev-parse", "HEAD"], root, env).strip()
+    stages = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(r.info.run_name for r in stages) == ["evaluate", "ppo-r1", "ppo-r2"]
+    evaluate = next(r for r in stages if r.info.run_name == "evaluate")
+    logged = json.loads(evaluate.data.tags["mlflow.loggedArtifacts"])
+    assert {"path": "eval_samples.json", "type": "table"} in logged
+    return parent, stages
+
+
+def ui_rows(root: Path, experiment_id: str, tmp_path: Path) -> dict[str, dict[str, str]]:
+    """The runs table of the view `make mlflow-ui` points at, as headless Chromium renders it (:class:`RunsTable`)."""
+    from rlcore.pipeline_run import ui_url
+
+    with mlflow_ui(root / "mlflow.db") as base:
+        url = ui_url(f"sqlite:///{root / 'mlflow.db'}", experiment_id, base=base)
+        proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                               f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1600,1000",
+                               "--virtual-time-budget=20000", "--dump-dom", url],
+                              capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return RunsTable(proc.stdout).rows
+
+
 def test_compare_runs_each_cell_as_an_experiment_one_parent_row_each_in_the_mlflow_ui_and_reports_a_failed_one(
         workdir, first_run, tmp_path):
     """The first `dvc repro` is one parent run holding its five stage runs. Then `rlcore compare` on the tiny
@@ -123,12 +172,7 @@ def test_compare_runs_each_cell_as_an_experiment_one_parent_row_each_in_the_mlfl
     root, env = workdir
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("rlcore")
-    first_eval = client.search_runs([experiment.experiment_id], "tags.`rlcore.stage` = 'evaluate'",
-                                    order_by=["attributes.start_time ASC"])[0]
-    first = client.get_run(first_eval.data.tags["mlflow.parentRunId"])
-    nested = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{first.info.run_id}'")
-    assert sorted(r.info.run_name for r in nested) == ["evaluate", "ppo-r1", "ppo-r2", "score", "sft"]
-    assert first.info.run_name.startswith("pipeline ") and first.data.params["sft.steps"] == "4"
+    first, nested = first_pipeline(client, experiment.experiment_id)
 
     shutil.copy(REPO / ".gitignore", root / ".gitignore")  # mlflow.db, models, data, checkpoints stay out of git
     git_env = {**env, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -171,38 +215,16 @@ def test_compare_runs_each_cell_as_an_experiment_one_parent_row_each_in_the_mlfl
     assert stale_stages(root, env) == set()
     print(f"rlcore compare, 2 cells: {took:.1f} s")
 
-    found = client.search_runs([experiment.experiment_id], f"tags.`dvc.exp_name` = '{ok['experiment']}' and "
-                               "tags.`rlcore.stage` = 'pipeline'")
-    assert len(found) == 1
-    parent = found[0]
-    assert parent.info.run_name == f"{ok['experiment']}: adv_estimator={value}" and parent.info.status == "FINISHED"
-    assert parent.data.params[key] == value
-    assert parent.data.params["sft.steps"] == "4"  # every param, not only the rounds' own
-    assert parent.data.metrics["gain/greedy_pass_at_1"] == pytest.approx(exp_eval["gain/greedy_pass@1"], abs=1e-12)
-    assert parent.data.tags["mlflow.source.git.commit"] == run(["git", "rev-parse", "HEAD"], root, env).strip()
-    stages = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert sorted(r.info.run_name for r in stages) == ["evaluate", "ppo-r1", "ppo-r2"]
-    evaluate = next(r for r in stages if r.info.run_name == "evaluate")
-    logged = json.loads(evaluate.data.tags["mlflow.loggedArtifacts"])
-    assert {"path": "eval_samples.json", "type": "table"} in logged
+    parent, stages = experiment_parent(client, experiment.experiment_id, ok["experiment"], (key, value), exp_eval,
+                                       root, env)
     parents = {first.info.run_id: ("grpo", first.data.metrics["gain/greedy_pass_at_1"], {r.info.run_id for r in nested}),
                parent.info.run_id: (value, exp_eval["gain/greedy_pass@1"], {r.info.run_id for r in stages})}
 
     if CHROMIUM is None:
         pytest.skip("no chromium binary on PATH (apt-get install chromium): the UI check did not run")
-    from rlcore.pipeline_run import ui_url
-
-    with mlflow_ui(root / "mlflow.db") as base:
-        url = ui_url(f"sqlite:///{root / 'mlflow.db'}", experiment.experiment_id, base=base)
-        proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                               f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1600,1000",
-                               "--virtual-time-budget=20000", "--dump-dom", url],
-                              capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    table = RunsTable(proc.stdout)
+    rows = ui_rows(root, experiment.experiment_id, tmp_path)
     for run_id, (estimator, gain, stage_ids) in parents.items():
-        row = table.rows[run_id]  # a row of its own ...
+        row = rows[run_id]  # a row of its own ...
         assert row["params.`algorithm.adv_estimator`"] == estimator
         assert float(row["metrics.`gain/greedy_pass_at_1`"]) == pytest.approx(gain, abs=5e-4)
-        assert not stage_ids & set(table.rows)  # ... with its stage runs folded under it
+        assert not stage_ids & set(rows)  # ... with its stage runs folded under it
