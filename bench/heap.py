@@ -82,6 +82,8 @@ heap.script(main) if mode == "heap" else main()
 # process group of one, init_model. Ray ends a rank's process without the interpreter's shutdown (os._exit here).
 RANK_CHILD = FULL_COLLECTIONS + r"""
 model_dir = sys.argv[1]
+from rlcore.heap import rank_loading
+rank_loading()  # what Ray runs first in a worker of a session rlcore starts (its setup hook; no-op for `plain`)
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.config import Config
 from rlcore.controller.decorator import RankPlacement
