@@ -86,8 +86,8 @@ def rank_process_env() -> dict[str, str]:
 
 def rank_loading() -> None:
     """Ray's setup hook of every worker process (:data:`RANK_SETUP_HOOK`): in a process started for a rank
-    (:data:`RANK_PROCESS_ENV`), no automatic collection until :func:`rank_ready`; in any other, nothing. The variable is taken out of the environment, so that processes
-    the rank starts do not inherit it."""
+    (:data:`RANK_PROCESS_ENV`), no automatic collection until :func:`rank_ready`; in any other, nothing. The
+    variable is taken out of the environment, so that processes the rank starts do not inherit it."""
     global _owned
     if os.environ.pop(RANK_PROCESS_ENV, None) == "1":
         _owned = True
