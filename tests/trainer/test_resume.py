@@ -13,13 +13,24 @@ from rlcore.config import parse_config
 from rlcore.data.arithmetic import arithmetic_rows
 from rlcore.data.schema import write_rows
 from rlcore.tracking import NullTracker
-from rlcore.trainer.checkpoint import StepCheckpoints
+from rlcore.trainer.checkpoint import Resume, StepCheckpoints
 from rlcore.trainer.sft import run_sft
 
 
 def plot_rows(path: Path) -> list[dict[str, str]]:
     """The plot CSV without the wall-clock columns (those differ between any two runs)."""
     return [{k: v for k, v in r.items() if not k.startswith("timing")} for r in csv.DictReader(path.open())]
+
+
+def checkpoints_for(name: str, root: Path, stage: str) -> tuple[StepCheckpoints, Resume | None]:
+    """The step checkpoints of the ``whole`` run (every 2 steps, into ``root/ckpt``), or for the ``resumed`` run the
+    newest of them (step 4 of 5) and no more saving."""
+    ck = StepCheckpoints(root / "ckpt", stage=stage, save_every=2, keep_last=0, fingerprint={})
+    if name == "whole":
+        return ck, None
+    resume = ck.resume()
+    assert resume is not None and resume.step == 4  # the newest of steps 2 and 4 (5 is the last)
+    return StepCheckpoints(root / "unused", stage=stage, save_every=0, keep_last=0, fingerprint={}), resume
 
 
 @pytest.mark.integration
@@ -34,11 +45,7 @@ def test_sft_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(ray_local, 
                                 "save_every": 2}})
     runs = {}
     for name in ("whole", "resumed"):
-        ck = StepCheckpoints(tmp_path / "ckpt", stage="sft", save_every=2, keep_last=0, fingerprint={})
-        resume = ck.resume() if name == "resumed" else None
-        if name == "resumed":
-            assert resume is not None and resume.step == 4  # the newest of steps 2 and 4 (5 is the last)
-            ck = StepCheckpoints(tmp_path / "unused", stage="sft", save_every=0, keep_last=0, fingerprint={})
+        ck, resume = checkpoints_for(name, tmp_path, "sft")
         run_sft(cfg, base_model=tiny_model_dir, tokenizer=tiny_tokenizer, data_path=str(data),
                 out_dir=str(tmp_path / name), tracker=NullTracker(), plot_csv=str(tmp_path / f"{name}.csv"),
                 checkpoints=ck, resume=resume)
@@ -65,11 +72,7 @@ def test_a_reward_model_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(
                                "save_every": 2}})
     runs, metrics = {}, {}
     for name in ("whole", "resumed"):
-        ck = StepCheckpoints(tmp_path / "ckpt", stage="rm@rm", save_every=2, keep_last=0, fingerprint={})
-        resume = ck.resume() if name == "resumed" else None
-        if name == "resumed":
-            assert resume is not None and resume.step == 4  # the newest of steps 2 and 4 (5 is the last)
-            ck = StepCheckpoints(tmp_path / "unused", stage="rm@rm", save_every=0, keep_last=0, fingerprint={})
+        ck, resume = checkpoints_for(name, tmp_path, "rm@rm")
         metrics[name] = run_rm(cfg, init=str(tiny_model_dir), tokenizer=tiny_tokenizer,
                                train_path=str(tmp_path / "train.parquet"), test_path=str(tmp_path / "test.parquet"),
                                out_dir=str(tmp_path / name), tracker=NullTracker(),
