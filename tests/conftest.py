@@ -6,6 +6,7 @@ Both are lazy: a test module that asks for neither never starts Ray or builds a 
 from __future__ import annotations
 
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,17 @@ LONGEST_FIRST = (
     "commands/test_serve_abuse.py", "commands/test_generate.py", "controller/test_typed_calls.py",
     "commands/test_diagnose.py", "controller/test_worker_group.py",
 )
+
+
+def pytest_configure(config):
+    # A run stopped with SIGTERM (`timeout`, a CI job's cancel; `timeout` signals the xdist workers too) ends as
+    # Ctrl-C does: pytest tears the session's fixtures down, so the Ray head `ray_head` started (a `ray start` in a
+    # session of its own, which the signal does not reach) is killed with it, instead of living on without a driver.
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
 
 
 def pytest_collection_modifyitems(session, config, items):
