@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q uv
 	$(INSTALL) -e ".[test]"
+	$(PY) -m rlcore.engine.portable_ops
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -124,10 +124,11 @@ def ray_probe(runner, reps: int) -> dict[str, float]:
 
 
 def main() -> None:
-    from rlcore.kernels import pin
+    from rlcore.kernels import activate, pin
 
     if warning := pin(rl_config(ours_overrides()).resources.cpu_kernels):  # before torch, as a stage does
         print(warning, file=sys.stderr, flush=True)
+    activate(None)
     t0 = time.perf_counter()
     with running_runner() as runner:
         wire.emit("ready", setup_s=time.perf_counter() - t0, pid=os.getpid(), overrides=ours_overrides(),

@@ -1,28 +1,30 @@
-"""Which CPU kernels rlcore's processes compute with: the same bits on any x86-64 CPU with AVX2, or the fastest.
+"""Which CPU kernels rlcore's processes compute with: the same bits on any x86-64 CPU with AVX2, or the libraries'
+own choice.
 
-PyTorch, MKL and oneDNN each pick their kernels by the CPU they run on: ATen's vectorised loops (softmax,
-reductions, SDPA, exp and log) come in AVX2 and AVX-512 builds whose sums run in other orders; MKL's GEMM picks
-its blocking and code path by CPU vendor, model and cache sizes. So one commit's pipeline gave another model on
-another CPU (the README's SFT pass@1 0.484 on one 2-core Xeon, 0.520 on another; each machine repeated itself bit
-for bit).
+PyTorch and MKL each pick their code by the CPU they run on: ATen's vectorised loops (softmax, reductions, SiLU,
+norms) come in AVX2 and AVX-512 builds that add in other orders; MKL's matrix products and vector math (``exp``,
+``log``, ``sqrt``) choose their code path and blocking by CPU vendor, model and cache sizes. So one commit's
+pipeline gives another model on another CPU.
 
-``resources.cpu_kernels: portable`` (the default) fixes all three before torch is imported, in every process
-rlcore starts: the stage scripts and the ``rlcore`` command pin their own process (:func:`pin`, called where they
-load the params), the worker groups pass the same variables to each rank's process (:func:`inherited`, Ray's
-``runtime_env``), and the scoring and tool processes inherit them. The thread counts are fixed already (one per
-stage driver, ``cpus_per_worker`` per rank), as MKL's reproducibility needs. ``native`` leaves each library its
-own choice (and whatever the environment asks of it).
+``resources.cpu_kernels: portable`` (the default) fixes both in every process rlcore starts. :func:`pin` sets the
+environment before torch is imported (the stage scripts and the ``rlcore`` command where they load the params;
+the worker groups pass the same variables to each rank's process through Ray's ``runtime_env``, :func:`inherited`):
 
-* ``ATEN_CPU_CAPABILITY=avx2``: PyTorch's AVX2 kernels (PyTorch takes the lower of this and what the CPU has);
-* ``MKL_CBWR=COMPATIBLE,STRICT``: MKL's conditional numerical reproducibility (fixed blocking, reductions and
-  scheduling; strict: whatever the data's alignment) on its one branch that gives the same results on Intel and
-  other vendors' CPUs (SSE2 without the approximate rcpps/rsqrtps instructions). Its AVX2 branch is faster
-  (measured on one 2-core AMD EPYC, one thread: 38-64 GFLOP/s against 20-30 for fp32 GEMMs of the bench's
-  shapes, 53-82 unpinned) but MKL documents it for Intel CPUs only: elsewhere it falls back to its automatic
-  branch, which differs from Intel's;
-* ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels (convolutions, bf16 matmuls) no newer than AVX2.
+* ``ATEN_CPU_CAPABILITY=avx2``: PyTorch's AVX2 loops (PyTorch takes the lower of this and what the CPU has);
+* ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN's kernels no newer than AVX2 (nothing of a float32 step reaches oneDNN).
 
-A CPU without AVX2, or not x86-64, gets no pin: its results match only machines of its own kind.
+Then :func:`activate`, in each process about to compute, installs the portable kernels
+(:mod:`rlcore.engine.portable_ops`): the matrix products and ``sqrt`` on rlcore's own kernels, whose every element
+is one fused multiply-add chain in a fixed order (the same bits from their AVX-512, AVX2 and scalar code, for any
+blocking, thread count or batch), MKL's vector math on SLEEF's AVX2 functions, and torch's own loops on one
+thread. MKL computes nothing of the step, so its settings (``MKL_CBWR``, ``MKL_ENABLE_INSTRUCTIONS``) do not
+matter.
+
+``native`` leaves each library its own choice (MKL's products and vector math, ATen's widest loops, and the
+rank's threads for all of them): the fastest code the libraries pick, with results that differ between CPU models.
+
+A CPU without AVX2, or not x86-64, gets no pin: the portable kernels then run their scalar code (the same
+products), but ATen's loops match only machines of the same kind.
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ import platform
 import sys
 from pathlib import Path
 
-PORTABLE = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-"""The environment of a process that computes the portable way."""
+MODE_ENV = "RLCORE_CPU_KERNELS"
+"""The kernel choice (``portable`` or ``native``) :func:`pin` made, for :func:`activate` and the processes after."""
+
+PORTABLE = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+"""The environment of a process that computes the portable way (before torch is imported)."""
 
 MODES = ("portable", "native")
 
@@ -54,12 +59,14 @@ def pin(mode: str) -> str | None:
     when done as asked; a line saying why not otherwise (no AVX2 here; torch already imported: nothing changes)."""
     if mode not in MODES:
         raise ValueError(f"unknown cpu kernels mode {mode!r}; choose from {', '.join(MODES)}")
+    os.environ[MODE_ENV] = mode
     if mode == "native":
         return None
     if not has_avx2():
-        return "cpu kernels: portable asked, but this CPU has no AVX2: native kernels (results match this CPU kind)"
+        return ("cpu kernels: portable asked, but this CPU has no AVX2: portable products, but PyTorch's own loops "
+                "match only CPUs of this kind")
     if "torch" in sys.modules and any(os.environ.get(k) != v for k, v in PORTABLE.items()):
-        return "cpu kernels: portable asked after torch was imported in this process: its kernels stay as chosen"
+        return "cpu kernels: portable asked after torch was imported in this process: its loops stay as chosen"
     os.environ.update(PORTABLE)
     return None
 
@@ -67,4 +74,25 @@ def pin(mode: str) -> str | None:
 def inherited() -> dict[str, str]:
     """The kernel variables this process was pinned with, for the processes it starts through Ray (whose workers
     do not inherit the driver's environment on a cluster)."""
-    return {k: os.environ[k] for k in PORTABLE if k in os.environ}
+    return {k: os.environ[k] for k in (*PORTABLE, MODE_ENV) if k in os.environ}
+
+
+def mode() -> str:
+    """The kernel choice :func:`pin` made in this process (or its parent), ``native`` if none was made."""
+    return os.environ.get(MODE_ENV, "native")
+
+
+def activate(threads: int | None = 1) -> str:
+    """Make this process compute with the kernels :func:`pin` chose, on ``threads`` threads (None: torch's default,
+    one per core); call it where the process is about to compute (a stage, a command, a rank). Portable: the portable
+    kernels installed, the products' rows shared by ``threads`` threads, torch's own loops on one. Native: torch's
+    threads. Returns what runs the matrix products, for the logs (``portable (avx512)``, ``native (mkl)``)."""
+    import torch  # only where the process computes: rlcore.kernels itself is read before torch is imported
+
+    if mode() == "portable":
+        from rlcore.engine import portable_ops  # loads (and, once per machine, builds) the kernels
+
+        return f"portable ({portable_ops.install(threads or torch.get_num_threads())})"
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return "native (mkl)" if torch.backends.mkl.is_available() else "native"

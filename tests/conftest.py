@@ -22,6 +22,7 @@ import_index.install()
 # stages and their workers compute with, so that a round run in a test's own process and the same round run as a
 # stage (or on a worker group this process starts) give the same bits
 kernels.pin("portable")
+kernels.activate()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""Every file of ``rlcore/`` that is not Python (the rollout page's HTML, CSS and JavaScript) is package data in
+"""Every file of ``rlcore/`` that is not Python (the rollout page's HTML, CSS and JavaScript, the portable kernels'
+C++ source) is package data in
 pyproject.toml, so an installed wheel has it, and the installed package reads it from its own folder."""
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ def test_every_non_python_file_of_rlcore_is_declared_package_data():
     undeclared = []
     for f in found:
         rel = f.relative_to(REPO_ROOT)
-        package, name = ".".join(rel.parent.parts), rel.name
-        if not any(fnmatch.fnmatch(name, p) for p in patterns.get(package, [])):
+        # declared by its package, or by a package above it with the path below (setuptools' "csrc/*.cpp")
+        owners = [(".".join(rel.parts[:i]), "/".join(rel.parts[i:])) for i in range(1, len(rel.parts))]
+        if not any(fnmatch.fnmatch(below, p) for package, below in owners for p in patterns.get(package, [])):
             undeclared.append(str(rel))
     assert not undeclared, f"add to [tool.setuptools.package-data] in pyproject.toml: {undeclared}"
     # and back: every declared name exists (a pattern naming a moved file ships nothing)

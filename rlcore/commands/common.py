@@ -59,7 +59,8 @@ def config_from(args: argparse.Namespace, *, runs: bool = True) -> Config:
         cfg = parse_config(apply_overrides({}, overrides), "--set")
     if runs:  # a command that generates: refused before its work where the engine it names is not installed
         check_engine_installed(cfg, source or "--set")
-    pin(cfg.resources.cpu_kernels)
+    if warning := pin(cfg.resources.cpu_kernels):
+        print(warning, file=sys.stderr)
     return cfg
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rlcore.commands.common import add_config_options, config_from, positive_int
 from rlcore.errors import ConfigError, InputNotFound, UserError
+from rlcore.kernels import activate
 
 HELP = "serve a model over an OpenAI-compatible HTTP API (completions, chat completions), batching requests"
 EXAMPLE = "rlcore serve --model models/ppo/r1 --port 8000   |   rlcore serve --model tiny --no-batching"
@@ -114,8 +115,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--device cuda: no CUDA device is available here (use --device cpu or auto)")
         on_gpu = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
         device = torch.device("cuda" if on_gpu else "cpu")
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        activate(args.threads)  # the engine computes in this process
         folder = resolve_model_path(model, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
         if model == "tiny":
             print(f"rlcore serve: the built-in tiny model, untrained (params model.tiny, seed): {folder}")

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rlcore.viewer import read_rollouts, rollouts_path, write_page
 
-    final_round = None if args.rollouts else config_from(args).evaluate.final_round
+    final_round = None if args.rollouts else config_from(args, runs=False).evaluate.final_round
     source = args.rollouts or rollouts_path(final_round)
     out = Path(args.out) if args.out else Path(source).with_suffix(".html")
     if out.resolve() == Path(source).resolve():

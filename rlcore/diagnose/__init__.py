@@ -2,7 +2,8 @@
 
 Each check is a small function ``fn(ctx) -> Check`` registered in :data:`CHECKS`, in the order
 the report lists them (the order of the imports below): Python (:mod:`.python`), installed package
-versions (:mod:`.packages`), torch with CUDA, devices and NCCL (:mod:`.torch_check`), Ray
+versions (:mod:`.packages`), torch with CUDA, devices and NCCL (:mod:`.torch_check`), the CPU kernels a run
+gets (:mod:`.kernels_check`), Ray
 (:mod:`.ray_check`), DVC (:mod:`.dvc_check`), MLflow (:mod:`.mlflow_check`), disk space (:mod:`.disk`),
 the model folder (:mod:`.model`), whether the model, its copies and optimizer fit in memory (:mod:`.memory`). A :class:`Check` is ``ok``, ``warn`` (works, but something deserves a
 look) or ``fail`` (a stage would not run); warn and fail always say what to do.
@@ -22,6 +23,7 @@ from rlcore.diagnose import (  # noqa: F401
     python,
     packages,
     torch_check,
+    kernels_check,
     ray_check,
     dvc_check,
     mlflow_check,

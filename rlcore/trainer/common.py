@@ -9,10 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import torch
-
 from rlcore.config import Config
 from rlcore.controller.resource_pool import ResourcePool, start_ray
+from rlcore.kernels import activate
 from rlcore.engine import footprint, lora
 from rlcore.engine.lora import LoraSpec
 from rlcore.engine.model import ModelSpec
@@ -26,8 +25,9 @@ def start_pool(cfg: Config) -> ResourcePool:
 
     The controller's own tensor work (rewards, advantages, Batch ops) is tiny, so it runs on one
     torch thread: a multi-threaded OpenMP pool here would spin between those small ops on the very
-    cores the ranks compute on (measured: 0.2 of a core during every step on 2 cores)."""
-    torch.set_num_threads(1)
+    cores the ranks compute on (measured: 0.2 of a core during every step on 2 cores). It computes with the kernels
+    ``resources.cpu_kernels`` chose (rlcore.kernels), as its ranks do."""
+    print(f"cpu kernels: {activate(1)}", flush=True)
     print(start_ray(cfg.ray.address, cfg.ray.num_cpus), flush=True)
     r = cfg.resources
     pool = ResourcePool(r.n_workers, r.cpus_per_worker, r.use_gpu, cfg.ray.timeout_s, r.placement)

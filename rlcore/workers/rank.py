@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore import heap
+from rlcore import heap, kernels
 from rlcore.controller.decorator import RankPlacement
 from rlcore.engine import distributed
 
@@ -26,7 +26,7 @@ class RankWorker:
         self.rank = placement.rank
         self.world_size = placement.world_size
         self.seed = seed
-        torch.set_num_threads(placement.num_threads)
+        kernels.activate(placement.num_threads)
         torch.manual_seed(seed + self.rank)
         self.device = torch.device("cpu")
 

@@ -339,7 +339,23 @@ def test_invalid_params_fail_their_line_and_the_report_goes_on(elsewhere, capsys
     assert code == 1
     fails = lines_of(out, "fail")
     assert len(fails) == 1 and fails[0].split()[1] == "params" and "resources.n_workers" in fails[0]
-    assert [line.split()[1] for line in lines_of(out, "ok")] == ["python", "disk", "model", "memory"]
+    assert [line.split()[1] for line in lines_of(out, "ok")] == ["python", "kernels", "disk", "model", "memory"]
+
+
+def test_kernels_check_says_which_kernels_a_run_gets_and_fails_without_a_way_to_build_them(monkeypatch, tmp_path):
+    from rlcore.diagnose import kernels_check
+    from rlcore.engine import portable_ops
+
+    ctx = Context(cfg=Config(), root=tmp_path)
+    assert kernels_check.product_kernel({"avx2", "fma", "avx512f"}) == "avx512"
+    assert kernels_check.product_kernel({"avx2", "fma"}) == "avx2" and kernels_check.product_kernel({"sse4_2"}) == "scalar"
+    monkeypatch.setattr(portable_ops, "library_path", lambda: tmp_path / "not-built.so")
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    check = kernels_check.check_kernels(ctx)
+    assert check.status == "fail" and "no C++ compiler" in check.detail and "cpu_kernels: native" in check.fix
+    native = kernels_check.check_kernels(Context(cfg=Config.model_validate({"resources": {"cpu_kernels": "native"}}),
+                                                 root=tmp_path))
+    assert native.status == "ok" and native.detail.startswith("native:")
 
 
 def test_a_check_that_hangs_is_abandoned_and_fails(monkeypatch):
@@ -448,7 +464,7 @@ def test_the_torch_and_ray_checks_run_for_real_and_leave_no_ray_behind(elsewhere
 
     mark = uuid.uuid4().hex
     monkeypatch.setenv("RLCORE_TEST_MARK", mark)
-    code, out = diagnose_cli(["--json", "--skip", "python,packages,dvc,mlflow,disk,model,memory",
+    code, out = diagnose_cli(["--json", "--skip", "python,packages,kernels,dvc,mlflow,disk,model,memory",
                               "--timeout", "120",
                               "--set", "ray.num_cpus=2"], capsys)
     checks = {c["name"]: c for c in json.loads("\n".join(out))["checks"]}

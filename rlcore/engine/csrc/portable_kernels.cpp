@@ -1,0 +1,551 @@
+// rlcore's portable CPU kernels: torch's matrix products (and sqrt) whose results are the same bits on every CPU.
+//
+// Every element of a product is one fused multiply-add chain over the summed dimension, in order, from +0:
+//     c = 0; for k in 0..K-1: c = fma(a[i][k], b[k][j], c)
+// The AVX-512, AVX2 and scalar kernels below all compute exactly that (vector lanes run over j, never over k; a
+// block of k that ends keeps its partial sums in c and the next block goes on from them), so the result depends
+// on the operands alone: not on the instruction set, the blocking (cache sizes), the number of threads, nor on
+// which other rows or columns share the call. The AVX-512 kernel (14 x 32 tiles) is the one that makes this fast
+// on CPUs that have it; the AVX2 kernel (6 x 16, as BLIS's Haswell kernel) on the others. See
+// rlcore/engine/portable_ops.py for what is routed here and why.
+//
+// Built once per machine by rlcore.engine.portable_ops (g++ against the installed torch); loaded with
+// torch.ops.load_library, it overrides the CPU kernels of the aten operators registered at the end.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t KC = 256;   // k per packed block: any value gives the same bits (the chain goes on across blocks)
+constexpr int64_t MC = 112;   // rows per packed block of A (a multiple of both kernels' rows)
+constexpr int64_t NC = 3072;  // columns per packed block of B
+
+enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+int g_isa = -1;
+int g_threads = 1;
+
+Isa detect_isa() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;
+#endif
+  return kScalar;
+}
+
+Isa isa() {
+  if (g_isa < 0) g_isa = detect_isa();
+  return static_cast<Isa>(g_isa);
+}
+
+// ---- packing: A into panels of MR rows (k-major), B into panels of NR columns (k-major); zero-padded at the
+// right and bottom edges (the padding's rows and columns are computed and thrown away; k is never padded).
+
+void pack_a(int64_t mr, int64_t m, int64_t k, const float* a, int64_t sa0, int64_t sa1, float* dst) {
+  for (int64_t i0 = 0; i0 < m; i0 += mr) {
+    const int64_t rows = std::min(mr, m - i0);
+    float* d = dst + i0 * k;
+    if (sa0 == 1) {  // A's columns are contiguous: copy a k-column of the panel at a time
+      for (int64_t kk = 0; kk < k; ++kk) {
+        float* out = d + kk * mr;
+        std::memcpy(out, a + kk * sa1 + i0, rows * sizeof(float));
+        for (int64_t r = rows; r < mr; ++r) out[r] = 0.f;
+      }
+      continue;
+    }
+    // rows of A: a cache line of each row at a time, written into the panel's k-major order
+    for (int64_t k0 = 0; k0 < k; k0 += 16) {
+      const int64_t k1 = std::min(k, k0 + 16);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src = a + (i0 + r) * sa0;
+        for (int64_t kk = k0; kk < k1; ++kk) d[kk * mr + r] = src[kk * sa1];
+      }
+      for (int64_t r = rows; r < mr; ++r)
+        for (int64_t kk = k0; kk < k1; ++kk) d[kk * mr + r] = 0.f;
+    }
+  }
+}
+
+void pack_b(int64_t nr, int64_t n, int64_t k, const float* b, int64_t sb0, int64_t sb1, float* dst) {
+  for (int64_t j0 = 0; j0 < n; j0 += nr) {
+    const int64_t cols = std::min(nr, n - j0);
+    float* d = dst + j0 * k;
+    if (sb1 == 1) {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        float* out = d + kk * nr;
+        std::memcpy(out, b + kk * sb0 + j0, cols * sizeof(float));
+        for (int64_t c = cols; c < nr; ++c) out[c] = 0.f;
+      }
+      continue;
+    }
+    // columns of B (B stored transposed): a cache line of each column at a time
+    for (int64_t k0 = 0; k0 < k; k0 += 16) {
+      const int64_t k1 = std::min(k, k0 + 16);
+      for (int64_t c = 0; c < cols; ++c) {
+        const float* src = b + (j0 + c) * sb1;
+        for (int64_t kk = k0; kk < k1; ++kk) d[kk * nr + c] = src[kk * sb0];
+      }
+      for (int64_t c = cols; c < nr; ++c)
+        for (int64_t kk = k0; kk < k1; ++kk) d[kk * nr + c] = 0.f;
+    }
+  }
+}
+
+// ---- micro-kernels: a tile of MR x NR elements of C, k steps. `first`: the chains start at +0; otherwise they go
+// on from the tile's current values.
+
+void kernel_scalar(int64_t mr, int64_t nr, int64_t k, const float* a, const float* b, float* c, int64_t ldc,
+                   bool first) {
+  for (int64_t i = 0; i < mr; ++i)
+    for (int64_t j = 0; j < nr; ++j) {
+      float acc = first ? 0.f : c[i * ldc + j];
+      for (int64_t kk = 0; kk < k; ++kk) acc = std::fma(a[kk * mr + i], b[kk * nr + j], acc);
+      c[i * ldc + j] = acc;
+    }
+}
+
+#if defined(__x86_64__)
+
+#define ROWS_14(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+#define ROWS_6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+__attribute__((target("avx512f"))) void kernel_avx512(int64_t k, const float* a, const float* b, float* c,
+                                                      int64_t ldc, bool first) {
+#define DECL(i) __m512 c##i##0, c##i##1;
+  ROWS_14(DECL)
+#undef DECL
+  if (first) {
+#define ZERO(i) c##i##0 = _mm512_setzero_ps(); c##i##1 = _mm512_setzero_ps();
+    ROWS_14(ZERO)
+#undef ZERO
+  } else {
+#define LOAD(i) c##i##0 = _mm512_loadu_ps(c + i * ldc); c##i##1 = _mm512_loadu_ps(c + i * ldc + 16);
+    ROWS_14(LOAD)
+#undef LOAD
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+    _mm_prefetch(reinterpret_cast<const char*>(b + 32 * 8), _MM_HINT_T0);
+#define STEP(i) { const __m512 ai = _mm512_set1_ps(a[i]); \
+    c##i##0 = _mm512_fmadd_ps(ai, b0, c##i##0); c##i##1 = _mm512_fmadd_ps(ai, b1, c##i##1); }
+    ROWS_14(STEP)
+#undef STEP
+    a += 14;
+    b += 32;
+  }
+#define STORE(i) _mm512_storeu_ps(c + i * ldc, c##i##0); _mm512_storeu_ps(c + i * ldc + 16, c##i##1);
+  ROWS_14(STORE)
+#undef STORE
+}
+
+__attribute__((target("avx2,fma"))) void kernel_avx2(int64_t k, const float* a, const float* b, float* c,
+                                                     int64_t ldc, bool first) {
+#define DECL(i) __m256 c##i##0, c##i##1;
+  ROWS_6(DECL)
+#undef DECL
+  if (first) {
+#define ZERO(i) c##i##0 = _mm256_setzero_ps(); c##i##1 = _mm256_setzero_ps();
+    ROWS_6(ZERO)
+#undef ZERO
+  } else {
+#define LOAD(i) c##i##0 = _mm256_loadu_ps(c + i * ldc); c##i##1 = _mm256_loadu_ps(c + i * ldc + 8);
+    ROWS_6(LOAD)
+#undef LOAD
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+    _mm_prefetch(reinterpret_cast<const char*>(b + 16 * 8), _MM_HINT_T0);
+#define STEP(i) { const __m256 ai = _mm256_broadcast_ss(a + i); \
+    c##i##0 = _mm256_fmadd_ps(ai, b0, c##i##0); c##i##1 = _mm256_fmadd_ps(ai, b1, c##i##1); }
+    ROWS_6(STEP)
+#undef STEP
+    a += 6;
+    b += 16;
+  }
+#define STORE(i) _mm256_storeu_ps(c + i * ldc, c##i##0); _mm256_storeu_ps(c + i * ldc + 8, c##i##1);
+  ROWS_6(STORE)
+#undef STORE
+}
+
+#endif
+
+struct Shape {
+  int64_t mr, nr;
+};
+
+Shape tile_of(Isa which) {
+  if (which == kAvx512) return {14, 32};
+  if (which == kAvx2) return {6, 16};
+  return {4, 16};
+}
+
+void run_tile(Isa which, Shape t, int64_t k, const float* a, const float* b, float* c, int64_t ldc, bool first) {
+#if defined(__x86_64__)
+  if (which == kAvx512) return kernel_avx512(k, a, b, c, ldc, first);
+  if (which == kAvx2) return kernel_avx2(k, a, b, c, ldc, first);
+#endif
+  kernel_scalar(t.mr, t.nr, k, a, b, c, ldc, first);
+}
+
+struct Buffers {
+  std::vector<float> a, b;
+  float* aligned(std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n + 16) v.resize(n + 16);
+    auto p = reinterpret_cast<std::uintptr_t>(v.data());
+    return reinterpret_cast<float*>((p + 63) & ~static_cast<std::uintptr_t>(63));
+  }
+};
+
+// C[m, n] (row stride ldc) = A[m, k] @ B[k, n] for one thread's rows; A's element (i, kk) at a[i * sa0 + kk * sa1].
+void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int64_t sa1, const float* b,
+               int64_t sb0, int64_t sb1, float* c, int64_t ldc) {
+  thread_local Buffers buf;
+  const Isa which = isa();
+  const Shape t = tile_of(which);
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, n * sizeof(float));
+    return;
+  }
+  const int64_t mc = (MC / t.mr) * t.mr;
+  float* pa = buf.aligned(buf.a, (mc + t.mr) * KC);
+  float* pb = buf.aligned(buf.b, (NC + t.nr) * KC);
+  alignas(64) float tile[16 * 32];
+  for (int64_t jc = 0; jc < n; jc += NC) {
+    const int64_t nc = std::min(NC, n - jc);
+    for (int64_t pc = 0; pc < k; pc += KC) {
+      const int64_t kc = std::min(KC, k - pc);
+      const bool first = pc == 0;
+      pack_b(t.nr, nc, kc, b + pc * sb0 + jc * sb1, sb0, sb1, pb);
+      for (int64_t ic = 0; ic < m; ic += mc) {
+        const int64_t mm = std::min(mc, m - ic);
+        pack_a(t.mr, mm, kc, a + ic * sa0 + pc * sa1, sa0, sa1, pa);
+        for (int64_t jr = 0; jr < nc; jr += t.nr) {
+          const int64_t cols = std::min(t.nr, nc - jr);
+          for (int64_t ir = 0; ir < mm; ir += t.mr) {
+            const int64_t rows = std::min(t.mr, mm - ir);
+            float* cp = c + (ic + ir) * ldc + jc + jr;
+            const float* ap = pa + ir * kc;
+            const float* bp = pb + jr * kc;
+            if (rows == t.mr && cols == t.nr) {
+              run_tile(which, t, kc, ap, bp, cp, ldc, first);
+            } else {  // an edge tile: through a full-size scratch tile
+              if (!first)
+                for (int64_t i = 0; i < rows; ++i) std::memcpy(tile + i * t.nr, cp + i * ldc, cols * sizeof(float));
+              run_tile(which, t, kc, ap, bp, tile, t.nr, first);
+              for (int64_t i = 0; i < rows; ++i) std::memcpy(cp + i * ldc, tile + i * t.nr, cols * sizeof(float));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Any dtype other than float32: the same chain written plainly, vectorised by the compiler over j only.
+template <typename T>
+void gemm_rows_plain(int64_t m, int64_t n, int64_t k, const T* a, int64_t sa0, int64_t sa1, const T* b, int64_t sb0,
+                     int64_t sb1, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) row[j] = T(0);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const T x = a[i * sa0 + kk * sa1];
+      const T* brow = b + kk * sb0;
+      if constexpr (std::is_floating_point_v<T>) {
+        for (int64_t j = 0; j < n; ++j) row[j] = std::fma(x, brow[j * sb1], row[j]);
+      } else {
+        for (int64_t j = 0; j < n; ++j) row[j] += x * brow[j * sb1];
+      }
+    }
+  }
+}
+
+// out (contiguous [m, n]) = a [m, k] @ b [k, n], the rows shared out over the kernels' threads.
+void product_into(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0) return;
+  const int threads = static_cast<int>(std::min<int64_t>(g_threads, std::max<int64_t>(1, m / 32)));
+  auto run = [&](int64_t r0, int64_t r1) {
+    AT_DISPATCH_SWITCH(out.scalar_type(), "rlcore_portable_product",
+      AT_DISPATCH_CASE(at::kFloat, [&] {
+        gemm_rows(r1 - r0, n, k, a.data_ptr<float>() + r0 * a.stride(0), a.stride(0), a.stride(1),
+                  b.data_ptr<float>(), b.stride(0), b.stride(1), out.data_ptr<float>() + r0 * n, n);
+      })
+      AT_DISPATCH_CASE(at::kDouble, [&] {
+        gemm_rows_plain<double>(r1 - r0, n, k, a.data_ptr<double>() + r0 * a.stride(0), a.stride(0), a.stride(1),
+                                b.data_ptr<double>(), b.stride(0), b.stride(1), out.data_ptr<double>() + r0 * n, n);
+      })
+      AT_DISPATCH_CASE(at::kLong, [&] {
+        gemm_rows_plain<int64_t>(r1 - r0, n, k, a.data_ptr<int64_t>() + r0 * a.stride(0), a.stride(0), a.stride(1),
+                                 b.data_ptr<int64_t>(), b.stride(0), b.stride(1), out.data_ptr<int64_t>() + r0 * n, n);
+      })
+      AT_DISPATCH_CASE(at::kInt, [&] {
+        gemm_rows_plain<int32_t>(r1 - r0, n, k, a.data_ptr<int32_t>() + r0 * a.stride(0), a.stride(0), a.stride(1),
+                                 b.data_ptr<int32_t>(), b.stride(0), b.stride(1), out.data_ptr<int32_t>() + r0 * n, n);
+      }));
+  };
+  if (threads <= 1) {
+    run(0, m);
+    return;
+  }
+  const int64_t per = (m + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) {
+    const int64_t r0 = t * per, r1 = std::min(m, r0 + per);
+    if (r0 < r1) pool.emplace_back(run, r0, r1);
+  }
+  run(0, std::min(m, per));
+  for (auto& th : pool) th.join();
+}
+
+at::ScalarType compute_type(const at::Tensor& a, const at::Tensor& b) {
+  const auto t = at::promote_types(a.scalar_type(), b.scalar_type());
+  TORCH_CHECK(!at::isComplexType(t), "rlcore portable kernels: complex matrix products are not supported");
+  if (t == at::kBFloat16 || t == at::kHalf) return at::kFloat;  // computed in float32, rounded once at the end
+  if (at::isIntegralType(t, /*includeBool=*/true)) return t == at::kInt ? at::kInt : at::kLong;
+  return t;
+}
+
+// A matrix with a unit stride along one of its dimensions (row- or column-major), as the packing reads it.
+at::Tensor packable(const at::Tensor& x, at::ScalarType t) {
+  at::Tensor y = x.scalar_type() == t ? x : x.to(t);
+  if (y.stride(-1) == 1 || y.stride(-2) == 1) return y;
+  return y.contiguous();
+}
+
+at::Tensor k_mm(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D tensors, got ", a.dim(), "-D and ", b.dim(), "-D");
+  TORCH_CHECK(a.size(1) == b.size(0), "mm: shapes cannot be multiplied (", a.size(0), "x", a.size(1), " and ",
+              b.size(0), "x", b.size(1), ")");
+  const auto t = compute_type(a, b);
+  const auto result = at::promote_types(a.scalar_type(), b.scalar_type());
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options().dtype(t));
+  product_into(packable(a, t), packable(b, t), out);
+  return t == result ? out : out.to(result);
+}
+
+at::Tensor k_bmm(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors");
+  TORCH_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), "bmm: shapes cannot be multiplied");
+  const auto t = compute_type(a, b);
+  const auto result = at::promote_types(a.scalar_type(), b.scalar_type());
+  at::Tensor out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(t));
+  const at::Tensor pa = packable(a, t), pb = packable(b, t);
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    at::Tensor o = out.select(0, i);
+    product_into(pa.select(0, i), pb.select(0, i), o);
+  }
+  return t == result ? out : out.to(result);
+}
+
+at::Tensor scaled(at::Tensor product, const at::Tensor& bias, const at::Scalar& beta, const at::Scalar& alpha) {
+  if (alpha.toDouble() != 1.0) product.mul_(alpha);
+  if (beta.toDouble() != 0.0) {
+    if (beta.toDouble() == 1.0) product.add_(bias);
+    else product.add_(bias * beta);
+  }
+  return product;
+}
+
+at::Tensor& into(at::Tensor& out, const at::Tensor& value) {
+  if (out.sizes() != value.sizes()) out.resize_(value.sizes());
+  return out.copy_(value);
+}
+
+at::Tensor k_mv(const at::Tensor& a, const at::Tensor& v) { return k_mm(a, v.unsqueeze(1)).squeeze(1); }
+at::Tensor k_dot(const at::Tensor& a, const at::Tensor& b) { return k_mm(a.unsqueeze(0), b.unsqueeze(1)).reshape({}); }
+
+at::Tensor k_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                 const at::Scalar& alpha) {
+  return scaled(k_mm(a, b), c, beta, alpha);
+}
+at::Tensor k_baddbmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                   const at::Scalar& alpha) {
+  return scaled(k_bmm(a, b), c, beta, alpha);
+}
+at::Tensor k_addmv(const at::Tensor& c, const at::Tensor& a, const at::Tensor& v, const at::Scalar& beta,
+                 const at::Scalar& alpha) {
+  return scaled(k_mv(a, v), c, beta, alpha);
+}
+
+at::Tensor& k_mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) { return into(out, k_mm(a, b)); }
+at::Tensor& k_bmm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) { return into(out, k_bmm(a, b)); }
+at::Tensor& k_mv_out(const at::Tensor& a, const at::Tensor& v, at::Tensor& out) { return into(out, k_mv(a, v)); }
+at::Tensor& k_addmm_out(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                      const at::Scalar& alpha, at::Tensor& out) {
+  return into(out, k_addmm(c, a, b, beta, alpha));
+}
+at::Tensor& k_addmm_(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                   const at::Scalar& alpha) {
+  return c.copy_(k_addmm(c, a, b, beta, alpha));
+}
+at::Tensor& k_baddbmm_out(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                        const at::Scalar& alpha, at::Tensor& out) {
+  return into(out, k_baddbmm(c, a, b, beta, alpha));
+}
+at::Tensor& k_baddbmm_(at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                     const at::Scalar& alpha) {
+  return c.copy_(k_baddbmm(c, a, b, beta, alpha));
+}
+at::Tensor& k_addmv_out(const at::Tensor& c, const at::Tensor& a, const at::Tensor& v, const at::Scalar& beta,
+                      const at::Scalar& alpha, at::Tensor& out) {
+  return into(out, k_addmv(c, a, v, beta, alpha));
+}
+at::Tensor& k_addmv_(at::Tensor& c, const at::Tensor& a, const at::Tensor& v, const at::Scalar& beta,
+                   const at::Scalar& alpha) {
+  return c.copy_(k_addmv(c, a, v, beta, alpha));
+}
+
+// ---- elementwise functions: MKL's vector math computes these on a CPU; here, SLEEF's AVX2 functions (the copy in
+// torch's own library, the one torch's AVX2 loops call): the same code on every CPU with AVX2, the same bits.
+// sqrt is correctly rounded (IEEE 754) by every implementation: the CPU's own instruction.
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+extern "C" {
+#define SLEEF_F(name) __m256 Sleef_##name##f8_u10avx2(__m256); __m256d Sleef_##name##d4_u10avx2(__m256d);
+SLEEF_F(exp) SLEEF_F(log) SLEEF_F(tanh) SLEEF_F(log2) SLEEF_F(log10) SLEEF_F(tan) SLEEF_F(atan) SLEEF_F(asin)
+SLEEF_F(acos) SLEEF_F(erf)
+#undef SLEEF_F
+}
+
+using VecF = __m256 (*)(__m256);
+using VecD = __m256d (*)(__m256d);
+
+template <typename T, typename V, typename F>
+__attribute__((target("avx2,fma"))) void map_avx2(F fn, const T* in, T* out, int64_t n) {
+  constexpr int64_t W = 32 / sizeof(T);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    if constexpr (std::is_same_v<T, float>) _mm256_storeu_ps(out + i, fn(_mm256_loadu_ps(in + i)));
+    else _mm256_storeu_pd(out + i, fn(_mm256_loadu_pd(in + i)));
+  }
+  if (i < n) {  // the tail through a full vector: each lane is computed alone, so its neighbours do not matter
+    alignas(32) T buf[W] = {};
+    std::memcpy(buf, in + i, (n - i) * sizeof(T));
+    if constexpr (std::is_same_v<T, float>) _mm256_store_ps(buf, fn(_mm256_load_ps(buf)));
+    else _mm256_store_pd(buf, fn(_mm256_load_pd(buf)));
+    std::memcpy(out + i, buf, (n - i) * sizeof(T));
+  }
+}
+#pragma GCC pop_options
+#endif
+
+struct Unary {
+#if defined(__x86_64__)
+  VecF f;
+  VecD d;
+#endif
+  double (*scalar)(double);  // CPUs without AVX2: the C library (results of this CPU kind only)
+};
+
+#if defined(__x86_64__)
+void map_vec(const Unary& op, const float* in, float* out, int64_t n) { map_avx2<float, __m256>(op.f, in, out, n); }
+void map_vec(const Unary& op, const double* in, double* out, int64_t n) { map_avx2<double, __m256d>(op.d, in, out, n); }
+#endif
+
+at::Tensor floating(const at::Tensor& x) {
+  if (x.is_floating_point()) return x.contiguous();
+  return x.to(at::typeMetaToScalarType(at::get_default_dtype())).contiguous();
+}
+
+at::Tensor unary(const Unary& op, const at::Tensor& x) {
+  at::Tensor src = floating(x);
+  if (src.scalar_type() == at::kBFloat16 || src.scalar_type() == at::kHalf)
+    return unary(op, src.to(at::kFloat)).to(src.scalar_type());
+  at::Tensor out = at::empty_like(src, at::MemoryFormat::Contiguous);
+  const int64_t n = src.numel();
+  AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "rlcore_portable_unary", [&] {
+    const scalar_t* in = src.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+#if defined(__x86_64__)
+    if (isa() != kScalar) return map_vec(op, in, o, n);
+#endif
+    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<scalar_t>(op.scalar(static_cast<double>(in[i])));
+  });
+  return out;
+}
+
+#if defined(__x86_64__)
+#define UNARY(name) const Unary k_##name##_op{Sleef_##name##f8_u10avx2, Sleef_##name##d4_u10avx2, \
+    [](double v) { return std::name(v); }};
+#else
+#define UNARY(name) const Unary k_##name##_op{[](double v) { return std::name(v); }};
+#endif
+UNARY(exp) UNARY(log) UNARY(tanh) UNARY(log2) UNARY(log10) UNARY(tan) UNARY(atan) UNARY(asin) UNARY(acos) UNARY(erf)
+#undef UNARY
+
+at::Tensor k_sqrt(const at::Tensor& x) {
+  at::Tensor src = floating(x);
+  if (src.scalar_type() == at::kBFloat16 || src.scalar_type() == at::kHalf)
+    return k_sqrt(src.to(at::kFloat)).to(src.scalar_type());
+  at::Tensor out = at::empty_like(src, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "rlcore_portable_sqrt", [&] {
+    const scalar_t* in = src.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const int64_t n = src.numel();
+    for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(in[i]);
+  });
+  return out;
+}
+
+}  // namespace
+
+// Python-side control (rlcore.engine.portable_ops): which kernels run and how many threads share a product's rows.
+TORCH_LIBRARY(rlcore_portable, m) {
+  m.def("set_isa(int isa) -> int");
+  m.def("set_threads(int threads) -> int");
+  m.impl("set_isa", [](int64_t which) -> int64_t {
+    if (which >= 0) g_isa = static_cast<int>(std::min<int64_t>(which, detect_isa()));
+    return isa();
+  });
+  m.impl("set_threads", [](int64_t n) -> int64_t {
+    if (n >= 1) g_threads = static_cast<int>(n);
+    return g_threads;
+  });
+}
+
+TORCH_LIBRARY_IMPL(aten, CPU, m) {
+  m.impl("mm", k_mm);
+  m.impl("mm.out", k_mm_out);
+  m.impl("bmm", k_bmm);
+  m.impl("bmm.out", k_bmm_out);
+  m.impl("mv", k_mv);
+  m.impl("mv.out", k_mv_out);
+  m.impl("dot", k_dot);
+  m.impl("addmm", k_addmm);
+  m.impl("addmm.out", k_addmm_out);
+  m.impl("addmm_", k_addmm_);
+  m.impl("baddbmm", k_baddbmm);
+  m.impl("baddbmm.out", k_baddbmm_out);
+  m.impl("baddbmm_", k_baddbmm_);
+  m.impl("addmv", k_addmv);
+  m.impl("addmv.out", k_addmv_out);
+  m.impl("addmv_", k_addmv_);
+#define REGISTER(name, fn)                                                                              \
+  m.impl(#name, [](const at::Tensor& x) { return fn(x); });                                             \
+  m.impl(#name "_", [](at::Tensor& x) -> at::Tensor& { return x.copy_(fn(x)); });                      \
+  m.impl(#name ".out", [](const at::Tensor& x, at::Tensor& out) -> at::Tensor& { return into(out, fn(x)); });
+  REGISTER(sqrt, k_sqrt)
+#define REGISTER_UNARY(name) REGISTER(name, [](const at::Tensor& v) { return unary(k_##name##_op, v); })
+  REGISTER_UNARY(exp) REGISTER_UNARY(log) REGISTER_UNARY(tanh) REGISTER_UNARY(log2) REGISTER_UNARY(log10)
+  REGISTER_UNARY(tan) REGISTER_UNARY(atan) REGISTER_UNARY(asin) REGISTER_UNARY(acos) REGISTER_UNARY(erf)
+#undef REGISTER_UNARY
+#undef REGISTER
+}
