@@ -84,6 +84,18 @@ def test_every_instruction_set_and_thread_count_gives_the_same_bits(kernels):
         assert products() == best, threads
 
 
+def test_the_blocking_does_not_change_the_bits():
+    """What a CPU's caches would choose (how much of k, of the rows and of the columns each packed block holds)."""
+    best = products()
+    default = torch.ops.rlcore_portable.set_blocking(0, 0, 0)
+    try:
+        for kc, mc, nc in ((1, 14, 32), (7, 28, 64), (64, 14, 5000), (1000, 140, 96)):
+            torch.ops.rlcore_portable.set_blocking(kc, mc, nc)
+            assert products() == best, (kc, mc, nc)
+    finally:
+        torch.ops.rlcore_portable.set_blocking(*default)
+
+
 def test_a_row_or_column_does_not_depend_on_the_others_in_the_call():
     a, b = operands(300, 300, 200)
     full = torch.mm(a, b)
@@ -176,3 +188,15 @@ def test_a_training_step_does_not_depend_on_mkl_or_the_environment_of_the_other_
     an environment that asks the other libraries for other kernels: the same parameters to the bit."""
     first = step_hash({"MKL_CBWR": "AVX512,STRICT", "ATEN_CPU_CAPABILITY": "avx512", "NPY_DISABLE_CPU_FEATURES": ""})
     assert step_hash({"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "RLCORE_PORTABLE_ISA": "avx2"}) == first
+
+
+@pytest.mark.integration
+def test_the_sft_stage_gives_one_model_whatever_differs_between_cpus_and_native_does_not():
+    """bench.kernels at 40 SFT steps: every portable row (AVX2 and scalar products, another CPU's or the AVX-512
+    code of PyTorch, MKL and oneDNN, two threads per rank) one model; native changes with the environment."""
+    from bench import kernels as bench_kernels
+
+    rows = bench_kernels.main(["--steps", "40"])
+    portable = {r["model sha256"] for r in rows if r["cpu_kernels"] == "portable"}
+    native = [r["model sha256"] for r in rows if r["cpu_kernels"] == "native"]
+    assert len(portable) == 1 and len(native) == 2 and native[0] != native[1] and not portable & set(native), rows

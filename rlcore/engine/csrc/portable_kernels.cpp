@@ -30,9 +30,11 @@
 
 namespace {
 
-constexpr int64_t KC = 256;   // k per packed block: any value gives the same bits (the chain goes on across blocks)
-constexpr int64_t MC = 112;   // rows per packed block of A (a multiple of both kernels' rows)
-constexpr int64_t NC = 3072;  // columns per packed block of B
+// The blocking: any values give the same bits (a k block's chains go on in the next one); set_blocking changes them
+// for the tests that show just that.
+int64_t KC = 256;   // k per packed block
+int64_t MC = 112;   // rows per packed block of A (rounded down to a multiple of the kernel's rows)
+int64_t NC = 3072;  // columns per packed block of B
 
 enum Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
@@ -51,6 +53,11 @@ Isa detect_isa() {
 Isa isa() {
   if (g_isa < 0) g_isa = detect_isa();
   return static_cast<Isa>(g_isa);
+}
+
+bool has_avx2() {
+  static const bool yes = detect_isa() != kScalar;
+  return yes;
 }
 
 // ---- packing: A into panels of MR rows (k-major), B into panels of NR columns (k-major); zero-padded at the
@@ -475,7 +482,7 @@ at::Tensor unary(const Unary& op, const at::Tensor& x) {
     const scalar_t* in = src.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
 #if defined(__x86_64__)
-    if (isa() != kScalar) return map_vec(op, in, o, n);
+    if (has_avx2()) return map_vec(op, in, o, n);  // what the CPU has, whatever the products were told to run
 #endif
     for (int64_t i = 0; i < n; ++i) o[i] = static_cast<scalar_t>(op.scalar(static_cast<double>(in[i])));
   });
@@ -511,6 +518,7 @@ at::Tensor k_sqrt(const at::Tensor& x) {
 TORCH_LIBRARY(rlcore_portable, m) {
   m.def("set_isa(int isa) -> int");
   m.def("set_threads(int threads) -> int");
+  m.def("set_blocking(int kc, int mc, int nc) -> int[]");
   m.impl("set_isa", [](int64_t which) -> int64_t {
     if (which >= 0) g_isa = static_cast<int>(std::min<int64_t>(which, detect_isa()));
     return isa();
@@ -518,6 +526,12 @@ TORCH_LIBRARY(rlcore_portable, m) {
   m.impl("set_threads", [](int64_t n) -> int64_t {
     if (n >= 1) g_threads = static_cast<int>(n);
     return g_threads;
+  });
+  m.impl("set_blocking", [](int64_t kc, int64_t mc, int64_t nc) -> std::vector<int64_t> {
+    if (kc >= 1) KC = kc;
+    if (mc >= 14) MC = mc;
+    if (nc >= 1) NC = nc;
+    return {KC, MC, NC};
   });
 }
 
