@@ -189,6 +189,100 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t k, const float* a, 
 #undef STORE
 }
 
+// ---- products with few columns (attention's per-head products, n <= 64): rows of C held in registers, k in order,
+// no packing of A and one contiguous copy of B at most. The same chains as the packed kernels.
+
+template <int NV>
+__attribute__((target("avx512f"))) void small_rows_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0,
+                                                          int64_t sa1, const float* b, float* c, int64_t ldc) {
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - 16 * (NV - 1))) - 1u);
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    __m512 acc[4][NV];
+    for (int r = 0; r < 4; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; ++kk) {
+      __m512 bv[NV];
+      for (int v = 0; v < NV - 1; ++v) bv[v] = _mm512_loadu_ps(b + kk * n + 16 * v);
+      bv[NV - 1] = _mm512_maskz_loadu_ps(tail, b + kk * n + 16 * (NV - 1));
+      for (int r = 0; r < 4; ++r) {
+        const __m512 ar = _mm512_set1_ps(a[(i + r) * sa0 + kk * sa1]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < 4; ++r) {
+      for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(c + (i + r) * ldc + 16 * v, acc[r][v]);
+      _mm512_mask_storeu_ps(c + (i + r) * ldc + 16 * (NV - 1), tail, acc[r][NV - 1]);
+    }
+  }
+  for (; i < m; ++i) {
+    __m512 acc[NV];
+    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const __m512 ar = _mm512_set1_ps(a[i * sa0 + kk * sa1]);
+      for (int v = 0; v < NV - 1; ++v) acc[v] = _mm512_fmadd_ps(ar, _mm512_loadu_ps(b + kk * n + 16 * v), acc[v]);
+      acc[NV - 1] = _mm512_fmadd_ps(ar, _mm512_maskz_loadu_ps(tail, b + kk * n + 16 * (NV - 1)), acc[NV - 1]);
+    }
+    for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(c + i * ldc + 16 * v, acc[v]);
+    _mm512_mask_storeu_ps(c + i * ldc + 16 * (NV - 1), tail, acc[NV - 1]);
+  }
+}
+
+template <int NV>
+__attribute__((target("avx2,fma"))) void small_rows_avx2(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0,
+                                                        int64_t sa1, const float* b, float* c, int64_t ldc) {
+  // the last vector's lanes beyond n are computed on zeros and not stored
+  const int64_t last = n - 8 * (NV - 1);
+  alignas(32) int32_t mask_bits[8];
+  for (int j = 0; j < 8; ++j) mask_bits[j] = j < last ? -1 : 0;
+  const __m256i tail = _mm256_load_si256(reinterpret_cast<const __m256i*>(mask_bits));
+  for (int64_t i = 0; i < m; i += 2) {
+    const int rows = m - i >= 2 ? 2 : 1;
+    __m256 acc[2][NV];
+    for (int r = 0; r < 2; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+    for (int64_t kk = 0; kk < k; ++kk) {
+      __m256 bv[NV];
+      for (int v = 0; v < NV - 1; ++v) bv[v] = _mm256_loadu_ps(b + kk * n + 8 * v);
+      bv[NV - 1] = _mm256_maskload_ps(b + kk * n + 8 * (NV - 1), tail);
+      for (int r = 0; r < rows; ++r) {
+        const __m256 ar = _mm256_set1_ps(a[(i + r) * sa0 + kk * sa1]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ar, bv[v], acc[r][v]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      for (int v = 0; v < NV - 1; ++v) _mm256_storeu_ps(c + (i + r) * ldc + 8 * v, acc[r][v]);
+      _mm256_maskstore_ps(c + (i + r) * ldc + 8 * (NV - 1), tail, acc[r][NV - 1]);
+    }
+  }
+}
+
+// C = A @ B for n <= 64 with B row-major and contiguous ([k, n], row stride n); false if this CPU has no such kernel.
+bool small_product(Isa which, int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int64_t sa1,
+                   const float* b, float* c, int64_t ldc) {
+  if (which == kAvx512) {
+    switch ((n + 15) / 16) {
+      case 1: small_rows_avx512<1>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 2: small_rows_avx512<2>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 3: small_rows_avx512<3>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 4: small_rows_avx512<4>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+    }
+  }
+  if (which == kAvx2) {
+    switch ((n + 7) / 8) {
+      case 1: small_rows_avx2<1>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 2: small_rows_avx2<2>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 3: small_rows_avx2<3>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 4: small_rows_avx2<4>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 5: small_rows_avx2<5>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 6: small_rows_avx2<6>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 7: small_rows_avx2<7>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+      case 8: small_rows_avx2<8>(m, n, k, a, sa0, sa1, b, c, ldc); return true;
+    }
+  }
+  return false;
+}
+
 #endif
 
 struct Shape {
@@ -228,6 +322,18 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int
     for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, n * sizeof(float));
     return;
   }
+#if defined(__x86_64__)
+  if (n <= 64 && which != kScalar && m * n * k > 0) {  // few columns: no packing (a copy of B if not row-major)
+    const float* bp = b;
+    if (sb1 != 1 || sb0 != n) {
+      float* dense = buf.aligned(buf.b, k * n);
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t j = 0; j < n; ++j) dense[kk * n + j] = b[kk * sb0 + j * sb1];
+      bp = dense;
+    }
+    if (small_product(which, m, n, k, a, sa0, sa1, bp, c, ldc)) return;
+  }
+#endif
   const int64_t mc = (MC / t.mr) * t.mr;
   float* pa = buf.aligned(buf.a, (mc + t.mr) * KC);
   float* pb = buf.aligned(buf.b, (NC + t.nr) * KC);
@@ -282,42 +388,53 @@ void gemm_rows_plain(int64_t m, int64_t n, int64_t k, const T* a, int64_t sa0, i
   }
 }
 
-// out (contiguous [m, n]) = a [m, k] @ b [k, n], the rows shared out over the kernels' threads.
-void product_into(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  if (m == 0 || n == 0) return;
-  const int threads = static_cast<int>(std::min<int64_t>(g_threads, std::max<int64_t>(1, m / 32)));
-  auto run = [&](int64_t r0, int64_t r1) {
-    AT_DISPATCH_SWITCH(out.scalar_type(), "rlcore_portable_product",
-      AT_DISPATCH_CASE(at::kFloat, [&] {
-        gemm_rows(r1 - r0, n, k, a.data_ptr<float>() + r0 * a.stride(0), a.stride(0), a.stride(1),
-                  b.data_ptr<float>(), b.stride(0), b.stride(1), out.data_ptr<float>() + r0 * n, n);
-      })
-      AT_DISPATCH_CASE(at::kDouble, [&] {
-        gemm_rows_plain<double>(r1 - r0, n, k, a.data_ptr<double>() + r0 * a.stride(0), a.stride(0), a.stride(1),
-                                b.data_ptr<double>(), b.stride(0), b.stride(1), out.data_ptr<double>() + r0 * n, n);
-      })
-      AT_DISPATCH_CASE(at::kLong, [&] {
-        gemm_rows_plain<int64_t>(r1 - r0, n, k, a.data_ptr<int64_t>() + r0 * a.stride(0), a.stride(0), a.stride(1),
-                                 b.data_ptr<int64_t>(), b.stride(0), b.stride(1), out.data_ptr<int64_t>() + r0 * n, n);
-      })
-      AT_DISPATCH_CASE(at::kInt, [&] {
-        gemm_rows_plain<int32_t>(r1 - r0, n, k, a.data_ptr<int32_t>() + r0 * a.stride(0), a.stride(0), a.stride(1),
-                                 b.data_ptr<int32_t>(), b.stride(0), b.stride(1), out.data_ptr<int32_t>() + r0 * n, n);
-      }));
+// One matrix product of any supported dtype: float32 on the packed kernels, the others plainly.
+template <typename T>
+void gemm_any(int64_t m, int64_t n, int64_t k, const T* a, int64_t sa0, int64_t sa1, const T* b, int64_t sb0,
+              int64_t sb1, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) gemm_rows(m, n, k, a, sa0, sa1, b, sb0, sb1, c, ldc);
+  else gemm_rows_plain<T>(m, n, k, a, sa0, sa1, b, sb0, sb1, c, ldc);
+}
+
+// out (contiguous [batch, m, n]) = a [batch, m, k] @ b [batch, k, n] (a batch of one for 2-D operands). The work is
+// shared out over the kernels' threads by matrices when there are several, by rows otherwise; either way each
+// element is computed alone, so the split does not show in the result.
+template <typename T>
+void products_of(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  const bool batched = a.dim() == 3;
+  const int64_t batch = batched ? a.size(0) : 1;
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const int64_t sa = batched ? a.stride(0) : 0, sb = batched ? b.stride(0) : 0;
+  const int64_t sa0 = a.stride(-2), sa1 = a.stride(-1), sb0 = b.stride(-2), sb1 = b.stride(-1);
+  const T* pa = a.data_ptr<T>();
+  const T* pb = b.data_ptr<T>();
+  T* pc = out.data_ptr<T>();
+  // a work item: rows [r0, r1) of matrices [i0, i1)
+  auto run = [&](int64_t i0, int64_t i1, int64_t r0, int64_t r1) {
+    for (int64_t i = i0; i < i1; ++i)
+      gemm_any<T>(r1 - r0, n, k, pa + i * sa + r0 * sa0, sa0, sa1, pb + i * sb, sb0, sb1, pc + (i * m + r0) * n, n);
   };
-  if (threads <= 1) {
-    run(0, m);
-    return;
-  }
-  const int64_t per = (m + threads - 1) / threads;
+  const int64_t flops = batch * m * n * k;
+  const int threads = flops < (1 << 18) ? 1 : static_cast<int>(std::min<int64_t>(g_threads, batch > 1 ? batch : m));
+  if (threads <= 1) return run(0, batch, 0, m);
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) {
-    const int64_t r0 = t * per, r1 = std::min(m, r0 + per);
-    if (r0 < r1) pool.emplace_back(run, r0, r1);
+  const int64_t items = batch > 1 ? batch : m, per = (items + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t) {
+    const int64_t lo = t * per, hi = std::min(items, lo + per);
+    if (lo >= hi) break;
+    if (batch > 1) pool.emplace_back(run, lo, hi, 0, m);
+    else pool.emplace_back(run, 0, 1, lo, hi);
   }
-  run(0, std::min(m, per));
   for (auto& th : pool) th.join();
+}
+
+void product_into(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  if (out.numel() == 0) return;
+  AT_DISPATCH_SWITCH(out.scalar_type(), "rlcore_portable_product",
+    AT_DISPATCH_CASE(at::kFloat, [&] { products_of<float>(a, b, out); })
+    AT_DISPATCH_CASE(at::kDouble, [&] { products_of<double>(a, b, out); })
+    AT_DISPATCH_CASE(at::kLong, [&] { products_of<int64_t>(a, b, out); })
+    AT_DISPATCH_CASE(at::kInt, [&] { products_of<int32_t>(a, b, out); }));
 }
 
 at::ScalarType compute_type(const at::Tensor& a, const at::Tensor& b) {
@@ -352,11 +469,7 @@ at::Tensor k_bmm(const at::Tensor& a, const at::Tensor& b) {
   const auto t = compute_type(a, b);
   const auto result = at::promote_types(a.scalar_type(), b.scalar_type());
   at::Tensor out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options().dtype(t));
-  const at::Tensor pa = packable(a, t), pb = packable(b, t);
-  for (int64_t i = 0; i < a.size(0); ++i) {
-    at::Tensor o = out.select(0, i);
-    product_into(pa.select(0, i), pb.select(0, i), o);
-  }
+  product_into(packable(a, t), packable(b, t), out);
   return t == result ? out : out.to(result);
 }
 
