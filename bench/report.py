@@ -136,17 +136,26 @@ def results_table(s: dict[str, dict], mem: dict[str, dict], total_steps: int, co
     ]
 
 
-def phase_table(records: dict[str, list[dict]]) -> list[str]:
-    """Mean seconds per phase over the measured steps, as each system times them."""
-    lines = ["| system | phase | mean s/step | share |", "|---|---|---|---|"]
-    for name in SYSTEMS:
-        recs = records[name]
+# nominal matrix-product FLOPs of a phase, in units of N x T (T: the step's prompt + completion tokens): generation
+# 2 (prefill and decode, one forward per token), rlcore's update 8 (the policy's forward and backward, 6, and the
+# reference forward inside it, 2), TRL's policy forward and reference forward 2 each
+PHASE_FLOPS = {"gen": 2, "update_actor": 8, "policy_fwd": 2, "ref": 2}
+
+
+def phase_table(records: dict[str, list[dict]], n_params: int, peak_flops: float) -> list[str]:
+    """Mean seconds per phase over the measured steps, as each system times them; for the phases that are matrix
+    products (:data:`PHASE_FLOPS`), their nominal FLOP/s and its share of this machine's measured matmul peak."""
+    lines = ["| system | phase | mean s/step | share | nominal FLOP/s (of matmul peak) |", "|---|---|---|---|---|"]
+    for name, recs in records.items():
         mean = {k: statistics.mean(r["phases"].get(k, 0.0) for r in recs) for k in recs[0]["phases"]}
+        tokens = statistics.mean(r["train_tokens"] for r in recs)
         step = mean.pop("step")
         for k, v in sorted(mean.items(), key=lambda kv: -kv[1]):
-            lines.append(f"| {name} | {k} | {v:.3f} | {v / step:.0%} |")
+            rate = PHASE_FLOPS.get(k, 0) * n_params * tokens / v if v > 0 else 0.0
+            flops = f"{rate / 1e9:.1f} G ({rate / peak_flops:.0%})" if rate else ""
+            lines.append(f"| {name} | {k} | {v:.3f} | {v / step:.0%} | {flops} |")
         rest = step - sum(mean.values())
-        lines.append(f"| {name} | rest of step (untimed) | {rest:.3f} | {rest / step:.0%} |")
+        lines.append(f"| {name} | rest of step (untimed) | {rest:.3f} | {rest / step:.0%} | |")
     return lines
 
 

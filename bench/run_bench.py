@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="steps of TRL with one rank's batch in one process, for the per-rank memory comparison "
                         "(0: skip it)")
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--no-like-for-like", action="store_true",
+                   help="run each system at its own defaults only (not also ours with native kernels and TRL with "
+                        "rlcore's portable ones)")
     p.add_argument("--quiet-wait", type=float, default=120.0,
                    help="total seconds the run may wait, before blocks, for other processes to go quiet")
     p.add_argument("--nice", type=int, default=None,
@@ -162,20 +165,21 @@ def ours_env(overrides: dict) -> dict[str, str]:
     return {"BENCH_OURS_SET": json.dumps(overrides), "RAY_worker_niceness": "0"}
 
 
-def trl_kernels(info: dict) -> dict[str, str]:
-    """TRL computes with the CPU kernels ours does (``resources.cpu_kernels``, rlcore.kernels): the same code
-    paths on both sides, whatever this CPU offers."""
-    from rlcore.kernels import PORTABLE, has_avx2
+def systems(info: dict, total: int, like_for_like: bool) -> list[tuple[str, str, dict[str, str]]]:
+    """The children of a run: each system at its own defaults (ours: rlcore's defaults, portable kernels; TRL: its
+    libraries' own kernels), and, ``like_for_like``, each with the other's kernels (ours native, TRL portable)."""
+    trl = {"BENCH_TOTAL_STEPS": str(total)}
+    kids = [("ours", "bench.ours", ours_env(info["ours_overrides"])), ("trl", "bench.trl_side", trl)]
+    if like_for_like:
+        kids += [("ours_native", "bench.ours", ours_env({**info["ours_overrides"], "resources.cpu_kernels": "native"})),
+                 ("trl_portable", "bench.trl_side", {**trl, "BENCH_TRL_KERNELS": "portable"})]
+    return kids
 
-    mode = rl_config(info["ours_overrides"]).resources.cpu_kernels
-    return dict(PORTABLE) if mode == "portable" and has_avx2() else {}
 
-
-def start_children(info: dict, total: int, mem: MemoryMonitor, kids: dict[str, Child]) -> None:
-    """Start ours, then TRL (one at a time, so their set-ups do not compete) and wait until both are ready."""
+def start_children(info: dict, total: int, mem: MemoryMonitor, kids: dict[str, Child], like_for_like: bool) -> None:
+    """Start each system's child, one at a time (so their set-ups do not compete), and wait until each is ready."""
     info["setup_s"] = {}
-    for name, module, env in (("ours", "bench.ours", ours_env(info["ours_overrides"])),
-                              ("trl", "bench.trl_side", {"BENCH_TOTAL_STEPS": str(total), **trl_kernels(info)})):
+    for name, module, env in systems(info, total, like_for_like):
         kids[name] = Child(name, module, env=env)
         mem.add(name, kids[name].pid)
         info[f"{name}_ready"] = kids[name].expect("ready")
@@ -221,11 +225,13 @@ def run(args: argparse.Namespace) -> dict:
     total = args.warmup + args.steps
     mem, kids, prof = MemoryMonitor(), {}, None
     try:
-        start_children(info, total, mem, kids)
+        start_children(info, total, mem, kids, not args.no_like_for_like)
         meter = LoadMeter([c.pid for c in kids.values()])
-        warm = {n: kids[n].run(args.warmup) if args.warmup else [] for n in ("ours", "trl")}
+        warm = {n: kids[n].run(args.warmup) if args.warmup else [] for n in kids}
         measured, info["quiet_wait_s"] = alternate(kids, args.steps, args.block, meter, args.quiet_wait)
-        kids["trl"].close()  # nothing else runs while ours is profiled
+        for name in kids:
+            if name != "ours":
+                kids[name].close()  # nothing else runs while ours is profiled
         if not args.no_profile and pyspy_available():
             prof = profile_and_probe(kids["ours"], args.profile_steps)
     finally:
@@ -239,7 +245,7 @@ def run(args: argparse.Namespace) -> dict:
                                               FWD_ONLY_PASSES, info["peak_flops"]) for name in kids}
     info["generation"] = {name: report.generation_efficiency(
         used[name], n, info["model_shape"], info["shared"], info["peak_flops"], info["mem_bandwidth"],
-        weight_copies=info["ours_ready"]["resources"]["n_workers"] if name == "ours" else 1) for name in kids}
+        weight_copies=info["ours_ready"]["resources"]["n_workers"] if name.startswith("ours") else 1) for name in kids}
     info.update(memory={"total": mem.peak_total, "compute": mem.peak_compute}, profile=prof,
                 records={n: warm[n] + measured[n] for n in kids}, measured=measured, total_steps=total,
                 wall_s=time.perf_counter() - started)

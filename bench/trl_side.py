@@ -1,6 +1,7 @@
 """TRL's side of the benchmark: GRPOTrainer on the same model, prompts, reward and settings.
 
-Started by ``bench.run_bench`` as a child process. One process, torch with 2 threads,
+Started by ``bench.run_bench`` as a child process. One process, torch with 2 threads, its libraries' own CPU kernels
+(``BENCH_TRL_KERNELS=portable``: rlcore's portable ones),
 no vLLM (with ``--set rollout.engine=vllm``, run from .venv-vllm: vLLM in TRL's colocate mode, as ours). ``trainer.train()`` runs once; a callback pauses it after every block of steps
 until the parent sends the next ``run K`` (``bench.wire``), so the two systems alternate.
 
@@ -23,6 +24,13 @@ from collections import defaultdict
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# BENCH_TRL_KERNELS=portable: TRL computes with rlcore's portable kernels (the like-for-like row of make bench);
+# unset, with its libraries' own, as a TRL user runs it
+KERNELS_ENV = "BENCH_TRL_KERNELS"
+if os.environ.get(KERNELS_ENV) == "portable":
+    from rlcore.kernels import pin
+
+    pin("portable")  # before torch is imported, as rlcore's processes do
 
 import torch  # noqa: E402
 
@@ -213,7 +221,9 @@ def make_pacer():
 
 
 def main() -> None:
-    torch.set_num_threads(TRL_THREADS)
+    from rlcore.kernels import activate
+
+    activate(TRL_THREADS)  # torch's threads; with portable kernels, the products' threads (torch's own loops on one)
     t0 = time.perf_counter()
     pacer = make_pacer()
     trainer = make_trainer(total_steps=int(os.environ.get("BENCH_TOTAL_STEPS", "1000")), pacer=pacer)
