@@ -63,6 +63,53 @@ bool has_avx2() {
 // ---- packing: A into panels of MR rows (k-major), B into panels of NR columns (k-major); zero-padded at the
 // right and bottom edges (the padding's rows and columns are computed and thrown away; k is never padded).
 
+bool has_avx2();
+
+// dst[kk * width + r] = src[r * stride + kk] for r < rows, kk < k (a transposing copy: rows of the source become
+// the panel's columns), zeros for rows <= r < width. 8 x 8 blocks through AVX2 registers where the CPU has them.
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void transpose8(const float* src, int64_t stride, float* dst, int64_t width) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + stride), r2 = _mm256_loadu_ps(src + 2 * stride),
+         r3 = _mm256_loadu_ps(src + 3 * stride), r4 = _mm256_loadu_ps(src + 4 * stride),
+         r5 = _mm256_loadu_ps(src + 5 * stride), r6 = _mm256_loadu_ps(src + 6 * stride),
+         r7 = _mm256_loadu_ps(src + 7 * stride);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+               t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(dst + width, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(dst + 2 * width, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(dst + 3 * width, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(dst + 4 * width, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(dst + 5 * width, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(dst + 6 * width, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(dst + 7 * width, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#endif
+
+void transpose_pack(const float* src, int64_t stride, int64_t rows, int64_t k, int64_t width, float* dst) {
+  int64_t done_k = 0;
+#if defined(__x86_64__)
+  if (has_avx2() && rows >= 8 && width >= 8) {
+    done_k = k - k % 8;
+    // blocks of 8 rows; a last block overlapping the one before covers the rows left (it writes the same values)
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+      const int64_t r = std::min(r0, rows - 8);
+      for (int64_t k0 = 0; k0 < done_k; k0 += 8) transpose8(src + r * stride + k0, stride, dst + k0 * width + r, width);
+    }
+  }
+#endif
+  for (int64_t kk = done_k; kk < k; ++kk)
+    for (int64_t r = 0; r < rows; ++r) dst[kk * width + r] = src[r * stride + kk];
+  for (int64_t kk = 0; kk < k; ++kk)
+    for (int64_t r = rows; r < width; ++r) dst[kk * width + r] = 0.f;
+}
+
+// A into panels of MR rows, k-major (dst[panel][kk * mr + r]).
 void pack_a(int64_t mr, int64_t m, int64_t k, const float* a, int64_t sa0, int64_t sa1, float* dst) {
   for (int64_t i0 = 0; i0 < m; i0 += mr) {
     const int64_t rows = std::min(mr, m - i0);
@@ -73,21 +120,16 @@ void pack_a(int64_t mr, int64_t m, int64_t k, const float* a, int64_t sa0, int64
         std::memcpy(out, a + kk * sa1 + i0, rows * sizeof(float));
         for (int64_t r = rows; r < mr; ++r) out[r] = 0.f;
       }
-      continue;
-    }
-    // rows of A: a cache line of each row at a time, written into the panel's k-major order
-    for (int64_t k0 = 0; k0 < k; k0 += 16) {
-      const int64_t k1 = std::min(k, k0 + 16);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* src = a + (i0 + r) * sa0;
-        for (int64_t kk = k0; kk < k1; ++kk) d[kk * mr + r] = src[kk * sa1];
-      }
-      for (int64_t r = rows; r < mr; ++r)
-        for (int64_t kk = k0; kk < k1; ++kk) d[kk * mr + r] = 0.f;
+    } else if (sa1 == 1) {  // rows of A contiguous
+      transpose_pack(a + i0 * sa0, sa0, rows, k, mr, d);
+    } else {
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t r = 0; r < mr; ++r) d[kk * mr + r] = r < rows ? a[(i0 + r) * sa0 + kk * sa1] : 0.f;
     }
   }
 }
 
+// B into panels of NR columns, k-major (dst[panel][kk * nr + c]).
 void pack_b(int64_t nr, int64_t n, int64_t k, const float* b, int64_t sb0, int64_t sb1, float* dst) {
   for (int64_t j0 = 0; j0 < n; j0 += nr) {
     const int64_t cols = std::min(nr, n - j0);
@@ -98,17 +140,11 @@ void pack_b(int64_t nr, int64_t n, int64_t k, const float* b, int64_t sb0, int64
         std::memcpy(out, b + kk * sb0 + j0, cols * sizeof(float));
         for (int64_t c = cols; c < nr; ++c) out[c] = 0.f;
       }
-      continue;
-    }
-    // columns of B (B stored transposed): a cache line of each column at a time
-    for (int64_t k0 = 0; k0 < k; k0 += 16) {
-      const int64_t k1 = std::min(k, k0 + 16);
-      for (int64_t c = 0; c < cols; ++c) {
-        const float* src = b + (j0 + c) * sb1;
-        for (int64_t kk = k0; kk < k1; ++kk) d[kk * nr + c] = src[kk * sb0];
-      }
-      for (int64_t c = cols; c < nr; ++c)
-        for (int64_t kk = k0; kk < k1; ++kk) d[kk * nr + c] = 0.f;
+    } else if (sb0 == 1) {  // columns of B contiguous (B stored transposed, as a linear layer's weight)
+      transpose_pack(b + j0 * sb1, sb1, cols, k, nr, d);
+    } else {
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t c = 0; c < nr; ++c) d[kk * nr + c] = c < cols ? b[kk * sb0 + (j0 + c) * sb1] : 0.f;
     }
   }
 }
