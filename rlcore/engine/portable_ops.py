@@ -34,6 +34,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -44,6 +45,7 @@ from pathlib import Path
 import torch
 
 from rlcore import cache
+from rlcore.errors import ConfigError
 
 SOURCE = Path(__file__).with_name("csrc") / "portable_kernels.cpp"
 ISAS = ("scalar", "avx2", "avx512")
@@ -74,9 +76,14 @@ def build() -> Path:
         # only when building: torch's extension machinery loads setuptools, which loading the kernels never needs
         from torch.utils.cpp_extension import include_paths, library_paths
 
+        compiler = os.environ.get("CXX", "g++")
+        if shutil.which(compiler) is None:
+            raise ConfigError(f"resources.cpu_kernels portable: rlcore's kernels are built on first use and need a C++ "
+                              f"compiler, and {compiler!r} is not on PATH; install one (Debian/Ubuntu: apt-get install "
+                              f"g++) or set resources.cpu_kernels: native")
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-        cmd = [os.environ.get("CXX", "g++"), "-O3", "-std=c++17", "-fPIC", "-shared", "-ffp-contract=off",
+        cmd = [compiler, "-O3", "-std=c++17", "-fPIC", "-shared", "-ffp-contract=off",
                f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", str(SOURCE), "-o", str(tmp)]
         cmd += [f"-I{p}" for p in include_paths()] + [f"-L{p}" for p in library_paths()] + ["-lc10", "-ltorch_cpu"]
         done = subprocess.run(cmd, capture_output=True, text=True)

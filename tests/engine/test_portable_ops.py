@@ -200,3 +200,13 @@ def test_the_sft_stage_gives_one_model_whatever_differs_between_cpus_and_native_
     portable = {r["model sha256"] for r in rows if r["cpu_kernels"] == "portable"}
     native = [r["model sha256"] for r in rows if r["cpu_kernels"] == "native"]
     assert len(portable) == 1 and len(native) == 2 and native[0] != native[1] and not portable & set(native), rows
+
+
+def test_no_compiler_to_build_the_kernels_is_one_line_naming_the_setting(monkeypatch, tmp_path):
+    from rlcore.errors import ConfigError
+
+    monkeypatch.setattr(portable_ops, "library_path", lambda: tmp_path / "kernels.so")
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(ConfigError, match="resources.cpu_kernels: native") as info:
+        portable_ops.build()
+    assert "\n" not in str(info.value) and "no-such-compiler" in str(info.value)
