@@ -20,13 +20,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
+from rlcore.kernels import activate, pin
+
+# the CPU kernels a rank computes with: resources.cpu_kernels' default unless BENCH_KERNELS=native (chosen before
+# torch is imported, as a rank does)
+KERNELS = os.environ.get("BENCH_KERNELS", "portable")
+pin(KERNELS)
+
+import torch  # noqa: E402
 
 from bench import machine
 from bench.sections import write_section
@@ -102,7 +110,7 @@ def measure(args: argparse.Namespace) -> dict:
     from rlcore.engine.sequence import local_model
 
     torch.manual_seed(0)
-    torch.set_num_threads(args.threads)
+    kernels = activate(args.threads)
     policy, reference, batch = build(args)
     actor, ref = local_model(policy), local_model(reference)
     optim = torch.optim.AdamW(policy.parameters(), lr=1e-6)
@@ -152,7 +160,7 @@ def measure(args: argparse.Namespace) -> dict:
         "update_s": update_s, "reference_s": reference_s, "profiled_s": total_us / 1e6,
         "matmul_share": matmul_us / total_us, "matmul_flops": matmul_flops, "matmul_s": matmul_us / 1e6,
         "attention_share": attention_us / total_us,
-        "others": [(e.key, e.self_cpu_time_total / total_us) for e in others],
+        "others": [(e.key, e.self_cpu_time_total / total_us) for e in others], "kernels": kernels,
     }
 
 
@@ -168,8 +176,9 @@ def render(r: dict, args: argparse.Namespace, took_s: float) -> str:
         f"{args.rows} answers of {args.response_len} tokens, {args.n} per prompt, prompts of up to "
         f"{args.prompt_len} tokens ({r['rows_tokens']:,} tokens in the rows, {r['tokens']:,} after the packed "
         f"forward runs each repeated prompt once); a Llama of {r['params'] / 1e6:.2f}M parameters (hidden "
-        f"{args.hidden}, {args.layers} layers, intermediate {args.intermediate}); {args.threads} torch "
-        f"thread{'s' if args.threads > 1 else ''}, as a rank runs; median of {args.repeats}.",
+        f"{args.hidden}, {args.layers} layers, intermediate {args.intermediate}); {args.threads} "
+        f"thread{'s' if args.threads > 1 else ''}, as a rank runs; CPU kernels {r['kernels']} (GEMM rates below with "
+        f"the same kernels; `BENCH_KERNELS=native` for the libraries' own); median of {args.repeats}.",
         "",
         "| measure | value |",
         "|---|---|",
@@ -184,7 +193,8 @@ def render(r: dict, args: argparse.Namespace, took_s: float) -> str:
         f"{r['matmul_share']:.0%} |",
         f"| their FLOPs and rate | {r['matmul_flops'] / 1e9:.0f} GFLOP at {rate:.1f} GFLOP/s "
         f"({rate / r['peak']:.0%} of the peak) |",
-        f"| attention (sdpa's flash kernel) | {r['attention_share']:.0%} |",
+        f"| attention (sdpa's fused kernel; the portable kernels' attention is products, counted above) | "
+        f"{r['attention_share']:.0%} |",
         f"| **floor: the update with every op but the matmuls free** | **{floor_s:.3f} s "
         f"({r['update_s'] / floor_s:.2f}x faster at best)** |",
         "",
@@ -208,7 +218,7 @@ def reading(r: dict, run: dict) -> str:
     return (f"Against the last `long` run of `bench.run_bench` (bench/_work/last_run-long.json: ours {step:.2f} s a "
             f"step, {update:.2f} s of it the update phase with the reference forward; TRL {trl:.2f} s; TRL/ours "
             f"{trl / step:.2f}): were every op but the matmuls free in the update phase, a step would take "
-            f"{best:.2f} s and TRL/ours be {trl / best:.2f} (the matmuls as they run now). Reaching 2.0 takes "
+            f"{best:.2f} s and TRL/ours be {trl / best:.2f} (the matmuls as they run now). TRL/ours 2.0 takes "
             f"{need:.2f} s off a step: "
             f"{need / (update * (1 - r['matmul_share'])):.0%} of the update phase's non-matmul time, if the "
             f"generation phase stays as it is. The matmuls ran at {rate / r['peak']:.0%} of the peak inside the "
