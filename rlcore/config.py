@@ -12,13 +12,17 @@ and what is allowed::
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import json
+import re
+import types
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from rlcore import names
 from rlcore.errors import ConfigError
@@ -27,8 +31,11 @@ __all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
 
 class _Section(BaseModel):
-    # serialize_by_alias: a key that is a Python keyword (ppo.async) is a field with an alias
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, serialize_by_alias=True)
+    # serialize_by_alias: a key that is a Python keyword (ppo.async) is a field with an alias. strict: a value of
+    # another type is refused, not converted (`train_batch_size: "32"`, quoted, is text; `enabled: 1` is not a bool);
+    # an int is still a float, and a list field of tuples says so (strict=False): YAML has lists, not tuples.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, serialize_by_alias=True,
+                              strict=True)
 
 
 class RayConfig(_Section):
@@ -116,7 +123,7 @@ class TaskConfig(_Section):
     """Fewest digits of an arithmetic operand."""
     max_digits: int = Field(2, ge=1)
     """Most digits of an arithmetic operand."""
-    ops: tuple[Literal["+", "-", "*"], ...] = ("+",)
+    ops: tuple[Literal["+", "-", "*"], ...] = Field(("+",), strict=False)
     """Arithmetic operators to draw from."""
     n_sft: int = Field(2000, ge=1)
     """Problems in the SFT split."""
@@ -201,7 +208,7 @@ class LoraSettings(_Section):
     """The adapter's update is scaled by alpha / rank."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapter's input during updates (log-prob forwards and the rollout run without it)."""
-    target_modules: str | tuple[str, ...] = "all-linear"
+    target_modules: str | Annotated[tuple[str, ...], Strict(False)] = "all-linear"
     """Modules that get adapters: 'all-linear' (every linear layer but the output head) or a list of module
     names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj for Llama/Qwen2)."""
 
@@ -1005,16 +1012,74 @@ def model_head_dim(model: ModelConfig) -> tuple[int | None, str]:
     return int(head_dim), f"model.path {model.path}"
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-5`` as a number as YAML 1.2 (and DVC, which writes ``dvc exp run -S``
+    values so) does; YAML 1.1 wants a dot (``1.0e-5``) and reads it as text."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
+
+def read_yaml(text: str) -> Any:
+    """A params file's (or a ``--set`` value's) YAML, with numbers as YAML 1.2 reads them."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+
+
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the section at ``loc`` (a path into the params: names, list indices, mapping keys) accepts."""
+    model: Any = Config
+    parts = list(loc)
+    while parts:
+        origin = typing.get_origin(model)
+        if origin in (typing.Union, types.UnionType):  # an optional section: the section
+            model = next(a for a in typing.get_args(model) if a is not type(None))
+        elif origin in (list, dict):  # an item of a list or a mapping: its index or key is the next part
+            model, parts = typing.get_args(model)[-1], parts[1:]
+        elif isinstance(model, type) and issubclass(model, BaseModel):
+            part = parts.pop(0)
+            model = next((f.annotation for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        else:
+            return []
+    if typing.get_origin(model) in (typing.Union, types.UnionType):
+        model = next(a for a in typing.get_args(model) if a is not type(None))
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _quoted_number(value: Any, kind: str) -> bool:
+    """Whether ``value`` is text that, unquoted, would have been the ``kind`` (int_type, ...) the key wants."""
+    if not isinstance(value, str):
+        return False
+    try:
+        unquoted = read_yaml(value)
+    except yaml.YAMLError:
+        return False
+    wanted = {"int_type": int, "float_type": (int, float), "bool_type": bool}[kind]
+    return isinstance(unquoted, wanted) and (kind == "bool_type" or not isinstance(unquoted, bool))
+
+
 def _format_error(err: ValidationError, source: str) -> str:
-    """Render the first pydantic error as one line: file, dotted key, bad value, expectation."""
-    e = err.errors(include_url=False)[0]
+    """Render the first pydantic error as one line: file, dotted key, bad value, expectation (and the closest known
+    keys to an unknown one; that a quoted number is text). An unknown key comes first: a misspelt key also leaves
+    its right spelling missing."""
+    errors = err.errors(include_url=False)
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     key = ".".join(str(p) for p in e["loc"]) or "<root>"
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
-        return f"{source}: unknown key '{key}'"
+        close = difflib.get_close_matches(str(e["loc"][-1]), _keys_at(e["loc"][:-1]), n=3)
+        parent = key[:len(key) - len(str(e["loc"][-1]))]
+        hint = f"; did you mean {' or '.join(parent + c for c in close)}?" if close else ""
+        return f"{source}: unknown key '{key}'{hint}"
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    if e["type"] == "missing":
+        return f"{source}: {key} is required (it has no default){more}"
     if isinstance(e.get("input"), dict):  # a cross-field check: its message names the keys
         return f"{source}: {msg}{more}"
+    if e["type"] in ("int_type", "float_type", "bool_type") and _quoted_number(e.get("input"), e["type"]):
+        msg += " (a quoted value is text: write it without quotes)"
     return f"{source}: {key} = {e.get('input')!r}: {msg}{more}"
 
 
@@ -1032,7 +1097,7 @@ def load_config(path: str | Path = "params.yaml", overrides: dict[str, Any] | No
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
     if not isinstance(raw, dict):

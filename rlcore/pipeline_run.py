@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from rlcore.config import ConfigError, flatten, load_config, params_hash, parse_config, section_dict
+from rlcore.config import ConfigError, flatten, load_config, params_hash, parse_config, read_yaml, section_dict
 
 PIPELINE_STAGE = "pipeline"  # the parent's rlcore.stage tag
 KEY_TAG = "rlcore.pipeline"
@@ -78,7 +78,7 @@ def committed_params(root: Path, rev: str, params_file: str | Path) -> dict[str,
     if text is None:
         return None
     try:
-        cfg = parse_config(yaml.safe_load(text) or {}, f"{rev}:{rel}")
+        cfg = parse_config(read_yaml(text) or {}, f"{rev}:{rel}")
     except (ConfigError, yaml.YAMLError):
         return None
     return section_dict(cfg, tuple(type(cfg).model_fields))

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from rlcore.config import Config, ConfigError, apply_overrides, parse_config
+from rlcore.config import Config, ConfigError, apply_overrides, parse_config, read_yaml
 
 WIDTH = 118  # the repository's line length, comments included
 
@@ -45,7 +45,7 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: recipe file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
     if raw is None:

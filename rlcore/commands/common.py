@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from rlcore.cli import check_engine_installed
-from rlcore.config import Config, apply_overrides, load_config, parse_config
+from rlcore.config import Config, apply_overrides, load_config, parse_config, read_yaml
 from rlcore.errors import ConfigError
 from rlcore.kernels import pin
 
@@ -32,7 +32,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. rollout.top_p=0.9")
         try:
-            out[key.strip()] = yaml.safe_load(value)
+            out[key.strip()] = read_yaml(value)
         except yaml.YAMLError:
             raise ConfigError(f"--set {item!r}: the value is not valid YAML") from None
     return out

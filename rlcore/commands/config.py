@@ -86,6 +86,8 @@ def one_line(doc: str | None) -> str:
 def type_name(annotation: Any) -> str:
     """A field's type as a reader wants it: ``int``, ``one of: llama, qwen2``, ``list of: +, -, *``, ``str or null``."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # a type with validation settings (strictness): the type
+        return type_name(args[0])
     if origin is typing.Literal:
         return "one of: " + ", ".join(str(a) for a in args)
     if origin in (typing.Union, types.UnionType):

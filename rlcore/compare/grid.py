@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from rlcore.config import Config, ConfigError, apply_overrides, flatten, parse_config
+from rlcore.config import Config, ConfigError, apply_overrides, flatten, parse_config, read_yaml
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ def grid_cells(grid: dict[str, list[str]], seed_key: str) -> list[Cell]:
 def cell_config(base: dict[str, Any], fixed: dict[str, str], cell: Cell) -> Config:
     """The config a cell runs with: the baseline params, the fixed overrides, then the cell's values (each
     value read as YAML, as ``dvc exp run -S`` reads it)."""
-    overrides = {k: yaml.safe_load(v) for k, v in (*fixed.items(), *cell.values)}
+    overrides = {k: read_yaml(v) for k, v in (*fixed.items(), *cell.values)}
     return parse_config(apply_overrides(json.loads(json.dumps(base)), overrides), f"cell {cell.label()}")
 
 
@@ -86,7 +85,7 @@ def check_keys(base: dict[str, Any], keys: list[str]) -> None:
 def check_cells(spec: CompareSpec, params_file: Path) -> dict[Cell, str]:
     """The keys checked (a ConfigError for a typo), then each cell's params: ``{cell: error}`` for those that
     cannot load."""
-    base = yaml.safe_load(params_file.read_text()) or {}
+    base = read_yaml(params_file.read_text()) or {}
     check_keys(base, [*spec.grid, *spec.fixed])
     problems = {}
     for cell in grid_cells(spec.grid, spec.seed_key):

@@ -10,13 +10,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from rlcore.compare.grid import Cell, CompareSpec, cell_config, check_keys, grid_cells
 from rlcore.compare.report import Group, plot_curves, render_markdown, summarize
 from rlcore.compare.repository import Repository, tail
 from rlcore.compare.results import CellResult, PipelinePaths, cell_metrics
-from rlcore.config import Config, ConfigError, parse_config
+from rlcore.config import Config, ConfigError, parse_config, read_yaml
 from rlcore.tracking import open_run
 
 
@@ -75,7 +74,7 @@ def run_compare(spec: CompareSpec, *, root: Path, params_file: Path, out_dir: Pa
     """Run the grid (:func:`run_cells`), then write the report into ``out_dir`` (``report.md``, ``<name>.png``,
     ``results.json``, ``logs/``), log it to MLflow and copy the page and the PNG into ``docs_dir``. Returns the
     report's data (``results.json``)."""
-    base = yaml.safe_load(params_file.read_text()) or {}
+    base = read_yaml(params_file.read_text()) or {}
     check_keys(base, [*spec.grid, *spec.fixed])
     baseline_cfg = parse_config(base, str(params_file))
     repo = Repository(root)
