@@ -6,7 +6,10 @@ the reward.
   row of the task (its ground truth as the answer), returns a number, None or a dict with ``score``;
 * ``reward.model`` is a Hugging Face folder, or the output of an ``rm`` stage of this params file;
 * with the tool loop, each of ``rollout.agent.tools`` imports in a tool process and is a function with a schema
-  (or the one environment class).
+  (or the one environment class);
+* ``model.path`` is the built-in model or a complete model folder (``rlcore diagnose``'s model check), and each
+  model or data path a stage starts from (``ppo.rounds.*.init``, ``rm.models.*``) is one that is there or one an
+  earlier stage of these params writes.
 
 Each problem is a one-line :class:`~rlcore.errors.UserError` naming the file, row, function or key.
 """
@@ -18,6 +21,8 @@ from typing import Any
 
 from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
+from rlcore.diagnose.base import Context
+from rlcore.diagnose.model import check_model
 from rlcore.errors import ConfigError
 from rlcore.registry import options_from
 
@@ -68,10 +73,56 @@ def check_reward(cfg: Config, row: dict[str, Any], where: str) -> int:
     return len(cfg.reward.functions)
 
 
-def check_inputs(cfg: Config) -> list[str]:
-    """Run every check above; one line per thing checked, for ``rlcore config check`` to print."""
-    row, where = sample_row(cfg)
+# what the prepare stage writes into data/processed (rlcore.trainer.prepare): the splits, and the preference pairs
+SPLIT_FILES = ("sft_train", "rl_train", "test")
+
+
+def check_model_path(cfg: Config, root: Path) -> str:
+    """``model.path``: a ConfigError with what is wrong and what to do, or what was found."""
+    found = check_model(Context(cfg=cfg, root=root))
+    if found.status == "fail":
+        raise ConfigError(f"{found.detail}; {found.fix}")
+    return f"model.path: {found.detail}"
+
+
+def _produced(cfg: Config) -> tuple[set[str], set[str]]:
+    """The model folders and data files the stages of ``cfg`` write (relative to the repository)."""
+    models = {"models/sft", *(f"models/ppo/{r}" for r in cfg.ppo.rounds), *(f"models/rm/{m}" for m in cfg.rm.models)}
+    data = {f"data/processed/{name}.parquet" for name in SPLIT_FILES}
+    data |= {f"data/processed/pairs_{split}.parquet" for split in ("train", "test")
+             if getattr(cfg.task.pairs, f"n_{split}") > 0}
+    return models, data
+
+
+def check_stage_paths(cfg: Config, root: Path) -> list[str]:
+    """Each round's ``init`` and each reward model's ``init``, ``train`` and ``test``: written by a stage of these
+    params before it (an earlier round), or there already (a model folder, a file). A line for each."""
+    models, data = _produced(cfg)
+    rounds = list(cfg.ppo.rounds)
+    wanted = [(f"ppo.rounds.{r}.init", cfg.ppo.rounds[r].init, "model",
+               {"models/sft", *(f"models/ppo/{e}" for e in rounds[:i])}) for i, r in enumerate(rounds)]
+    for name, m in cfg.rm.models.items():
+        wanted += [(f"rm.models.{name}.init", m.init, "model", models - {f"models/rm/{name}"}),
+                   (f"rm.models.{name}.train", m.train, "file", data), (f"rm.models.{name}.test", m.test, "file", data)]
     lines = []
+    for key, value, kind, written in wanted:
+        path = str(Path(value))
+        here = root / path
+        there = (here / "config.json").is_file() or (here / "adapter_config.json").is_file() if kind == "model" \
+            else here.is_file()
+        if path not in written and not there:
+            what = "a model folder (config.json)" if kind == "model" else "a file"
+            raise ConfigError(f"{key} {value!r}: not {what} here, and no earlier stage of these params writes it "
+                              f"({', '.join(sorted(written)) or 'none'})")
+        lines.append(f"{key}: {value}: {'an earlier stage writes it' if path in written else 'there'}")
+    return lines
+
+
+def check_inputs(cfg: Config, root: Path | None = None) -> list[str]:
+    """Run every check above; one line per thing checked, for ``rlcore config check`` to print."""
+    root = Path.cwd() if root is None else root
+    lines = [check_model_path(cfg, root), *check_stage_paths(cfg, root)]
+    row, where = sample_row(cfg)
     for key, path in cfg.task.file.items() if cfg.task.name in ("file", "gsm8k") else ():
         lines.append(f"task.file.{key}: {path}: readable, first row ok")
     probed = check_reward(cfg, row, where)

@@ -193,7 +193,7 @@ def test_compare_runs_each_cell_as_an_experiment_one_parent_row_each_in_the_mlfl
     ok, failed = data["cells"]
     assert ok["error"] is None and ok["values"] == {key: value, "ray.address": "auto"}
     assert "dvc exp run exited with" in failed["error"] and "nothing answers at 127.0.0.1:1" in failed["error"]
-    assert ran_stages(Path(ok["log"]).read_text()) == {"ppo@r1", "ppo@r2", "evaluate"}
+    assert ran_stages(Path(ok["log"]).read_text()) == {"check_params", "ppo@r1", "ppo@r2", "evaluate"}
     exp_eval = json.loads(run(["git", "show", f"{ok['rev']}:metrics/eval.json"], root, env))
     exp_r2 = json.loads(run(["git", "show", f"{ok['rev']}:metrics/ppo_r2.json"], root, env))
     assert ok["metrics"]["gain"] == exp_eval["gain/greedy_pass@1"]

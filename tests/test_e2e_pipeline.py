@@ -173,7 +173,8 @@ def first_run(tmp_path_factory, ray_head) -> str:
 
 def test_repro_writes_every_declared_output(workdir, first_run):
     root, _ = workdir
-    assert ran_stages(first_run) == {"reward_file@0", "prepare", "sft", "score", "ppo@r1", "ppo@r2", "evaluate"}
+    assert ran_stages(first_run) == {"check_params", "reward_file@0", "prepare", "sft", "score", "ppo@r1", "ppo@r2",
+                                     "evaluate"}
     for model in ("models/sft", "models/ppo/r1", "models/ppo/r2"):
         assert (root / model / "config.json").is_file() and (root / model / "tokenizer.json").is_file()
         assert list((root / model).glob("*.safetensors"))
@@ -340,15 +341,16 @@ def test_estimator_switch_makes_only_ppo_and_evaluate_stale(workdir, first_run):
     params["algorithm"]["adv_estimator"] = "rloo"
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
-        assert stale_stages(root, env) == {"ppo@r1", "ppo@r2", "evaluate"}
+        # (check_params reads the whole file; its output does not change, so it re-runs no other stage)
+        assert stale_stages(root, env) == {"check_params", "ppo@r1", "ppo@r2", "evaluate"}
         params["algorithm"]["adv_estimator"] = yaml.safe_load(original)["algorithm"]["adv_estimator"]
         params["evaluate"]["temperature"] = 0.7  # an evaluation setting: only evaluate
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        assert stale_stages(root, env) == {"evaluate"}
+        assert stale_stages(root, env) == {"check_params", "evaluate"}
         params["evaluate"]["temperature"] = yaml.safe_load(original)["evaluate"]["temperature"]
         params["rollout"]["agent"]["timeout_s"] = 3.0  # a limit of the tool loop: not SFT's (it reads loop, tools)
         (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        assert stale_stages(root, env) == {"score", "ppo@r1", "ppo@r2", "evaluate"}
+        assert stale_stages(root, env) == {"check_params", "score", "ppo@r1", "ppo@r2", "evaluate"}
     finally:
         (root / "params.yaml").write_text(original)
 

@@ -24,7 +24,7 @@ from rlcore.config import Config
 from .conftest import REPO_ROOT
 
 # dvc.yaml stage -> the stage script it runs (python -m stages.<script>)
-SCRIPTS = {"task_file": "track", "reward_file": "track", "tool_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm",
+SCRIPTS = {"check_params": "check_params", "task_file": "track", "reward_file": "track", "tool_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm",
            "score": "score", "ppo": "ppo", "evaluate": "evaluate"}
 STAGES = list(SCRIPTS)
 CONFIG_STAGES = [name for name in STAGES if SCRIPTS[name] != "track"]  # the stages that read params.yaml
@@ -32,6 +32,11 @@ INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data", 
                "--train", "--test"}
 OUTPUT_FLAGS = {"--out", "--out-dir", "--samples", "--rollouts", "--manifest"}  # declared under outs
 NON_PATH_FLAGS = {"--round", "--name"}
+# check_params reads dvc.yaml itself, which DVC refuses as a dependency (a change to it changes the stages anyway)
+PIPELINE_FLAGS = {"--pipeline": "dvc.yaml"}
+# check_params's output: a dep of every stage that reads params.yaml so that DVC runs check_params first (a misspelt
+# key stops the pipeline before DVC deletes any stage's outputs); no stage reads it
+ORDER_ONLY_DEPS = {"inputs/params.json"}
 
 
 def dvc_stages() -> dict[str, dict]:
@@ -95,25 +100,35 @@ def test_cmd_paths_are_declared_deps_and_outs(name):
             assert value in deps, f"{name}: input {flag} {value} is not a dep"
         elif flag in OUTPUT_FLAGS:
             assert value in outputs["outs"], f"{name}: output {flag} {value} is not an out"
+        elif flag in PIPELINE_FLAGS:
+            assert value == PIPELINE_FLAGS[flag] and value not in deps, f"{name}: {flag} {value}"
+            continue
         elif flag in ("--metrics", "--plots"):
             assert value in outputs[flag[2:]], f"{name}: {flag} {value} is not declared under {flag[2:]}"
         else:
             assert flag in NON_PATH_FLAGS, f"{name}: unknown flag {flag}; classify it in this test"
     # And back: every declared output, and every dep outside the code, is passed on the command line,
     # so no path is hard-coded in a script.
-    passed = set(args.values())
+    passed = set(args.values()) - set(PIPELINE_FLAGS.values())
     for kind, paths in outputs.items():
         for p in paths:
             assert p in passed, f"{name}: {kind} {p} is not passed in cmd"
     for d in deps:
-        if not d.startswith(("rlcore/", "stages/")):
+        if not d.startswith(("rlcore/", "stages/")) and d not in ORDER_ONLY_DEPS:
             assert d in passed, f"{name}: dep {d} is not passed in cmd"
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIG_STAGES if n != "check_params"])
+def test_every_stage_that_reads_params_runs_after_check_params(name):
+    assert ORDER_ONLY_DEPS <= set(entries(dvc_stages()[name].get("deps")))
+    assert ORDER_ONLY_DEPS <= set(entries(dvc_stages()["check_params"].get("outs")))
 
 
 @pytest.mark.parametrize("name", STAGES)
 def test_declared_code_deps_exist(name):
+    written = {o for stage in dvc_stages().values() for o in entries(stage.get("outs"))}  # made by a stage first
     for d in entries(dvc_stages()[name].get("deps")):
-        if d.startswith(("rlcore/", "stages/", "inputs/")):
+        if d.startswith(("rlcore/", "stages/", "inputs/")) and d not in written:
             assert (REPO_ROOT / d).exists(), f"{name}: dep {d} does not exist"
 
 

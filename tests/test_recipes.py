@@ -45,7 +45,7 @@ SUITE = ["--set", "ray.address=auto", "--set", "resources.n_workers=1", "--set",
 
 def expected_stages(cfg) -> set[str]:
     """The stages dvc.yaml makes of a config, worked out from the config alone."""
-    stages = {"prepare", "sft", "score", "evaluate"}
+    stages = {"check_params", "prepare", "sft", "score", "evaluate"}
     stages |= {f"ppo@{r}" for r in cfg.ppo.rounds} | {f"rm@{m}" for m in cfg.rm.models}
     stages |= {f"task_file@{k}" for k in cfg.task.file}
     stages |= {f"reward_file@{i}" for i in range(len(cfg.reward.functions))}

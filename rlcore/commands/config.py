@@ -15,8 +15,9 @@ from pydantic import BaseModel
 
 from rlcore.cli import check_engine_installed
 from rlcore.commands.common import DEFAULT_PARAMS, add_config_options, config_from, params_source, parse_overrides
-from rlcore.config import Config, load_config
+from rlcore.config import Config, apply_overrides, load_config, read_yaml
 from rlcore.errors import ConfigError
+from rlcore.pipeline_keys import check_pipeline_keys, missing_keys
 from rlcore.preflight import check_inputs
 from rlcore.recipes import compose, first_sentence, refresh as refreshed, render as render_params
 
@@ -70,9 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_options(show)
     check = sub.add_parser("check", help="validate the params, task files and reward functions; exit 0, or 2 with a "
                                          "one-line error",
-                           description="Validate the params file (and --set overrides) as every stage does; read the "
-                                       "first row of each task file; import each reward file and call each function "
-                                       "once on a row of the task (its ground truth as the answer).",
+                           description="Validate the params file (and --set overrides) as every stage does; in the "
+                                       "pipeline's params.yaml, find every key dvc.yaml reads (dvc repro reads them "
+                                       "from the file, without rlcore's defaults); check model.path and each model "
+                                       "or file a stage starts from; read the first row of each task file; import "
+                                       "each reward file and call each function once on a row of the task (its "
+                                       "ground truth as the answer). The pre-flight of dvc repro and dvc exp run.",
                            epilog="example:\n  rlcore config check --params params.yaml",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_options(check)
@@ -170,25 +174,51 @@ def run(args: argparse.Namespace) -> int:
         return use(args)
     if args.action == "refresh":
         return refresh(args)
+    if args.action == "check":
+        return check(args)
     cfg = config_from(args, runs=False)  # the params alone: valid whatever this environment has installed
     source = params_source(args) or "built-in defaults"
-    if args.action == "check":
-        lines = check_inputs(cfg)  # the task's files and the reward functions, called once on a row
-        try:
-            check_engine_installed(cfg, source)
-        except ConfigError as err:  # a fact of this environment, not of the params
-            lines.append(f"warning: {err}")
-        print("\n".join([f"{source}: ok ({len(list(entries(cfg, Config())))} keys valid)", *lines]))
-        return 0
     rows = select(list(entries(cfg, Config())), args.key)
     if args.changed:
         rows = [r for r in rows if r["changed"]]
+        if not rows and not args.json:
+            where = f" under {args.key}" if args.key else ""
+            print(f"# {source}: every key{where} is at its default (`rlcore config show` lists them all)")
+            return 0
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
         print(f"# {source}; * = differs from the default\n{table(rows)}")
         if len(rows) == 1:  # one key: all of its doc, as the params reference has it
             print("\n" + describe(rows[0]))
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    """``rlcore config check``: what a stage refuses (the schema) and what ``dvc repro`` refuses (a key dvc.yaml
+    reads missing from the pipeline's params.yaml, a model or file a stage starts from not there), then the task's
+    files and the reward functions, called once on a row."""
+    source = params_source(args)
+    pipeline = Path(source or DEFAULT_PARAMS).parent / "dvc.yaml"
+    if source is None and pipeline.is_file():
+        raise ConfigError(f"no {DEFAULT_PARAMS} here, beside {pipeline}: dvc repro reads it; `rlcore config use` "
+                          "writes rlcore's defaults into it")
+    cfg = config_from(args, runs=False)  # the params alone: valid whatever this environment has installed
+    lines = []
+    if source is not None and pipeline.is_file():
+        raw = apply_overrides(read_yaml(Path(source).read_text()) or {}, parse_overrides(args.overrides))
+        if Path(source).name == DEFAULT_PARAMS:  # the file dvc repro reads
+            lines.append(f"{pipeline}: the {check_pipeline_keys(raw, pipeline, source)} keys it reads are in the file")
+        elif missing_keys(raw, pipeline):  # a recipe holding a few keys: fine for rlcore config use, not for dvc
+            lines.append(f"note: {source} is not {DEFAULT_PARAMS} and lacks keys {pipeline} reads; `rlcore config "
+                         f"use {source}` writes it as {DEFAULT_PARAMS} with every key")
+    lines += check_inputs(cfg)
+    try:
+        check_engine_installed(cfg, source or "--set")
+    except ConfigError as err:  # a fact of this environment, not of the params
+        lines.append(f"warning: {err}")
+    print("\n".join([f"{source or 'built-in defaults'}: ok ({len(list(entries(cfg, Config())))} keys valid)",
+                      *lines]))
     return 0
 
 
