@@ -22,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=positive_int, default=1, help="responses per prompt (default 1)")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature, 0 = greedy (default: rollout.temperature)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=None,
-                   help="longest response in tokens (default: task.max_response_length)")
+    p.add_argument("--max-tokens", "--max-new-tokens", dest="max_tokens", type=positive_int, default=None,
+                   metavar="TOKENS", help="longest response in tokens, as serve's --max-tokens and the API's max_tokens "
+                                          "(default: task.max_response_length; --max-new-tokens: its old spelling)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: seed from params)")
     add_config_options(p)
 
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = GenerateSettings(
         n=args.n, temperature=cfg.rollout.temperature if args.temperature is None else args.temperature,
-        max_new_tokens=args.max_new_tokens or cfg.task.max_response_length,
+        max_new_tokens=args.max_tokens or cfg.task.max_response_length,
         seed=cfg.seed if args.seed is None else args.seed)
     records = generate_records(cfg, model_dir=args.model, data_path=args.data, settings=settings)
     write_generations(records, args.out, {"model": args.model, "data": args.data, "engine": cfg.rollout.engine,

@@ -55,7 +55,7 @@ def _resolved(args: argparse.Namespace) -> dict:
             shape[key] = getattr(args, key)
     missing = [f"--{k.replace('_', '-')}" for k in ("arch", "hidden_size", "num_layers", "num_heads") if k not in shape]
     if missing:
-        raise ConfigError(f"init-model: give {', '.join(missing)} (or --shape {' | '.join(sorted(SHAPES))})")
+        raise ConfigError(f"give {', '.join(missing)} (or --shape {' | '.join(sorted(SHAPES))})")
     shape.setdefault("intermediate_size", 4 * shape["hidden_size"])
     return shape
 

@@ -97,12 +97,13 @@ def _extra(record: Mapping[str, Any], used: set[str]) -> dict[str, Any]:
     return {(f"file_{k}" if k in EXTRA_INFO_FIELDS else k): v for k, v in extra.items()}
 
 
-def _column(record: Mapping[str, Any], name: str, key: str, where: str) -> Any:
-    """The value of column ``name`` (``task.columns.<key>``); a column the file does not have is a DataError naming
-    the key and the columns it has."""
+def _column(record: Mapping[str, Any], name: str, key: str, where: str, what: str = "") -> Any:
+    """The value of column ``name`` (``task.columns.<key>``, ``what`` it holds); a column the file does not have is a
+    DataError naming the key and the columns it has."""
     if name not in record and (name.split(".")[0] not in record or lookup(record, name) is None):
         have = ", ".join(repr(k) for k in record) or "none"
-        raise DataError(f"{where}: no column {name!r}, which task.columns.{key} names; the file's columns: {have}")
+        raise DataError(f"{where}: no column {name!r}, which task.columns.{key} names{what}; the file's columns: "
+                        f"{have}")
     return lookup(record, name)
 
 
@@ -112,8 +113,8 @@ def file_row(record: Mapping[str, Any], where: str, *, columns: Any, data_source
     prompt = _prompt(_column(record, columns.prompt, "prompt", where), where, columns.prompt)
     truth = _text(_column(record, columns.ground_truth, "ground_truth", where), where, columns.ground_truth)
     demo = lookup(record, columns.demonstration)
-    if demo is None and need_demonstration:
-        _column(record, columns.demonstration, "demonstration", where)  # a column the file lacks: say which it has
+    if demo is None and need_demonstration:  # a column the file lacks: say which it has
+        _column(record, columns.demonstration, "demonstration", where, " (the SFT demonstration)")
         raise DataError(f"{where}: missing field {columns.demonstration!r}, the SFT demonstration (task.columns."
                         "demonstration)")
     answer = "" if demo is None else _demonstration(demo, where, columns.demonstration)

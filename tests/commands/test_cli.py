@@ -115,7 +115,8 @@ def test_config_check_calls_each_reward_function_once_on_a_task_row(tmp_path, ca
     assert code == 2 and needle in err and f"fails on {train}: row 0" in err and err.strip().count("\n") == 0, err
     train.write_text('{"prompt": "3+4", "ground_truth": "x"}\n')
     code, _, err = run_cli(["config", "check", "--params", str(params)], capsys)
-    assert code == 2 and "train.jsonl: row 0 (line 1): missing field 'demonstration'" in err, err
+    assert code == 2 and "train.jsonl: row 0 (line 1): no column 'demonstration', which task.columns.demonstration " \
+        "names (the SFT demonstration); the file's columns: 'prompt', 'ground_truth'" in err, err
 
 
 def write_generations(path: Path, rows: list[dict]) -> None:
@@ -209,7 +210,7 @@ def test_export_reloads_with_from_pretrained_and_gives_the_same_logits(tiny_mode
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "exported"
-    code, text, _ = run_cli(["export", str(tiny_model_dir), "--out", str(out)], capsys)
+    code, text, _ = run_cli(["export", "--model", str(tiny_model_dir), "--out", str(out)], capsys)
     assert code == 0 and "max |logit difference| 0" in text
     tok = AutoTokenizer.from_pretrained(str(out))
     ids = torch.tensor([tok("<s><|user|>12+30<|assistant|>", add_special_tokens=False)["input_ids"]])
@@ -219,7 +220,7 @@ def test_export_reloads_with_from_pretrained_and_gives_the_same_logits(tiny_mode
         assert torch.equal(src(ids).logits, dst(ids).logits)
 
     half = tmp_path / "bf16"
-    assert run_cli(["export", str(tiny_model_dir), "--out", str(half), "--dtype", "bfloat16"], capsys)[0] == 0
+    assert run_cli(["export", "--model", str(tiny_model_dir), "--out", str(half), "--dtype", "bfloat16"], capsys)[0] == 0
     assert AutoModelForCausalLM.from_pretrained(str(half)).dtype == torch.bfloat16
 
 
@@ -228,7 +229,30 @@ def test_export_refuses_a_critic_folder_and_a_missing_one(tiny_model_dir, tmp_pa
 
     critic = tmp_path / "critic"
     AutoModelForTokenClassification.from_pretrained(str(tiny_model_dir), num_labels=1).save_pretrained(critic)
-    code, _, err = run_cli(["export", str(critic), "--out", str(tmp_path / "x")], capsys)
+    code, _, err = run_cli(["export", "--model", str(critic), "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "not a causal LM" in err
+    # the positional model is --model's old spelling: still taken, with a note
     code, _, err = run_cli(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "y")], capsys)
-    assert code == 2 and "config.json" in err
+    assert code == 2 and "config.json" in err and "the old spelling of --model" in err
+    code, _, err = run_cli(["export", "--out", str(tmp_path / "z")], capsys)
+    assert code == 2 and "--model DIR" in err and err.count("\n") == 1
+
+
+def test_the_commands_that_generate_spell_their_flags_alike(capsys):
+    """generate, serve and export take the model as --model; generate and serve the response cap as --max-tokens
+    (the API's max_tokens); the old spellings still parse."""
+    from rlcore.commands import build_parser
+
+    parser = build_parser()
+    common = ["--model", "m", "--max-tokens", "5"]
+    assert parser.parse_args(["generate", *common, "--data", "d", "--out", "o"]).max_tokens == 5
+    assert parser.parse_args(["serve", *common]).max_tokens == 5
+    assert parser.parse_args(["generate", "--model", "m", "--data", "d", "--out", "o", "--max-new-tokens", "7"]
+                             ).max_tokens == 7
+    assert parser.parse_args(["export", "--model", "m", "--out", "o"]).model == "m"
+
+
+def test_init_model_names_what_is_missing_once(tmp_path, capsys):
+    code, _, err = run_cli(["init-model", "--out", str(tmp_path / "m")], capsys)
+    assert code == 2 and err.startswith("rlcore init-model: error: give --arch, --hidden-size") and \
+        err.count("init-model") == 1, err

@@ -26,7 +26,7 @@ def generated(ray_local, tiny_model_dir, tmp_path_factory):
     for name, extra in (("greedy", ["--temperature", "0", "--n", "2"]),):  # sampling: tests/test_e2e_pipeline.py
         path = root / f"{name}.parquet"
         assert main(["generate", "--model", str(tiny_model_dir), "--data", str(data), "--out", str(path),
-                     "--max-new-tokens", "6", "--params", str(params), *extra]) == 0
+                     "--max-tokens", "6", "--params", str(params), *extra]) == 0
         out[name] = pq.read_table(path).to_pylist()
     return rows, out
 

@@ -82,13 +82,15 @@ def test_column_mapping_dotted_names_and_a_data_source_column(tmp_path):
 
 
 @pytest.mark.parametrize("record, needle", [
-    ({"ground_truth": "1"}, "field 'prompt' should be text or a list of chat messages, got nothing"),
+    ({"ground_truth": "1"}, "no column 'prompt', which task.columns.prompt names; the file's columns: 'ground_truth'"),
+    ({"prompt": None, "ground_truth": "1"}, "field 'prompt' should be text or a list of chat messages, got nothing"),
     ({"prompt": "", "ground_truth": "1"}, "field 'prompt' is empty"),
     ({"prompt": [{"role": "user"}], "ground_truth": "1"}, "field 'prompt'[0] should be a message"),
     ({"prompt": [{"role": "robot", "content": "hi"}], "ground_truth": "1"}, "has role 'robot'"),
     ({"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}], "ground_truth": "1"},
      "ends with an assistant message"),
-    ({"prompt": "hi"}, "field 'ground_truth' should be text or a number, got nothing"),
+    ({"prompt": "hi"}, "no column 'ground_truth', which task.columns.ground_truth names; the file's columns: 'prompt'"),
+    ({"prompt": "hi", "ground_truth": None}, "field 'ground_truth' should be text or a number, got nothing"),
     ({"prompt": "hi", "ground_truth": [1, 2]}, "field 'ground_truth' should be text or a number, got list"),
     ({"prompt": "hi", "ground_truth": True}, "field 'ground_truth' should be text or a number, got bool"),
 ])
@@ -104,7 +106,8 @@ def test_each_bad_row_is_one_line_naming_file_row_and_field(tmp_path, record, ne
 def test_sft_rows_need_a_demonstration_and_splits_need_rows(tmp_path):
     rows = [{"prompt": "hi", "ground_truth": "1"}] * 3
     train = jsonl(tmp_path / "train.jsonl", rows)
-    with pytest.raises(DataError, match=r"train.jsonl: row 0 \(line 1\): missing field 'demonstration'"):
+    with pytest.raises(DataError, match=r"train.jsonl: row 0 \(line 1\): no column 'demonstration', which "
+                                        r"task.columns.demonstration names \(the SFT demonstration\)"):
         split(train, train)
     sft = jsonl(tmp_path / "sft.jsonl", [{"prompt": "hi", "ground_truth": "1", "demonstration": "1"}])
     assert len(split(train, train, sft=sft)["rl_train"]) == 3  # an SFT file: RL takes the train file from row 0

@@ -518,7 +518,7 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
     from rlcore.commands import main
 
     groups.actor.call(ActorRolloutRefWorker.save, str(tmp_path / "saved"))
-    assert main(["export", str(saved), "--out", str(tmp_path / "exported")]) == 0
+    assert main(["export", "--model", str(saved), "--out", str(tmp_path / "exported")]) == 0
     ids = torch.arange(3, 19)[None]
     with torch.no_grad():
         a = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))(ids).logits
