@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup-vllm test-vllm bench-vllm run test test-integration test-recipes recipes docs bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
+.PHONY: setup-vllm test-vllm bench-vllm run test test-integration test-recipes recipes docs reference figures bench bench-serve bench-async bench-reward bench-agent compare-estimators compare-losses setup mlflow-ui clean
 
 # uv installs what pip would, in a quarter of the time (42 s against 2 min 55 s here). It reads no pip
 # configuration, so a local wheel folder pip is pointed at (PIP_FIND_LINKS: on these machines, torch 2.13.0's
@@ -69,7 +69,7 @@ test: $(STAMP)
 	@$(BYTECODE)
 	$(PYTEST) --durations=15 -m "not integration and not recipes"
 
-# the integration tier: what make test leaves out (23 min 24 s on 2 cores, fresh clone). CI runs it after make test.
+# the integration tier: what make test leaves out (its time from a fresh clone: README). CI runs it after make test.
 test-integration: $(STAMP)
 	@$(BYTECODE)
 	$(PYTEST) --durations=20 -m "integration or recipes"
@@ -89,8 +89,18 @@ recipes: $(STAMP)
 
 # The documentation site (MkDocs + Material) into site/: open site/index.html, no server or network needed.
 # --strict: a broken link or a missing page fails the build (make test builds it the same way).
-docs: $(STAMP)
+docs: reference
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# docs/reference/params.md and commands.md, written from rlcore/config.py and the rlcore command's argparse definitions
+# (committed, so that their links work when the repository is browsed; make test fails while they differ from the code)
+reference: $(STAMP)
+	$(PY) docs/hooks/reference.py
+
+# README's and the results pages' figures, rendered from the stored results (docs/results/data/, metrics/eval.json,
+# bench/RESULTS.md) into their marked blocks (make test fails while one differs from its data)
+figures: $(STAMP)
+	$(PY) -m bench.figures
 
 bench: $(STAMP)
 	$(INSTALL) -e ".[bench,test]"

@@ -45,6 +45,7 @@ SECTION = "async"
 # generator's process to start): both modes' samples/s are over the steps after it.
 WARMUP_STEPS = 1
 OUT_DIR = WORK_DIR / "async"
+ROOT = BENCH_DIR.parent
 # The long-tailed workload: one problem in 8 asks for 24 filler characters before its number, so a step's
 # batch (32 prompts) almost surely holds some and its longest answer is ~8x the others.
 WORKLOADS: dict[str, dict] = {
@@ -184,9 +185,9 @@ def main(argv: list[str] | None = None) -> None:
              ["-m", "bench.weight_sync"]),
             (args.sim, "Discrete-event simulation at 8-64 GPUs, calibrated with the runs above "
              "(`python -m bench.async_sim --calibration bench/_work/async/calibration.json`)",
-             ["-m", "bench.async_sim", "--calibration", str(OUT_DIR / "calibration.json")])):
-        if flag:
-            out = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, check=True).stdout
+             ["-m", "bench.async_sim", "--calibration", str((OUT_DIR / "calibration.json").relative_to(ROOT))])):
+        if flag:  # from the repository's root, so that the report names its files as a reader's checkout does
+            out = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, check=True, cwd=ROOT).stdout
             text += f"\n### {title}\n\n```\n{out.strip()}\n```\n"
     print(text)
     write_section(args.out, SECTION, text)

@@ -5,7 +5,7 @@ predicts it from a cost model calibrated with measured times, and checks the mod
 can measure (``--calibration``, the small-machine mode below).
 
     .venv/bin/python -m bench.async_sim                                   # defaults: ~7B model, H100-class GPUs
-    .venv/bin/python -m bench.async_sim --calibration bench/_work/async/calibration.json --json /tmp/sim.json
+    .venv/bin/python -m bench.async_sim --calibration bench/_work/async/calibration.json --json sim.json
 
 Model
 -----

@@ -266,7 +266,7 @@ def reproduce_section(info: dict) -> list[str]:
     return ["## How to reproduce", "",
             "```", "make bench                       # installs the `bench` extra (TRL), then runs the default",
             command(info),
-            "python -m bench.run_bench --steps 2 --warmup 1 --no-profile --out /tmp/r.md   # quick check",
+            "python -m bench.run_bench --steps 2 --warmup 1 --no-profile --out bench/_work/quick.md   # quick check",
             "python -m bench.ab --ours-set resources.ref_reshard_after_forward=true   # A/B of one rlcore "
             "setting on our side", "```", "",
             f"The first run also builds the data and the SFT checkpoint (`{info['fixture']}`; a few minutes); a "

@@ -4,13 +4,18 @@
   headless Chromium, with every host unresolvable, opens the built params reference and finds the entry of
   algorithm.adv_estimator with the words `rlcore config show` prints, and no page loads anything from a network;
 * every params file under examples/ validates with `rlcore config check` and is in the built examples page;
-* `dvc plots show` in this repository writes a page that draws every plot in Chromium without a network.
+* `dvc plots show` in this repository writes a page that draws every plot in Chromium without a network;
+* what a reader who has only the repository sees: no absolute path of one machine in docs/, README.md or
+  bench/*.md; the committed reference pages equal what the code writes; every figure block of README and the results
+  pages equals what its stored results render (bench.figures), and the recipes page's table what bench.recipe_table
+  renders from the same data; the built-in model's size as the code builds it; every page in the site's navigation.
 
 The Chromium tests skip when no `chromium` is on PATH (.ci/run installs Debian's package).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -123,6 +128,8 @@ def test_the_examples_page_lists_every_example_with_its_changes(site):
     page = (site / "how-to/examples.html").read_text()
     for example in EXAMPLES:
         assert f"examples/{example.name}" in page
+    # a recipe's description is its whole leading comment, not its first line cut mid-sentence
+    assert "RL with the tool loop has to raise tool use and accuracy" in page
     row = re.search(r"<td><code>examples/rloo\.yaml</code></td>.*?</tr>", page, re.S).group(0)
     assert "algorithm.adv_estimator: rloo" in row and "actor.lr" not in row  # only what it changes
 
@@ -141,3 +148,69 @@ def test_dvc_plots_show_renders_every_plot_offline(tmp_path):
     dom = chromium_dom((out / "index.html").as_uri(), tmp_path)
     drawn = re.findall(r'<canvas[^>]*class="marks"', dom)
     assert len(drawn) == len(plots) >= 3  # sft.csv, ppo_r1.csv, reward_vs_accuracy: each one drawn
+
+
+# the folders of one machine: a path under them in a page is a path a reader does not have
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|tmp|home|Users|root|opt|mnt|var|srv|scratch)/")
+
+
+def reader_pages() -> list[Path]:
+    return [REPO_ROOT / "README.md", *sorted(REPO_ROOT.glob("bench/*.md")),
+            *(p for p in sorted((REPO_ROOT / "docs").rglob("*")) if p.suffix in (".md", ".json", ".csv", ".yml"))]
+
+
+def test_no_page_names_an_absolute_path_of_one_machine():
+    found = [f"{p.relative_to(REPO_ROOT)}:{n}: {line.strip()[:100]}" for p in reader_pages()
+             for n, line in enumerate(p.read_text().splitlines(), 1) if MACHINE_PATH.search(line)]
+    assert not found, "\n".join(found)
+    assert MACHINE_PATH.search("--keep /work/runs/calc") and MACHINE_PATH.search("sqlite:////work/main/mlflow.db")
+    assert not MACHINE_PATH.search("bench/_work/async/x.json ~/.cache/rlcore https://example.org/tmp/x")
+
+
+def test_the_committed_reference_pages_are_what_the_code_writes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rlcore_docs_reference", REPO_ROOT / "docs/hooks/reference.py")
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    for rel, text in reference.reference_pages().items():
+        assert (REPO_ROOT / "docs" / rel).read_text() == text, f"docs/{rel} is stale: make reference"
+
+
+def test_every_figure_block_is_what_its_stored_results_render():
+    import bench.figures
+    from bench.recipe_table import table
+
+    assert bench.figures.stale() == [], "python -m bench.figures"
+    blocks = {m["name"] for p in bench.figures.pages() for m in bench.figures.BLOCK.finditer(p.read_text())}
+    assert {"make-run", "grpo-over-seeds", "recipes-summary", "seeds.rlhf", "async"} <= blocks
+    readme = (REPO_ROOT / "README.md").read_text()
+    rendered = bench.figures.BLOCKS["make-run"]()
+    assert f"**{json.loads((REPO_ROOT / 'metrics/eval.json').read_text())['final/greedy_pass@1']:.3f}**" in rendered
+    assert rendered in readme
+    data = json.loads((REPO_ROOT / "docs/results/data/recipes.json").read_text())
+    assert table(data) in (REPO_ROOT / "docs/results/recipes.md").read_text(), "python -m bench.recipe_table"
+    for name, rows in data.items():  # each row says when, where and at which code it was measured
+        assert all(r.get("measured") and r.get("commit") for r in rows), name
+
+
+def test_the_built_in_models_size_is_stated_as_the_code_builds_it():
+    from rlcore.config import Config
+    from rlcore.engine.tiny_model import build_char_tokenizer, build_tiny_model
+
+    tiny = Config().model.tiny
+    model = build_tiny_model(build_char_tokenizer(), seed=0, **tiny.model_dump())
+    size = sum(p.numel() for p in model.parameters())
+    for page in ("README.md", "docs/getting-started.md"):
+        assert f"{size / 1e6:.2f}M parameters" in (REPO_ROOT / page).read_text(), page
+    assert f"({size:,}: hidden {tiny.hidden_size}, {tiny.num_layers} layers" in (REPO_ROOT / "README.md").read_text()
+    for p in reader_pages():
+        assert not re.search(r"\b\d+k parameters", p.read_text()), p  # one statement of it, in one unit
+
+
+def test_every_committed_page_is_in_the_sites_navigation():
+    import yaml
+
+    nav = json.dumps(yaml.safe_load((REPO_ROOT / "mkdocs.yml").read_text())["nav"])
+    pages = [p.relative_to(REPO_ROOT / "docs").as_posix() for p in (REPO_ROOT / "docs").rglob("*.md")]
+    assert [p for p in pages if f'"{p}"' not in nav] == []

@@ -1,10 +1,17 @@
-"""MkDocs hook: pages generated at build time, so they cannot drift from the code.
+"""The pages generated from the code, so they cannot drift from it.
+
+Committed, so that their links work when the repository is browsed (tests/test_docs.py fails while one differs from
+what this writes; ``make reference``, or ``python docs/hooks/reference.py``, writes them again):
 
 * ``reference/params.md``: every params.yaml key from rlcore/config.py's field docstrings, with its type, default
   and range, in the words ``rlcore config show KEY`` prints (rlcore.commands.config.entries);
-* ``reference/commands.md``: every ``rlcore`` command's ``--help``, from the argparse definitions;
+* ``reference/commands.md``: every ``rlcore`` command's ``--help``, from the argparse definitions.
+
+And, as an MkDocs hook, at build time:
+
 * ``results/img/*.png``: the results pages' plots, drawn from the committed CSVs and bench/RESULTS.md
-  (docs/hooks/plots.py).
+  (docs/hooks/plots.py);
+* the examples page's table of examples/*.yaml and the results index's list of ``rlcore compare`` reports.
 """
 
 from __future__ import annotations
@@ -44,9 +51,9 @@ def params_page() -> str:
 
     rows = list(entries(Config(), Config()))
     lines = ["# Params reference", "",
-             "Every key of `params.yaml`, generated from the field docstrings of `rlcore/config.py` when the site is "
-             "built: the words `rlcore config show KEY` prints. Defaults are the code's; the `params.yaml` in the "
-             "repository changes some of them (`rlcore config show --changed` lists which). A wrong key, type, range "
+             "Every key of `params.yaml`, generated from the field docstrings of `rlcore/config.py` (`make "
+             "reference`; tests/test_docs.py keeps it current): the words `rlcore config show KEY` prints. Defaults "
+             "are the code's; the `params.yaml` in the repository changes some of them (`rlcore config show --changed` lists which). A wrong key, type, range "
              "or name stops a stage before anything heavy starts, with one line naming the key.", ""]
     section = None
     for row in rows:
@@ -78,8 +85,8 @@ def commands_page() -> str:
     top = build_parser()
     lines = ["# Command reference", "",
              "`rlcore` is everything around training (the pipeline itself is `dvc repro`). Generated from the "
-             "argparse definitions in `rlcore/commands/` when the site is built: the text `rlcore <command> --help` "
-             "prints.", ""] + _help_top(top)
+             "argparse definitions in `rlcore/commands/` (`make reference`; tests/test_docs.py keeps it current): the "
+             "text `rlcore <command> --help` prints.", ""] + _help_top(top)
     return "\n".join(lines)
 
 
@@ -99,11 +106,23 @@ def examples_table() -> str:
 
     lines = ["| file | what it shows | keys it changes from the defaults |", "| --- | --- | --- |"]
     for path in sorted((ROOT / "examples").glob("*.yaml")):
-        about = path.read_text().splitlines()[0].lstrip("# ").strip()
+        about = example_about(path.read_text())
         changed = changes(path)
         changed = [f"`{key}: {render(_at(changed, key))}`" for key in leaf_keys(changed)]
         lines.append(f"| `examples/{path.name}` | {_escape(about)} | {'<br>'.join(changed) or 'none'} |")
     return "\n".join(lines)
+
+
+def example_about(text: str) -> str:
+    """What a recipe shows: its leading comment up to the lines on how to use it (``Use:``, ``Every key``, ``Why``),
+    as one line."""
+    about = []
+    for line in text.splitlines():
+        words = line.lstrip("#").strip()
+        if not line.startswith("#") or words.startswith(("Use:", "Every key", "Why these values")):
+            break
+        about.append(words)
+    return " ".join(about)
 
 
 def _at(mapping: dict, dotted: str):
@@ -130,9 +149,24 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     return markdown
 
 
+GENERATED_NOTE = "<!-- written by `make reference` from the code (docs/hooks/reference.py); edit the code, not this -->"
+
+
+def reference_pages() -> dict[str, str]:
+    """``{path under docs/: text}`` of the generated reference pages."""
+    return {"reference/params.md": f"{GENERATED_NOTE}\n{params_page()}\n",
+            "reference/commands.md": f"{GENERATED_NOTE}\n{commands_page()}\n"}
+
+
 def on_files(files: Files, config) -> Files:
-    for uri, text in (("reference/params.md", params_page()), ("reference/commands.md", commands_page())):
-        files.append(File.generated(config, uri, content=text))
     for uri, png in _plots().draw_all(ROOT).items():
         files.append(File.generated(config, uri, content=png))
     return files
+
+
+if __name__ == "__main__":
+    for rel, text in reference_pages().items():
+        path = ROOT / "docs" / rel
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            print(f"docs/{rel}: written")
