@@ -1,5 +1,5 @@
-"""The house, measured: lines per package of rlcore/, the longest functions, and (where the `duplicates` tool is on
-PATH) the pairs of places that repeat six or more lines, for one or more git revisions side by side.
+"""The house, measured: lines per package of rlcore/ and the longest functions, for one or more git revisions side by
+side.
 
     .venv/bin/python -m bench.house 6602b89 HEAD [--out docs/results/house.md]
 
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import ast
 import io
-import re
-import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -59,18 +57,6 @@ def functions(root: Path) -> list[tuple[int, str, str]]:
     return sorted(out, reverse=True)
 
 
-def duplicate_pairs(root: Path) -> int | None:
-    """How many pairs `duplicates` lists in rlcore/ (None without the tool)."""
-    if shutil.which("duplicates") is None:
-        return None
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)  # the tool reads the files git would track
-    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
-    text = subprocess.run(["duplicates", "--repo", "rlcore", "--seconds", "120"], cwd=root, capture_output=True,
-                          text=True).stdout
-    match = re.match(r"(\d+) pairs? of places", text)
-    return int(match.group(1)) if match else 0
-
-
 def report(revs: list[str]) -> str:
     revs = [subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True,
                            check=True).stdout.strip() for rev in revs]  # HEAD and branch names as commits
@@ -79,7 +65,7 @@ def report(revs: list[str]) -> str:
         for rev in revs:
             root = tree(rev, Path(tmp) / rev.replace("/", "_"))
             fns = functions(root)
-            rows[rev] = (package_lines(root), fns, duplicate_pairs(root))
+            rows[rev] = (package_lines(root), fns)
     heads = " | ".join(f"`{r}`" for r in revs)
     lines = [f"| package | {heads} |", "| --- |" + " ---: |" * len(revs)]
     packages = sorted(set().union(*(r[0] for r in rows.values())))
@@ -89,8 +75,6 @@ def report(revs: list[str]) -> str:
     lines += ["", f"| | {heads} |", "| --- |" + " ---: |" * len(revs)]
     lines.append(f"| functions over {LONG} lines (rlcore/, stages/, tests/) | "
                  + " | ".join(str(sum(n > LONG for n, _, _ in rows[r][1])) for r in revs) + " |")
-    lines.append("| `duplicates` pairs in rlcore/ | "
-                 + " | ".join("not measured" if rows[r][2] is None else str(rows[r][2]) for r in revs) + " |")
     for rev in revs:
         lines += ["", f"Longest functions at `{rev}`:", ""]
         lines += [f"* {n} lines: `{f}` `{name}`" for n, f, name in rows[rev][1][:8]]
