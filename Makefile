@@ -63,7 +63,8 @@ run: $(STAMP)
 # --no-loadscope-reorder: the files in tests/conftest.py's order (longest first), not xdist's default of the files
 # with the most tests first, which left the end-to-end files to run last and alone. --durations: the slowest tests.
 # The long multi-process runs (marker `integration`: every recipe, the option pairs, the async and cluster resumes,
-# `rlcore compare`, ...) are test-integration's, so that make test stays within 7 minutes on 2 cores; CI runs both, then test-vllm.
+# `rlcore compare`, ...) are test-integration's, so that make test stays within 7 minutes on 2 cores; CI runs both,
+# then test-vllm.
 PYTEST = $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	@$(BYTECODE)
