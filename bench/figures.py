@@ -71,8 +71,8 @@ def make_run_table() -> str:
         f"| after `ppo@{final}` ({estimator}, {params['ppo']['rounds'][final]['steps']} steps) | "
         f"**{ev['final/greedy_pass@1']:.3f}** ({ev['gain/greedy_pass@1']:+.3f}) | {ev['final/pass@1']:.3f} | "
         f"{ev[f'final/pass@{k}']:.3f} |", "",
-        f"`{run['command']}` (seed {run['seed']}), `metrics/eval.json` on {ev['test/n_prompts']:.0f} held-out problems: "
-        f"{run['measured']}; code: {run['commit']}."])
+        f"`{run['command']}` (seed {run['seed']}), `metrics/eval.json` on {ev['test/n_prompts']:.0f} held-out "
+        f"problems: {run['measured']}; code: {run['commit']}."])
 
 
 def make_run_validation() -> str:
@@ -108,9 +108,8 @@ def recipes_summary() -> str:
             lines.append(f"| `{name}` | not measured | | |")
             continue
         gains = " / ".join(f"{r['gain']:+.3f}" for r in rows)
-        lines.append(f"| `{name}` | {statistics.mean(r['sft'] for r in rows):.3f} -> "
-                     f"{statistics.mean(r['final'] for r in rows):.3f} | **{statistics.mean(r['gain'] for r in rows):+.3f}**"
-                     f" ({gains}) | {_where(rows)} |")
+        sft, final, gain = (statistics.mean(r[k] for r in rows) for k in ("sft", "final", "gain"))
+        lines.append(f"| `{name}` | {sft:.3f} -> {final:.3f} | **{gain:+.3f}** ({gains}) | {_where(rows)} |")
     return "\n".join(lines)
 
 
@@ -162,8 +161,9 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "grpo-over-seeds": over_seeds("grpo"),
     "recipes-summary": recipes_summary,
     "seeds.lora": recipe_seeds("lora"),
-    "seeds.rlhf": recipe_seeds("rlhf", [("reward model held-out pairwise accuracy", lambda r: f"{r['rm_accuracy']:.3f}"),
-                                        ("pass@8 SFT -> after", _arrow("pass8_sft", "pass8_final"))]),
+    "seeds.rlhf": recipe_seeds("rlhf", [
+        ("reward model held-out pairwise accuracy", lambda r: f"{r['rm_accuracy']:.3f}"),
+        ("pass@8 SFT -> after", _arrow("pass8_sft", "pass8_final"))]),
     "seeds.calculator": recipe_seeds("calculator", [("minutes", lambda r: f"{r['minutes']:.1f}")]),
     "seeds.calculator-before-budget-rule": recipe_seeds("calculator_before_budget_rule", [
         ("sampled pass@1 SFT -> RL", _arrow("sampled_sft", "sampled_final")),

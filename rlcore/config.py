@@ -1017,8 +1017,8 @@ class _Loader(yaml.SafeLoader):
     values so) does; YAML 1.1 wants a dot (``1.0e-5``) and reads it as text."""
 
 
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-                              list("-+0123456789"))
+_EXPONENT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")  # 1e-5, 3E+2 (YAML 1.1 needs a dot)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+0123456789"))
 
 
 def read_yaml(text: str) -> Any:

@@ -53,7 +53,8 @@ def params_page() -> str:
     lines = ["# Params reference", "",
              "Every key of `params.yaml`, generated from the field docstrings of `rlcore/config.py` (`make "
              "reference`; tests/test_docs.py keeps it current): the words `rlcore config show KEY` prints. Defaults "
-             "are the code's; the `params.yaml` in the repository changes some of them (`rlcore config show --changed` lists which). A wrong key, type, range "
+             "are the code's; the `params.yaml` in the repository changes some of them (`rlcore config show "
+             "--changed` lists which). A wrong key, type, range "
              "or name stops a stage before anything heavy starts, with one line naming the key.", ""]
     section = None
     for row in rows:
