@@ -26,8 +26,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.machine import cpu_model
+from rlcore.config import load_config
+
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ("rlcore", "stages", "inputs", "examples", "dvc.yaml")
+
+
+def provenance(root: Path) -> dict[str, str]:
+    """When, where and with which code a seed ran: the ``measured`` and ``commit`` of its row (the figures pages
+    print both under every table)."""
+    kernels = load_config(root / "params.yaml").resources.cpu_kernels
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                             text=True).stdout.strip()
+    return {"measured": f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()}-core {cpu_model()}, {kernels} kernels",
+            "commit": f"{head or 'unknown'}{' with uncommitted changes' if changed else ''}"}
 
 
 def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: Path | None) -> dict:
@@ -53,7 +68,7 @@ def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: 
         raise RuntimeError(f"seed {seed}: dvc repro failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     ev = json.loads((root / "metrics" / "eval.json").read_text())
     out = {"seed": seed, "sft": ev["sft/greedy_pass@1"], "final": ev["final/greedy_pass@1"],
-           "gain": ev["gain/greedy_pass@1"], "minutes": (time.monotonic() - start) / 60}
+           "gain": ev["gain/greedy_pass@1"], "minutes": (time.monotonic() - start) / 60, **provenance(root)}
     for key in ("agent/tool_calls_per_sample", "agent/error_observations", "agent/truncated_budget"):
         if f"final/{key}" in ev:  # the tool loop's, in the evaluation of the final model
             out[f"final {key}"] = ev[f"final/{key}"]
