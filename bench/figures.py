@@ -31,6 +31,8 @@ from pathlib import Path
 
 import yaml
 
+from bench.sections import sections
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs" / "results" / "data"
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.DOTALL)
@@ -146,8 +148,6 @@ def default_recipe_seeds() -> str:
 
 def async_table() -> str:
     """The table of the async section of bench/RESULTS.md, as it is, and its ratios."""
-    from bench.sections import sections
-
     section = sections((REPO / "bench" / "RESULTS.md").read_text())["async"]
     table = re.search(r"^\| workload \|.*?(?=\n\n)", section, re.M | re.S).group(0)
     ratios = re.findall(r"^- (\S+): async/sync samples per second: ([\d.]+)$", section, re.M)
