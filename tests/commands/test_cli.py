@@ -78,6 +78,15 @@ def test_config_show_of_an_unknown_key_suggests_the_close_one(capsys):
     assert err.strip().count("\n") == 0 and "rollout.top_p" in err
 
 
+def test_config_show_changed_on_the_defaults_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no params.yaml: the built-in defaults
+    code, out, _ = run_cli(["config", "show", "--changed"], capsys)
+    assert code == 0 and out.strip() == "# built-in defaults: every key is at its default (`rlcore config show` lists " \
+        "them all)"
+    code, out, _ = run_cli(["config", "show", "rollout", "--changed", "--set", "rollout.top_p=0.9"], capsys)
+    assert code == 0 and "* rollout.top_p" in out and "every key" not in out
+
+
 def test_config_check_exits_0_on_valid_params_and_2_with_one_line_on_bad_ones(tmp_path, capsys):
     params = REPO_ROOT / "params.yaml"
     assert run_cli(["config", "check", "--params", str(params)], capsys)[0] == 0
