@@ -255,7 +255,10 @@ def run(args: argparse.Namespace) -> dict:
 def sized(args: argparse.Namespace, name: str) -> argparse.Namespace:
     """``args`` with the run sizes the command line left out taken from the configuration's (or the defaults)."""
     sizes = {**DEFAULT_SIZES, **RUN_SIZES.get(name, {})}
-    return argparse.Namespace(**{**vars(args), **{k: v for k, v in sizes.items() if getattr(args, k) is None}})
+    out = argparse.Namespace(**{**vars(args), **{k: v for k, v in sizes.items()
+                                                 if k in vars(args) and getattr(args, k) is None}})
+    out.no_like_for_like = args.no_like_for_like or not sizes.get("like_for_like", 1)
+    return out
 
 
 def configure(name: str, args: argparse.Namespace) -> dict:
