@@ -146,7 +146,7 @@ compare-estimators: $(STAMP)
 
 compare-losses: $(STAMP)
 	$(VENV)/bin/rlcore compare --name policy-losses --grid seed=$(SEEDS) --set algorithm.adv_estimator=grpo \
-		--grid actor.policy_loss=$$($(PY) -c "from rlcore.names import POLICY_LOSSES as n; print(','.join(n))")
+		--grid actor.loss.name=$$($(PY) -c "from rlcore.names import POLICY_LOSSES as n; print(','.join(n))")
 
 # The runs table of every pipeline: the address printed first opens the experiment on its training runs, in the
 # "rlcore pipelines" view (MLflow 3 opens an experiment on its GenAI overview otherwise). No job runner: the UI only.

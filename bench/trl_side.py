@@ -107,7 +107,7 @@ def grpo_config(total_steps: int):
         gradient_accumulation_steps=1, num_iterations=a.ppo_epochs, max_completion_length=cfg.task.max_response_length,
         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
         learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=a.weight_decay,
-        max_grad_norm=a.grad_clip, beta=a.kl_loss_coef, epsilon=a.clip_ratio, loss_type="dapo",
+        max_grad_norm=a.grad_clip, beta=a.kl_loss_coef, epsilon=a.loss.clip_ratio, loss_type="dapo",
         scale_rewards="group", mask_truncated_completions=False, disable_dropout=True,
         model_init_kwargs={"dtype": "float32", "attn_implementation": cfg.model.attn_implementation},
     )

@@ -617,41 +617,130 @@ class OffPolicyConfig(_Section):
         return self
 
 
-class BypassConfig(_Section):
-    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
-    """policy_loss bypass_mode: ppo_clip = PPO's clipped surrogate against the rollout policy (the ratio is the
-    importance correction; the weights below are only reported); reinforce = the policy gradient times the
-    importance weights."""
-    rollout_is: Literal["none", "token", "sequence"] = "sequence"
-    """policy_loss bypass_mode: importance weights pi / pi_rollout per token, per sequence (product over its
-    tokens) or none (verl's rollout_is)."""
-    is_threshold: float = Field(2.0, gt=0)
-    """policy_loss bypass_mode: weights above it are truncated to it (TIS), or, with is_threshold_low, set to 0."""
-    is_threshold_low: float | None = Field(None, gt=0)
-    """policy_loss bypass_mode: set, weights outside [is_threshold_low, is_threshold] become 0 (IcePop); null =
+class PolicyLossConfig(_Section):
+    """params.yaml ``actor.loss``: which policy loss, and every option a loss of
+    ``rlcore.algos.losses.POLICY_LOSSES`` may take, each under the keyword the losses take it as (a loss's own options
+    start with its name). The actor update hands this section to the loss as it is, its nulls filled
+    (:meth:`resolved`); each loss reads the options its signature names."""
+
+    name: str = Field("vanilla", description=(
+        f"Policy loss from rlcore.algos.losses.POLICY_LOSSES: {', '.join(names.POLICY_LOSSES)}."))
+    loss_agg_mode: str = Field("token-mean", description=(
+        f"Loss aggregation from rlcore.algos.aggregation.LOSS_AGG_MODES: {', '.join(names.LOSS_AGG_MODES)} "
+        "(gspo, geo_mean, sapo and luspo fix their own); the entropy and KL terms of the actor loss take it too."))
+    loss_scale_factor: float | None = Field(None, gt=0)
+    """Constant divisor of loss_agg_mode seq-mean-token-sum-norm (Dr. GRPO); null = task.max_response_length."""
+    clip_ratio: float = Field(0.2, gt=0)
+    """PPO clip epsilon (dppo_tv/dppo_kl: the divergence bound of the trust region, as in verl; its DPPO recipe
+    uses 0.15 for TV and 0.05 for KL)."""
+    clip_ratio_low: float | None = Field(None, gt=0)
+    """Lower clip epsilon (null = clip_ratio); dppo_*: the bound for tokens with A <= 0."""
+    clip_ratio_high: float | None = Field(None, gt=0)
+    """Upper clip epsilon, DAPO clip-higher (null = clip_ratio); dppo_*: the bound for tokens with A > 0."""
+    clip_ratio_c: float = Field(3.0, gt=1)
+    """Dual-clip bound for negative advantages (dppo_*: the truncation of the importance ratio)."""
+    clip_cov_ratio: float = Field(0.0002, gt=0, le=1)
+    """clip_cov: share of valid tokens whose gradient is cut (Cui et al. 2025)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the token covariance window of candidates."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of the token covariance window of candidates."""
+    kl_cov_ratio: float = Field(0.0002, gt=0, le=1)
+    """kl_cov: share of valid tokens that get the KL penalty (Cui et al. 2025)."""
+    ppo_kl_coef: float = Field(1.0, ge=0)
+    """kl_cov: coefficient of the |log-ratio| penalty on the selected tokens."""
+    sapo_tau_pos: float = Field(1.0, gt=0)
+    """sapo: temperature of the soft gate for tokens with a positive advantage (Gao et al. 2025)."""
+    sapo_tau_neg: float = Field(1.05, gt=0)
+    """sapo: temperature of the soft gate for the other tokens (larger: their gradient fades faster)."""
+    dro_beta: float = Field(0.05, gt=0)
+    """dro: coefficient of the quadratic penalty beta / 2 (log pi - log pi_old)^2."""
+    vespo_k_pos: float = Field(2.0, ge=0)
+    """vespo: power k of the gamma weight e^lambda w^k e^(-lambda w) for advantages >= 0."""
+    vespo_lambda_pos: float = Field(3.0, gt=0)
+    """vespo: decay lambda of the gamma weight for advantages >= 0."""
+    vespo_k_neg: float = Field(3.0, ge=0)
+    """vespo: power k for negative advantages."""
+    vespo_lambda_neg: float = Field(2.0, gt=0)
+    """vespo: decay lambda for negative advantages."""
+    bypass_loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
+    """bypass_mode (verl's rollout correction without a proximal forward: the rollout's log-probs are the old
+    policy; needs actor.recompute_log_prob false and actor.off_policy.correction none): ppo_clip = PPO's clipped
+    surrogate against the rollout policy (the ratio is the importance correction; the weights below are only
+    reported); reinforce = the policy gradient times the importance weights."""
+    bypass_is: Literal["none", "token", "sequence"] = "sequence"
+    """bypass_mode: importance weights pi / pi_rollout per token, per sequence (product over its tokens) or none
+    (verl's rollout_is)."""
+    bypass_is_threshold: float = Field(2.0, gt=0)
+    """bypass_mode: weights above it are truncated to it (TIS), or, with bypass_is_threshold_low, set to 0."""
+    bypass_is_threshold_low: float | None = Field(None, gt=0)
+    """bypass_mode: set, weights outside [bypass_is_threshold_low, bypass_is_threshold] become 0 (IcePop); null =
     truncation only."""
-    rollout_rs: Literal[names.REJECTION_OPTIONS] | None = None  # type: ignore[valid-type]
-    """policy_loss bypass_mode: rejection test (verl's rollout_rs) of k1 = -log r, k2 = (log r)^2 / 2 or
-    k3 = r - 1 - log r (r = pi / pi_rollout): token_k* per token, seq_sum_k* and seq_mean_k* over a sequence's
-    tokens, seq_max_k2/k3 their largest; a rejected token's loss is 0. null = off."""
-    rs_threshold: float = Field(2.0, gt=0)
-    """policy_loss bypass_mode: rollout_rs's upper bound (a ratio for the *_k1 tests, a divergence otherwise)."""
-    rs_threshold_low: float | None = Field(None, gt=0)
-    """policy_loss bypass_mode: the *_k1 tests' lower ratio bound; null = 1 / rs_threshold."""
+    bypass_rs: Literal[names.REJECTION_OPTIONS] | None = None  # type: ignore[valid-type]
+    """bypass_mode: rejection test (verl's rollout_rs) of k1 = -log r, k2 = (log r)^2 / 2 or k3 = r - 1 - log r
+    (r = pi / pi_rollout): token_k* per token, seq_sum_k* and seq_mean_k* over a sequence's tokens, seq_max_k2/k3
+    their largest; a rejected token's loss is 0. null = off."""
+    bypass_rs_threshold: float = Field(2.0, gt=0)
+    """bypass_mode: bypass_rs's upper bound (a ratio for the *_k1 tests, a divergence otherwise)."""
+    bypass_rs_threshold_low: float | None = Field(None, gt=0)
+    """bypass_mode: the *_k1 tests' lower ratio bound; null = 1 / bypass_rs_threshold."""
+
+    @field_validator("name")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        return names.check_name("policy loss", v, names.POLICY_LOSSES)
+
+    @field_validator("loss_agg_mode")
+    @classmethod
+    def _known_agg(cls, v: str) -> str:
+        return names.check_name("loss aggregation mode", v, names.LOSS_AGG_MODES)
 
     @model_validator(mode="after")
-    def _bands(self) -> "BypassConfig":
-        if self.is_threshold_low is not None and self.is_threshold_low > self.is_threshold:
-            raise ValueError(f"actor.bypass.is_threshold_low {self.is_threshold_low} must not exceed "
-                             f"actor.bypass.is_threshold {self.is_threshold}")
-        if self.rs_threshold_low is not None:
-            if self.rollout_rs is None or not self.rollout_rs.endswith("k1"):
-                raise ValueError(f"actor.bypass.rs_threshold_low is set but actor.bypass.rollout_rs is "
-                                 f"{self.rollout_rs}; it only applies to the *_k1 tests")
-            if self.rs_threshold_low > self.rs_threshold:
-                raise ValueError(f"actor.bypass.rs_threshold_low {self.rs_threshold_low} must not exceed "
-                                 f"actor.bypass.rs_threshold {self.rs_threshold}")
+    def _bands(self) -> "PolicyLossConfig":
+        if self.bypass_is_threshold_low is not None and self.bypass_is_threshold_low > self.bypass_is_threshold:
+            raise ValueError(f"actor.loss.bypass_is_threshold_low {self.bypass_is_threshold_low} must not exceed "
+                             f"actor.loss.bypass_is_threshold {self.bypass_is_threshold}")
+        if self.bypass_rs_threshold_low is not None:
+            if self.bypass_rs is None or not self.bypass_rs.endswith("k1"):
+                raise ValueError(f"actor.loss.bypass_rs_threshold_low is set but actor.loss.bypass_rs is "
+                                 f"{self.bypass_rs}; it only applies to the *_k1 tests")
+            if self.bypass_rs_threshold_low > self.bypass_rs_threshold:
+                raise ValueError(f"actor.loss.bypass_rs_threshold_low {self.bypass_rs_threshold_low} must not exceed "
+                                 f"actor.loss.bypass_rs_threshold {self.bypass_rs_threshold}")
         return self
+
+    def resolved(self, response_length: int) -> "PolicyLossConfig":
+        """This section with its nulls filled as their docs say: the clip bounds from clip_ratio, the
+        seq-mean-token-sum-norm divisor from the task's response length (``response_length``)."""
+        return self.model_copy(update={
+            "clip_ratio_low": self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low,
+            "clip_ratio_high": self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high,
+            "loss_scale_factor": self.loss_scale_factor or float(response_length)})
+
+
+# actor keys that moved into actor.loss (old key -> its key there; None: a section whose keys moved one by one)
+MOVED_TO_LOSS = {"policy_loss": "name", "bypass": None, **{k: k for k in (
+    "loss_agg_mode", "loss_scale_factor", "clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c",
+    "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "sapo_tau_pos", "sapo_tau_neg",
+    "dro_beta", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")}}
+# actor.bypass's keys -> their keys in actor.loss
+MOVED_FROM_BYPASS = {"loss_type": "bypass_loss_type", "rollout_is": "bypass_is", "is_threshold": "bypass_is_threshold",
+                     "is_threshold_low": "bypass_is_threshold_low", "rollout_rs": "bypass_rs",
+                     "rs_threshold": "bypass_rs_threshold", "rs_threshold_low": "bypass_rs_threshold_low"}
+
+
+def moved_actor_key(data: dict[str, Any]) -> str | None:
+    """One line naming the first key of a params ``actor`` mapping that now lives in ``actor.loss``, and where."""
+    for old, new in MOVED_TO_LOSS.items():
+        if old not in data:
+            continue
+        if new is not None:
+            return f"actor.{old} is now actor.loss.{new}"
+        inner = next(iter(data[old]), None) if isinstance(data[old], dict) else None
+        if inner in MOVED_FROM_BYPASS:
+            return f"actor.bypass.{inner} is now actor.loss.{MOVED_FROM_BYPASS[inner]}"
+        return "actor.bypass's keys are now actor.loss.bypass_* (rollout_is -> bypass_is, rollout_rs -> bypass_rs)"
+    return None
 
 
 class ActorConfig(OptimizerSettings, defaults={
@@ -671,21 +760,8 @@ class ActorConfig(OptimizerSettings, defaults={
     """Prompts per optimizer step (times rollout.n responses)."""
     micro_batch_size: int = Field(256, ge=1)
     """Sequences per forward/backward on one rank."""
-    policy_loss: str = Field("vanilla", description=(
-        f"Policy loss from rlcore.algos.losses.POLICY_LOSSES: {', '.join(names.POLICY_LOSSES)}."))
-    loss_agg_mode: str = Field("token-mean", description=(
-        f"Loss aggregation from rlcore.algos.aggregation.LOSS_AGG_MODES: {', '.join(names.LOSS_AGG_MODES)} "
-        "(gspo, geo_mean, "
-        "sapo and luspo fix their own)."))
-    clip_ratio: float = Field(0.2, gt=0)
-    """PPO clip epsilon (dppo_tv/dppo_kl: the divergence bound of the trust region, as in verl; its DPPO recipe
-    uses 0.15 for TV and 0.05 for KL)."""
-    clip_ratio_low: float | None = Field(None, gt=0)
-    """Lower clip epsilon (default clip_ratio); dppo_*: the bound for tokens with A <= 0."""
-    clip_ratio_high: float | None = Field(None, gt=0)
-    """Upper clip epsilon, DAPO clip-higher (default clip_ratio); dppo_*: the bound for tokens with A > 0."""
-    clip_ratio_c: float = Field(3.0, gt=1)
-    """Dual-clip bound for negative advantages (dppo_*: the truncation of the importance ratio)."""
+    loss: PolicyLossConfig = PolicyLossConfig()
+    """The policy loss and its options (rlcore.algos.losses)."""
     use_kl_loss: bool = True
     """Add kl_loss_coef * KL(actor || ref) to the loss (GRPO style)."""
     kl_loss_type: str = "low_var_kl"
@@ -698,35 +774,6 @@ class ActorConfig(OptimizerSettings, defaults={
     """Recompute old log-probs with a training forward; False reuses the rollout's (same weights, same dtype).
     When on, ``rollout/logprob_abs_diff_mean`` / ``_max`` and ``rollout/logprob_k3_kl`` report how far the
     rollout engine's log-probs are from the trainer's for the same tokens."""
-    loss_scale_factor: float | None = Field(None, gt=0)
-    """Constant divisor of loss_agg_mode seq-mean-token-sum-norm (Dr. GRPO); null = task.max_response_length."""
-    clip_cov_ratio: float = Field(0.0002, gt=0, le=1)
-    """policy_loss clip_cov: share of valid tokens whose gradient is cut (Cui et al. 2025)."""
-    clip_cov_lb: float = 1.0
-    """policy_loss clip_cov: lower bound of the token covariance window of candidates."""
-    clip_cov_ub: float = 5.0
-    """policy_loss clip_cov: upper bound of the token covariance window of candidates."""
-    kl_cov_ratio: float = Field(0.0002, gt=0, le=1)
-    """policy_loss kl_cov: share of valid tokens that get the KL penalty (Cui et al. 2025)."""
-    ppo_kl_coef: float = Field(1.0, ge=0)
-    """policy_loss kl_cov: coefficient of the |log-ratio| penalty on the selected tokens."""
-    sapo_tau_pos: float = Field(1.0, gt=0)
-    """policy_loss sapo: temperature of the soft gate for tokens with a positive advantage (Gao et al. 2025)."""
-    sapo_tau_neg: float = Field(1.05, gt=0)
-    """policy_loss sapo: temperature of the soft gate for the other tokens (larger: their gradient fades faster)."""
-    dro_beta: float = Field(0.05, gt=0)
-    """policy_loss dro: coefficient of the quadratic penalty beta / 2 (log pi - log pi_old)^2."""
-    vespo_k_pos: float = Field(2.0, ge=0)
-    """policy_loss vespo: power k of the gamma weight e^lambda w^k e^(-lambda w) for advantages >= 0."""
-    vespo_lambda_pos: float = Field(3.0, gt=0)
-    """policy_loss vespo: decay lambda of the gamma weight for advantages >= 0."""
-    vespo_k_neg: float = Field(3.0, ge=0)
-    """policy_loss vespo: power k for negative advantages."""
-    vespo_lambda_neg: float = Field(2.0, gt=0)
-    """policy_loss vespo: decay lambda for negative advantages."""
-    bypass: BypassConfig = BypassConfig()
-    """policy_loss bypass_mode: verl's rollout correction without a proximal forward (the rollout's log-probs are
-    the old policy; needs recompute_log_prob false and off_policy.correction none)."""
     off_policy: OffPolicyConfig = OffPolicyConfig()
     """Correction of the mismatch between the policy that sampled (rollout engine, older versions in async mode)
     and the one being trained."""
@@ -736,15 +783,12 @@ class ActorConfig(OptimizerSettings, defaults={
     lora: LoraSettings = LoraSettings()
     """LoRA adapters (rank 0 = off: full fine-tuning)."""
 
-    @field_validator("policy_loss")
+    @model_validator(mode="before")
     @classmethod
-    def _known_loss(cls, v: str) -> str:
-        return names.check_name("policy loss", v, names.POLICY_LOSSES)
-
-    @field_validator("loss_agg_mode")
-    @classmethod
-    def _known_agg(cls, v: str) -> str:
-        return names.check_name("loss aggregation mode", v, names.LOSS_AGG_MODES)
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (line := moved_actor_key(data)):
+            raise ValueError(line)
+        return data
 
     @field_validator("kl_loss_type")
     @classmethod
@@ -938,13 +982,13 @@ class Config(_Section):
             if need > self.ray.num_cpus:
                 raise ValueError(f"reward.model.placement separate needs resources.n_workers * cpus_per_worker + "
                                  f"reward.model.cpus = {need:g} CPUs, more than ray.num_cpus {self.ray.num_cpus}")
-        if self.actor.policy_loss in names.BEHAVIOUR_OLD_POLICY_LOSSES:
+        if self.actor.loss.name in names.BEHAVIOUR_OLD_POLICY_LOSSES:
             if self.actor.recompute_log_prob:
-                raise ValueError(f"actor.policy_loss {self.actor.policy_loss} takes the rollout's log-probs as the old "
+                raise ValueError(f"actor.loss.name {self.actor.loss.name} takes the rollout's log-probs as the old "
                                  "policy: set actor.recompute_log_prob: false")
             if self.actor.off_policy.correction != "none":
-                raise ValueError(f"actor.policy_loss {self.actor.policy_loss} corrects for the rollout policy itself "
-                                 f"(actor.bypass): set actor.off_policy.correction: none")
+                raise ValueError(f"actor.loss.name {self.actor.loss.name} corrects for the rollout policy itself "
+                                 f"(actor.loss.bypass_*): set actor.off_policy.correction: none")
         proximal = self.actor.recompute_log_prob or (self.ppo.mode == "async" and self.ppo.async_.max_staleness > 0)
         if self.actor.off_policy.correction != "none" and not proximal:
             raise ValueError(f"actor.off_policy.correction {self.actor.off_policy.correction} compares the rollout's "

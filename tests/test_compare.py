@@ -58,7 +58,7 @@ def test_cells_put_the_seeds_outermost_and_names_do_not_depend_on_the_grid_order
 
 def test_unknown_keys_stop_the_comparison_naming_the_key():
     base = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-    check_keys(base, ["algorithm.adv_estimator", "seed", "ppo.rounds.r1.steps", "actor.bypass", "ppo.async.max_staleness"])
+    check_keys(base, ["algorithm.adv_estimator", "seed", "ppo.rounds.r1.steps", "actor.loss", "ppo.async.max_staleness"])
     with pytest.raises(ConfigError, match="algorithm.adv_estimatr: not a params key; did you mean "
                                           "algorithm.adv_estimator"):
         check_keys(base, ["algorithm.adv_estimatr"])
@@ -199,15 +199,15 @@ def test_the_loop_reports_a_failing_cell_and_goes_on(tmp_path):
     cell 3 runs, cell 4 was run before (read back, not run again). The workspace is restored before each run
     and once at the end."""
     base = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-    spec = CompareSpec(name="t", grid={"actor.clip_ratio_c": ["2.0", "0.5", "4.0", "5.0"]}, fixed={})
+    spec = CompareSpec(name="t", grid={"actor.loss.clip_ratio_c": ["2.0", "0.5", "4.0", "5.0"]}, fixed={})
     cells = grid_cells(spec.grid, "seed")
-    repo = FakeRepo(tiny_files(), existing={cells[3].name("t"): "rev-earlier"}, fail_on="actor.clip_ratio_c=2.0")
+    repo = FakeRepo(tiny_files(), existing={cells[3].name("t"): "rev-earlier"}, fail_on="actor.loss.clip_ratio_c=2.0")
     results = run_cells(repo, spec, cells, base, PATHS, tmp_path)
     assert [r.ok for r in results] == [False, False, True, True]
     assert "exited with 2" in results[0].error and "ppo@r1: error: the cell failed" in results[0].error
     assert len(results[0].error.splitlines()) == 13  # the line saying so and the last 12 lines of output
     assert results[1].error.startswith("invalid params:") and "greater than 1" in results[1].error
-    assert repo.ran == [["actor.clip_ratio_c=2.0"], ["actor.clip_ratio_c=4.0"]]
+    assert repo.ran == [["actor.loss.clip_ratio_c=2.0"], ["actor.loss.clip_ratio_c=4.0"]]
     assert results[2].metrics == {"gain": 0.25, "pass_at_k": 0.5, "reward": 0.75, "s_per_step": 0.5}
     assert results[2].wall_s == 2.5 and results[2].rev == f"rev-{cells[2].name('t')}"
     assert results[3].wall_s is None and results[3].rev == "rev-earlier" and results[3].ok

@@ -354,18 +354,18 @@ def test_a_correction_with_proximal_log_probs_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("raw, needles", [
-    ({"actor": {"policy_loss": "bypass_mode", "recompute_log_prob": True}},
-     ("actor.policy_loss bypass_mode", "actor.recompute_log_prob: false")),
-    ({"actor": {"policy_loss": "bypass_mode", "recompute_log_prob": False, "off_policy": {"correction": "tis"}}},
-     ("actor.policy_loss bypass_mode", "actor.off_policy.correction: none")),
-    ({"actor": {"bypass": {"rollout_rs": "seq_max_k1"}}}, ("actor.bypass.rollout_rs", "'seq_max_k1'", "seq_mean_k1")),
-    ({"actor": {"bypass": {"is_threshold": 1.5, "is_threshold_low": 2.0}}},
-     ("actor.bypass.is_threshold_low 2.0", "actor.bypass.is_threshold 1.5")),
-    ({"actor": {"bypass": {"rollout_rs": "token_k2", "rs_threshold_low": 0.5}}},
-     ("actor.bypass.rs_threshold_low", "token_k2", "*_k1")),
-    ({"actor": {"dro_beta": 0.0}}, ("actor.dro_beta", "0.0", "greater than 0")),
-    ({"actor": {"policy_loss": "dppo"}}, ("actor.policy_loss", "'dppo'", "dppo_kl", "dppo_tv")),
-    ({"actor": {"loss_agg_mode": "dapo"}}, ("actor.loss_agg_mode", "'dapo'", "bnpo")),
+    ({"actor": {"loss": {"name": "bypass_mode"}, "recompute_log_prob": True}},
+     ("actor.loss.name bypass_mode", "actor.recompute_log_prob: false")),
+    ({"actor": {"loss": {"name": "bypass_mode"}, "recompute_log_prob": False, "off_policy": {"correction": "tis"}}},
+     ("actor.loss.name bypass_mode", "actor.off_policy.correction: none")),
+    ({"actor": {"loss": {"bypass_rs": "seq_max_k1"}}}, ("actor.loss.bypass_rs", "'seq_max_k1'", "seq_mean_k1")),
+    ({"actor": {"loss": {"bypass_is_threshold": 1.5, "bypass_is_threshold_low": 2.0}}},
+     ("actor.loss.bypass_is_threshold_low 2.0", "actor.loss.bypass_is_threshold 1.5")),
+    ({"actor": {"loss": {"bypass_rs": "token_k2", "bypass_rs_threshold_low": 0.5}}},
+     ("actor.loss.bypass_rs_threshold_low", "token_k2", "*_k1")),
+    ({"actor": {"loss": {"dro_beta": 0.0}}}, ("actor.loss.dro_beta", "0.0", "greater than 0")),
+    ({"actor": {"loss": {"name": "dppo"}}}, ("actor.loss.name", "'dppo'", "dppo_kl", "dppo_tv")),
+    ({"actor": {"loss": {"loss_agg_mode": "dapo"}}}, ("actor.loss.loss_agg_mode", "'dapo'", "bnpo")),
 ])
 def test_new_loss_settings_that_cannot_work_are_one_line(tmp_path, raw, needles):
     with pytest.raises(ConfigError) as err:
@@ -373,14 +373,28 @@ def test_new_loss_settings_that_cannot_work_are_one_line(tmp_path, raw, needles)
     assert_one_line(str(err.value), *needles)
 
 
+@pytest.mark.parametrize("actor, line", [
+    ({"policy_loss": "gspo"}, "actor.policy_loss is now actor.loss.name"),
+    ({"clip_ratio_high": 0.28}, "actor.clip_ratio_high is now actor.loss.clip_ratio_high"),
+    ({"lr": 0.1, "dro_beta": 0.3}, "actor.dro_beta is now actor.loss.dro_beta"),
+    ({"bypass": {"rollout_is": "token"}}, "actor.bypass.rollout_is is now actor.loss.bypass_is"),
+])
+def test_a_policy_loss_key_of_an_older_params_file_names_its_new_place(tmp_path, actor, line):
+    """The policy loss's options moved from ``actor`` into ``actor.loss``: a params file written before says, in
+    one line, where its key went."""
+    with pytest.raises(ConfigError) as err:
+        load_config(write_params(tmp_path / "p.yaml", {"actor": actor}))
+    assert str(err.value) == f"{tmp_path / 'p.yaml'}: {line}"
+
+
 def test_bypass_mode_in_an_async_round_needs_no_recompute(tmp_path):
     """An asynchronous round with max_staleness > 0 recomputes the proximal policy, except for bypass_mode, whose
     old policy is the (stale) rollout policy: accepted as it is."""
     raw = {"ppo": {"mode": "async", "async": {"max_staleness": 2}}, "resources": {"n_workers": 1},
-           "actor": {"policy_loss": "bypass_mode", "bypass": {"loss_type": "reinforce", "rollout_rs": "seq_mean_k1",
-                                                              "rs_threshold_low": 0.5}}}
+           "actor": {"loss": {"name": "bypass_mode", "bypass_loss_type": "reinforce", "bypass_rs": "seq_mean_k1",
+                              "bypass_rs_threshold_low": 0.5}}}
     cfg = load_config(write_params(tmp_path / "p.yaml", raw))
-    assert cfg.actor.bypass.rollout_rs == "seq_mean_k1" and cfg.actor.bypass.rs_threshold_low == 0.5
+    assert cfg.actor.loss.bypass_rs == "seq_mean_k1" and cfg.actor.loss.bypass_rs_threshold_low == 0.5
 
 
 def test_config_show_lists_every_new_estimator_loss_and_knob(capsys):
@@ -392,9 +406,9 @@ def test_config_show_lists_every_new_estimator_loss_and_knob(capsys):
     for name in ("gdpo", "optimal_token_baseline", "tir_optimal_token_baseline", "dppo_tv", "dppo_kl", "sapo", "dro",
                  "luspo", "vespo", "bypass_mode", "bnpo"):
         assert name in out, name
-    for key in ("algorithm.gdpo_batch_norm", "algorithm.handle_zero_tail", "actor.sapo_tau_pos", "actor.dro_beta",
-                "actor.vespo_lambda_neg", "actor.bypass.loss_type", "actor.bypass.rollout_rs",
-                "actor.bypass.rs_threshold_low"):
+    for key in ("algorithm.gdpo_batch_norm", "algorithm.handle_zero_tail", "actor.loss.sapo_tau_pos",
+                "actor.loss.dro_beta", "actor.loss.vespo_lambda_neg", "actor.loss.bypass_loss_type",
+                "actor.loss.bypass_rs", "actor.loss.bypass_rs_threshold_low"):
         assert f"  {key}  " in out, key
 
 

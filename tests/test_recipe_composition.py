@@ -43,11 +43,11 @@ def test_every_recipe_holds_every_key_and_marks_exactly_what_it_changes(path, mo
 
 def test_refresh_brings_a_file_from_an_older_rlcore_up_to_date_and_refuses_a_key_it_no_longer_has(
         tmp_path, monkeypatch, capsys):
-    """A params file written before a key existed (here: without `actor.clip_ratio_high` and the whole `evaluate`
+    """A params file written before a key existed (here: without `actor.loss.clip_ratio_high` and the whole `evaluate`
     section) gets those keys at their defaults, keeps its own values, marks and leading comment."""
     monkeypatch.chdir(tmp_path)
     text = (REPO / "examples/dapo.yaml").read_text()
-    old = [line for line in text.splitlines() if not line.startswith("  clip_ratio_high")]
+    old = [line for line in text.splitlines() if not line.startswith("    clip_ratio_high")]
     old = old[: next(i for i, line in enumerate(old) if line.startswith("evaluate:")) - 1]
     assert "clip_ratio_high" not in "\n".join(old) and "evaluate:" not in "\n".join(old)
     (tmp_path / "mine.yaml").write_text("\n".join(old) + "\n")
@@ -56,9 +56,9 @@ def test_refresh_brings_a_file_from_an_older_rlcore_up_to_date_and_refuses_a_key
     new = (tmp_path / "mine.yaml").read_text()
     assert new.splitlines()[0] == text.splitlines()[0]  # its own header
     cfg = load_config(tmp_path / "mine.yaml")
-    assert cfg.actor.clip_ratio_high == Config().actor.clip_ratio_high and cfg.evaluate == Config().evaluate
-    assert cfg.actor.clip_ratio_low == 0.2 and cfg.ppo.dapo.dynamic_sampling  # what the file changed stays
-    assert "  clip_ratio_low: 0.2  # <- examples/dapo.yaml" in new  # each mark keeps its source
+    assert cfg.actor.loss.clip_ratio_high == Config().actor.loss.clip_ratio_high and cfg.evaluate == Config().evaluate
+    assert cfg.actor.loss.clip_ratio_low == 0.2 and cfg.ppo.dapo.dynamic_sampling  # what the file changed stays
+    assert "    clip_ratio_low: 0.2  # <- examples/dapo.yaml" in new  # each mark keeps its source
     assert main(["config", "refresh", "--check", "mine.yaml"]) == 0
     capsys.readouterr()
     (tmp_path / "gone.yaml").write_text(new.replace("seed: 42", "seed: 42\nold_knob: 1"))
@@ -86,7 +86,7 @@ def test_a_copied_recipe_stays_current_and_a_changed_default_reaches_the_recipes
     followed = refresh("params.yaml", follow_defaults=True)
     assert followed == text
     kept = load_config_text(refresh("params.yaml"), tmp_path)
-    assert kept.sft.grad_clip == 0.5 and kept.actor.clip_ratio_high == 0.28
+    assert kept.sft.grad_clip == 0.5 and kept.actor.loss.clip_ratio_high == 0.28
     assert "  grad_clip: 0.5  # <- params.yaml\n" in refresh("params.yaml")
 
 
@@ -101,8 +101,9 @@ def test_a_value_at_its_default_changes_nothing_so_whole_recipes_stack():
     dapo, _ = compose([REPO / "examples/dapo.yaml"])
     assert compose([REPO / "examples/dapo.yaml", REPO / "examples/grpo.yaml"])[0] == dapo
     assert compose([REPO / "examples/grpo.yaml", REPO / "examples/dapo.yaml"])[0] == dapo
-    back, origin = compose([REPO / "examples/dapo.yaml"], {"actor.clip_ratio_high": Config().actor.clip_ratio_high})
-    assert back.actor.clip_ratio_high == Config().actor.clip_ratio_high and origin["actor.clip_ratio_high"] == "--set"
+    back, origin = compose([REPO / "examples/dapo.yaml"], {"actor.loss.clip_ratio_high": Config().actor.loss.clip_ratio_high})
+    assert back.actor.loss.clip_ratio_high == Config().actor.loss.clip_ratio_high
+    assert origin["actor.loss.clip_ratio_high"] == "--set"
 
 
 @pytest.mark.parametrize("path", [p for p in RECIPES if p.stem != "quick"], ids=lambda p: p.stem)

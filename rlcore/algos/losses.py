@@ -1,4 +1,4 @@
-"""Policy losses: the 16 ways of turning log-probs and advantages into the actor's loss (``POLICY_LOSSES``).
+"""Policy losses: the 14 ways of turning log-probs and advantages into the actor's loss (``POLICY_LOSSES``).
 
 Tensor conventions: ``old_log_prob``, ``log_prob``, ``ref_log_prob``, ``advantages``,
 ``values``, ``returns`` and ``vpreds`` are ``[batch, response_len]`` per-token tensors;
@@ -6,17 +6,18 @@ Tensor conventions: ``old_log_prob``, ``log_prob``, ``ref_log_prob``, ``advantag
 1 marks a response token the loss is trained on and 0 marks padding or an observation
 token, which never contributes to a loss or a metric.
 
-``POLICY_LOSSES`` selects by name (``policy_loss``; entries declare the options they take, read by name
-from :class:`PolicyLossOptions`). Each loss is aggregated by ``rlcore.algos.aggregation`` (``agg_loss``,
-``AggScale``); the KL estimators are ``rlcore.algos.kl``'s and the critic's loss ``rlcore.algos.value_loss``.
-Formulas follow the papers cited in each docstring and verl's current ``core_algos.py``; where
-rlcore differs on purpose, the docstring says so.
+``POLICY_LOSSES`` selects by name (params.yaml ``actor.loss.name``); an entry's options are the keywords of its
+function, read by name from the ``actor.loss`` section (``rlcore.config.PolicyLossConfig``, which declares each
+option once, with its doc and limits; the actor update hands it over as it is). Each loss is aggregated by
+``rlcore.algos.aggregation`` (``agg_loss``, ``AggScale``); the KL estimators are ``rlcore.algos.kl``'s and the
+critic's loss ``rlcore.algos.value_loss``. Formulas follow the papers cited in each docstring and verl's current
+``core_algos.py``; where rlcore differs on purpose, the docstring says so.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -26,64 +27,8 @@ from rlcore.algos.masked import masked_mean, masked_sum
 from rlcore.algos.off_policy import bypass_is_weights, rejection_keep
 from rlcore.registry import Registry, check_keywords, keyword_names
 
-
-@dataclass(frozen=True)
-class PolicyLossOptions:
-    """Every option a policy loss may take; each loss reads the ones its signature names."""
-
-    loss_agg_mode: str = "token-mean"
-    """``agg_loss`` mode of the per-token losses (gspo and geo_mean fix their own)."""
-    loss_scale_factor: Optional[float] = None
-    """Divisor of ``seq-mean-token-sum-norm`` (default: the response length)."""
-    clip_ratio_low: float = 0.2
-    """Lower clip ``eps_low``: the ratio is clipped below at ``1 - eps_low``."""
-    clip_ratio_high: float = 0.2
-    """Upper clip ``eps_high`` (DAPO clip-higher when above ``eps_low``)."""
-    clip_ratio_c: float = 3.0
-    """Dual-clip constant ``c`` (> 1) for negative advantages (vanilla)."""
-    clip_cov_ratio: float = 0.0002
-    """clip_cov: share of valid tokens whose gradient is cut."""
-    clip_cov_lb: float = 1.0
-    """clip_cov: lower bound of the candidates' covariance window."""
-    clip_cov_ub: float = 5.0
-    """clip_cov: upper bound of the candidates' covariance window."""
-    kl_cov_ratio: float = 0.0002
-    """kl_cov: share of valid tokens that get the KL penalty."""
-    ppo_kl_coef: float = 1.0
-    """kl_cov: coefficient of the penalty."""
-    sapo_tau_pos: float = 1.0
-    """sapo: gate temperature of tokens with a positive advantage."""
-    sapo_tau_neg: float = 1.05
-    """sapo: gate temperature of the other tokens."""
-    dro_beta: float = 0.05
-    """dro: coefficient of the quadratic log-ratio penalty (> 0)."""
-    vespo_k_pos: float = 2.0
-    """vespo: power ``k`` of the gamma weight for advantages >= 0."""
-    vespo_lambda_pos: float = 3.0
-    """vespo: decay ``lambda`` of the gamma weight for advantages >= 0."""
-    vespo_k_neg: float = 3.0
-    """vespo: power ``k`` for negative advantages."""
-    vespo_lambda_neg: float = 2.0
-    """vespo: decay ``lambda`` for negative advantages."""
-    bypass_loss_type: str = "ppo_clip"
-    """bypass_mode: ``ppo_clip`` (PPO against the rollout policy) or ``reinforce`` (IS-weighted REINFORCE)."""
-    bypass_is: str = "sequence"
-    """bypass_mode: importance weights per ``token``, per ``sequence`` or ``none``."""
-    bypass_is_threshold: float = 2.0
-    """bypass_mode: upper bound of the weights (truncated above, or the IcePop band's top)."""
-    bypass_is_threshold_low: Optional[float] = None
-    """bypass_mode: set, weights outside ``[low, threshold]`` become 0 (IcePop) instead of being truncated."""
-    bypass_rs: Optional[str] = None
-    """bypass_mode: rejection test (``off_policy.REJECTION_OPTIONS``), None = off."""
-    bypass_rs_threshold: float = 2.0
-    """bypass_mode: the rejection test's upper bound (a ratio for ``*_k1``, a divergence otherwise)."""
-    bypass_rs_threshold_low: Optional[float] = None
-    """bypass_mode: the ``*_k1`` tests' lower ratio bound (None = 1 / upper)."""
-
-
 _LOSS_TENSORS = frozenset({"log_prob", "advantages", "response_mask"})  # and old_log_prob, for ratio losses
 _LOSS_CALL_ARGS = frozenset({"agg_scale", "generator", "is_weights"})  # given per call, not settings
-_LOSS_OPTION_NAMES = frozenset(f.name for f in fields(PolicyLossOptions))
 
 
 @dataclass(frozen=True)
@@ -105,25 +50,24 @@ class PolicyLoss:
 
     @property
     def options(self) -> frozenset[str]:
-        """The :class:`PolicyLossOptions` fields it takes (what a caller reads from its settings)."""
-        return self.keywords & _LOSS_OPTION_NAMES
+        """The settings it takes (what a caller reads by name from params.yaml's ``actor.loss``): every keyword but
+        the tensors and what is given per call."""
+        return self.keywords - _LOSS_CALL_ARGS
 
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 
 
 def register_policy_loss(name: str, *, old_is_behaviour: bool = False):
-    """Register a policy loss; its keywords beyond the tensors must be ``PolicyLossOptions`` fields or
-    ``agg_scale`` / ``generator``. ``old_is_behaviour``: see :attr:`PolicyLoss.old_is_behaviour`."""
+    """Register a policy loss; its keywords beyond the tensors are its settings (each a key of params.yaml's
+    ``actor.loss``, which a test checks) and the per-call ``agg_scale`` / ``generator`` / ``is_weights``.
+    ``old_is_behaviour``: see :attr:`PolicyLoss.old_is_behaviour`."""
 
     def decorator(fn):
         params = keyword_names(fn)
         if not _LOSS_TENSORS <= params:
             raise TypeError(f"policy loss {name!r} must take {sorted(_LOSS_TENSORS)}")
         keywords = params - _LOSS_TENSORS - {"old_log_prob"}
-        unknown = keywords - _LOSS_OPTION_NAMES - _LOSS_CALL_ARGS
-        if unknown:
-            raise TypeError(f"policy loss {name!r} takes {sorted(unknown)}, which are not PolicyLossOptions fields")
         POLICY_LOSSES.add(name, PolicyLoss(fn, keywords, "old_log_prob" in params, old_is_behaviour))
         return fn
 
@@ -821,8 +765,8 @@ def policy_loss(
         log_prob: ``[batch, response_len]`` current-policy log-probs (differentiated).
         advantages: ``[batch, response_len]``.
         response_mask: ``[batch, response_len]``; 1 = token in the loss, 0 = ignored.
-        **options: Keywords the chosen loss takes: ``PolicyLossOptions`` fields (a caller with typed
-            settings passes ``options_from(settings, POLICY_LOSSES.get(mode).options)``), ``agg_scale``,
+        **options: Keywords the chosen loss takes: its settings (a caller with params.yaml's ``actor.loss`` passes
+            ``options_from(loss, POLICY_LOSSES.get(mode).options)``), ``agg_scale``,
             ``is_weights`` (every loss but ``bypass_mode``, which weighs by itself) and, for ``clip_cov``,
             ``generator``.
 

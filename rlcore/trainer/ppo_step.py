@@ -25,7 +25,7 @@ import torch
 from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage
 from rlcore.algos.kl import kl_penalty
 from rlcore.algos.kl_control import controller_options, make_kl_controller
-from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions
+from rlcore.algos.losses import POLICY_LOSSES
 from rlcore.config import Config
 from rlcore.controller.balance import balance_over_ranks
 from rlcore.controller.worker_group import Pending
@@ -66,7 +66,7 @@ def proximal_source(cfg: Config, recompute: bool) -> str:
     round recomputes them (``recompute``: ``actor.recompute_log_prob``, or an asynchronous round whose batches may
     be stale), which a loss whose old policy is the behaviour policy (``bypass_mode``) never does; recomputed, by the
     update's own first forward where it can be (:func:`proximal_in_update`), else by a forward of their own."""
-    if not recompute or POLICY_LOSSES.get(cfg.actor.policy_loss).old_is_behaviour:
+    if not recompute or POLICY_LOSSES.get(cfg.actor.loss.name).old_is_behaviour:
         return "rollout"
     return "update" if proximal_in_update(cfg) else "given"
 
@@ -76,22 +76,11 @@ def actor_update_spec(cfg: Config, seed: int, source: str = "rollout") -> ActorU
     old log-probs come from (:func:`proximal_source`), the off-policy correction only when they are not the
     rollout's."""
     a, n, w = cfg.actor, cfg.rollout.n, cfg.resources.n_workers
-    loss = PolicyLossOptions(
-        loss_agg_mode=a.loss_agg_mode, loss_scale_factor=a.loss_scale_factor or float(cfg.task.max_response_length),
-        clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
-        clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high, clip_ratio_c=a.clip_ratio_c,
-        clip_cov_ratio=a.clip_cov_ratio, clip_cov_lb=a.clip_cov_lb, clip_cov_ub=a.clip_cov_ub,
-        kl_cov_ratio=a.kl_cov_ratio, ppo_kl_coef=a.ppo_kl_coef, sapo_tau_pos=a.sapo_tau_pos, sapo_tau_neg=a.sapo_tau_neg,
-        dro_beta=a.dro_beta, vespo_k_pos=a.vespo_k_pos, vespo_lambda_pos=a.vespo_lambda_pos, vespo_k_neg=a.vespo_k_neg,
-        vespo_lambda_neg=a.vespo_lambda_neg, bypass_loss_type=a.bypass.loss_type, bypass_is=a.bypass.rollout_is,
-        bypass_is_threshold=a.bypass.is_threshold, bypass_is_threshold_low=a.bypass.is_threshold_low,
-        bypass_rs=a.bypass.rollout_rs, bypass_rs_threshold=a.bypass.rs_threshold,
-        bypass_rs_threshold_low=a.bypass.rs_threshold_low)
     o = a.off_policy
     correction = OffPolicySpec(o.correction, o.cap, o.low, o.high) if source != "rollout" else None
     return ActorUpdateSpec(epochs=a.ppo_epochs, mini_batch_size=a.ppo_mini_batch_size * n // w,
                            micro_batch_size=a.micro_batch_size, grad_clip=a.grad_clip,
-                           temperature=cfg.rollout.temperature, policy_loss=a.policy_loss, loss=loss,
+                           temperature=cfg.rollout.temperature, loss=a.loss.resolved(cfg.task.max_response_length),
                            entropy_coeff=a.entropy_coeff,
                            kl=KLLossSpec(a.kl_loss_type, a.kl_loss_coef) if a.use_kl_loss else None, seed=seed,
                            proximal=source, off_policy=correction)

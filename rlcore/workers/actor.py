@@ -23,7 +23,8 @@ import torch
 
 from rlcore.algos.aggregation import AggScale, agg_loss
 from rlcore.algos.kl import kl_penalty
-from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions, policy_loss
+from rlcore.algos.losses import POLICY_LOSSES, policy_loss
+from rlcore.config import PolicyLossConfig
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed, peak_memory, sync_check
 from rlcore.engine.lora import reference_weights
@@ -72,10 +73,9 @@ class ActorUpdateSpec:
     micro_batch_size: int
     grad_clip: float
     temperature: float
-    policy_loss: str
-    """``rlcore.algos.losses.POLICY_LOSSES`` name."""
-    loss: PolicyLossOptions
-    """Options of the policy loss (each loss reads the ones it declares) and its aggregation."""
+    loss: PolicyLossConfig
+    """params.yaml ``actor.loss`` as it is, its nulls resolved: the policy loss (each loss reads the options it
+    declares) and the aggregation of every term of the actor loss."""
     entropy_coeff: float
     kl: KLLossSpec | None
     """None: no KL loss term."""
@@ -221,12 +221,12 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         lp, ent = self.actor.response_log_probs(ids.to(self.device), mask.to(self.device),
                                                 part["responses"].to(self.device), temperature=spec.temperature,
                                                 with_entropy=True, entropy_grad=spec.entropy_coeff != 0)
-        options = options_from(spec.loss, POLICY_LOSSES.get(spec.policy_loss).options)
+        options = options_from(spec.loss, POLICY_LOSSES.get(spec.loss.name).options)
         old = proximal.old(part, lp, self.device)
         weights = proximal.weights(old, part, self.device)
         if weights is not None:
             options["is_weights"] = weights
-        pg, m = policy_loss(spec.policy_loss, old_log_prob=old, log_prob=lp,
+        pg, m = policy_loss(spec.loss.name, old_log_prob=old, log_prob=lp,
                             advantages=part["advantages"].to(self.device), response_mask=rmask, agg_scale=scale,
                             **options)
         mode, factor = spec.loss.loss_agg_mode, spec.loss.loss_scale_factor

@@ -11,9 +11,10 @@ from numpy.testing import assert_allclose
 from rlcore.algos.aggregation import LOSS_AGG_MODES, AggScale, agg_loss
 from rlcore.algos.entropy import entropy_from_logits
 from rlcore.algos.kl import KL_ESTIMATORS, kl_penalty
-from rlcore.algos.losses import POLICY_LOSSES, PolicyLossOptions, policy_loss
+from rlcore.algos.losses import POLICY_LOSSES, policy_loss
 from rlcore.algos.masked import masked_mean, masked_var, masked_whiten
 from rlcore.algos.value_loss import value_loss
+from rlcore.config import PolicyLossConfig
 from rlcore.registry import options_from
 
 from . import reference_impl as ref
@@ -44,9 +45,26 @@ def call(mode, old, new, adv, mask, **kw):
 
 
 def call_with(mode, old, new, adv, mask, **settings):
-    """As a worker calls a loss: typed settings, of which the loss takes the options it declares."""
-    options = options_from(PolicyLossOptions(**settings), POLICY_LOSSES.get(mode).options)
+    """As a worker calls a loss: params.yaml's ``actor.loss`` section, its nulls resolved for these responses, of
+    which the loss takes the options it declares."""
+    options = options_from(PolicyLossConfig(**settings).resolved(mask.shape[-1]), POLICY_LOSSES.get(mode).options)
     return call(mode, old, new, adv, mask, **options)
+
+
+def test_every_loss_option_is_a_key_of_actor_loss_and_every_key_is_read():
+    """params.yaml's ``actor.loss`` declares each loss option once: every keyword a registered loss takes as a setting
+    is one of its keys, and each of its keys but the loss's name and ``clip_ratio`` (the default of both clip
+    bounds, filled in by ``resolved``) is read by some loss."""
+    keys = set(PolicyLossConfig.model_fields)
+    read = set().union(*(POLICY_LOSSES.get(name).options for name in POLICY_LOSSES.names()))
+    assert read <= keys, sorted(read - keys)
+    assert keys - read == {"name", "clip_ratio"}
+
+
+def test_resolved_fills_the_clip_bounds_and_the_divisor_and_keeps_what_is_set():
+    loss = PolicyLossConfig(clip_ratio=0.3, clip_ratio_high=0.4).resolved(response_length=12)
+    assert (loss.clip_ratio_low, loss.clip_ratio_high, loss.loss_scale_factor) == (0.3, 0.4, 12.0)
+    assert PolicyLossConfig(loss_scale_factor=5.0).resolved(12).loss_scale_factor == 5.0
 
 
 # ----------------------------------------------------------------- hand-worked
@@ -408,7 +426,7 @@ def test_policy_loss_gradient_is_the_same_in_micro_batches(mode):
     parts = new.clone().requires_grad_(True)
     scale = AggScale(tokens=float(mask.sum()), rows=6.0, dp_size=1)
     for a, b in ((0, 2), (2, 6)):
-        options = options_from(PolicyLossOptions(), POLICY_LOSSES.get(mode).options)
+        options = options_from(PolicyLossConfig().resolved(mask.shape[-1]), POLICY_LOSSES.get(mode).options)
         call(mode, old[a:b], parts[a:b], adv[a:b], mask[a:b], agg_scale=scale, **options)[0].backward()
     assert_allclose(parts.grad.numpy(), whole.grad.numpy(), atol=1e-12)
 

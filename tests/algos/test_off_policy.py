@@ -8,7 +8,7 @@ import pytest
 import torch
 from numpy.testing import assert_allclose
 
-from rlcore.algos.losses import PolicyLossOptions, policy_loss
+from rlcore.algos.losses import policy_loss
 from rlcore.algos.off_policy import importance_weights, merge_stats, off_policy_metrics
 
 # Token ratios pi_prox / pi_behav of three sequences (the third has one padding position, the second too):
@@ -93,11 +93,9 @@ def test_weighting_the_advantages_weighs_each_tokens_ppo_loss():
     new = torch.log(torch.tensor([[0.75, 0.5, 0.25]], dtype=torch.float64))  # ratios 1.5, 1, 0.5
     adv = torch.tensor([[1.0, -2.0, -1.0]], dtype=torch.float64)
     w = torch.tensor([[2.0, 0.5, 0.0]], dtype=torch.float64)
-    opts = PolicyLossOptions(clip_ratio_low=0.2, clip_ratio_high=0.2)
     loss, _ = policy_loss("vanilla", old_log_prob=old, log_prob=new, advantages=adv * w,
-                          response_mask=torch.ones(1, 3), loss_agg_mode="token-mean",
-                          clip_ratio_low=opts.clip_ratio_low, clip_ratio_high=opts.clip_ratio_high,
-                          clip_ratio_c=opts.clip_ratio_c)
+                          response_mask=torch.ones(1, 3), loss_agg_mode="token-mean", clip_ratio_low=0.2,
+                          clip_ratio_high=0.2, clip_ratio_c=3.0)
     # token losses max(-A r, -A clip(r, 0.8, 1.2)): 1.5 -> max(-1.5, -1.2) = -1.2; 1 -> 2; 0.5 -> max(0.5, 0.8) = 0.8
     assert float(loss) == pytest.approx((2.0 * -1.2 + 0.5 * 2.0 + 0.0 * 0.8) / 3)
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlcore.algos.aggregation import AggScale
-from rlcore.algos.losses import PolicyLossOptions
+from rlcore.config import PolicyLossConfig
 from rlcore.controller import RankPlacement
 from rlcore.engine import lora, sync_check
 from rlcore.engine.lora import LoraSpec
@@ -30,8 +30,10 @@ from rlcore.workers.optim import OptimSpec
 from rlcore.workers.proximal import ProximalTerms
 from rlcore.workers.rollout import GenerateSpec
 
+# the default token-mean aggregation does not read the seq-mean-token-sum-norm divisor this length fills in
+RESPONSE_LENGTH = 6
 UPDATE = ActorUpdateSpec(epochs=1, mini_batch_size=8, micro_batch_size=4, grad_clip=1.0, temperature=1.0,
-                         policy_loss="vanilla", loss=PolicyLossOptions(), entropy_coeff=0.0,
+                         loss=PolicyLossConfig().resolved(RESPONSE_LENGTH), entropy_coeff=0.0,
                          kl=KLLossSpec("low_var_kl", 0.001), seed=0)
 LOG_PROBS = LogProbSpec(micro_batch_size=8)
 RANK4 = LoraSpec(rank=4, alpha=8.0)

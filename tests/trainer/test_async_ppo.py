@@ -318,8 +318,8 @@ def test_an_async_round_with_the_optimal_token_baseline_and_bypass_mode(tiny, gr
     forward still brings sum pi^2 for the advantages. Its weights are taken against the current policy inside
     the loss: a stale batch moves them off 1."""
     cfg = config(algorithm={"adv_estimator": "optimal_token_baseline"},
-                 actor={"ppo_mini_batch_size": 2, "lr": 0.05, "policy_loss": "bypass_mode",
-                        "bypass": {"loss_type": "reinforce", "rollout_is": "token"}},
+                 actor={"ppo_mini_batch_size": 2, "lr": 0.05,
+                        "loss": {"name": "bypass_mode", "bypass_loss_type": "reinforce", "bypass_is": "token"}},
                  ppo={"train_batch_size": 4, "mode": "async", "async": {"max_staleness": 1}})
     with async_round(cfg, tiny, groups, steps=3) as runner:
         assert runner.ppo.source == "rollout"

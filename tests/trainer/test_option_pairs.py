@@ -134,7 +134,7 @@ def config(group: dict, run: dict, rm_dir: Path):
                        "agent": ({"loop": "tool", "tools": [{"path": TOOLS, "name": "add"}], "max_turns": 2,
                                   "processes": 1} if run["agent"] == "tool" else {})},
            "algorithm": {"adv_estimator": "gae" if group["critic"] else "grpo"},
-           "actor": {"ppo_mini_batch_size": 4, "lr": 0.01, "policy_loss": run["loss"],
+           "actor": {"ppo_mini_batch_size": 4, "lr": 0.01, "loss": {"name": run["loss"]},
                      "recompute_log_prob": proximal and run["mode"] == "sync",
                      "off_policy": {"correction": run["correction"], "low": 0.5, "high": 2.0, "cap": 2.0},
                      "lora": {"rank": 4 if group["lora"] else 0}},

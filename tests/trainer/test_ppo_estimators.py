@@ -133,16 +133,16 @@ def test_estimator_trains_the_policy(estimator, tiny, groups, tmp_path):
 
 
 NEW_LOSSES = [("dppo_tv", {}), ("dppo_kl", {}), ("sapo", {}), ("dro", {}), ("luspo", {}), ("vespo", {}),
-              ("bypass_mode", {}), ("bypass_mode", {"bypass": {"loss_type": "reinforce", "rollout_is": "token",
-                                                               "rollout_rs": "seq_mean_k3", "rs_threshold": 0.5}})]
+              ("bypass_mode", {}), ("bypass_mode", {"bypass_loss_type": "reinforce", "bypass_is": "token",
+                                                    "bypass_rs": "seq_mean_k3", "bypass_rs_threshold": 0.5})]
 
 
 @pytest.mark.parametrize("loss,extra", NEW_LOSSES)
 def test_policy_loss_trains_the_policy(loss, extra, tiny, groups, tmp_path):
     """Each new policy loss and the bnpo aggregation through real updates: finite metrics (the loss's own ones
     included), weights that move. Two mini-batches a step, so the second one's ratios are off 1."""
-    cfg = config("grpo", actor={"ppo_mini_batch_size": 2, "lr": 0.01, "policy_loss": loss, "loss_agg_mode": "bnpo",
-                                **extra})
+    cfg = config("grpo", actor={"ppo_mini_batch_size": 2, "lr": 0.01,
+                                "loss": {"name": loss, "loss_agg_mode": "bnpo", **extra}})
     runner = runner_for(cfg, tiny, groups, seed=3)
     runner.save(str(tmp_path / "before"))
     rows = [runner.step(i) for i in range(2)]
@@ -220,7 +220,7 @@ def test_a_batch_with_reward_components_gives_them_to_gdpo():
 def test_a_round_restored_from_its_state_repeats_its_steps(estimator, loss, tiny, groups, tmp_path):
     """Resume: the new estimators and losses keep no state of their own; a round restored from a step's saved
     state (workers' weights, optimizer, RNG; the sampler) runs the next steps exactly as the first time."""
-    runner = runner_for(config(estimator, actor={"ppo_mini_batch_size": 2, "lr": 0.01, "policy_loss": loss}),
+    runner = runner_for(config(estimator, actor={"ppo_mini_batch_size": 2, "lr": 0.01, "loss": {"name": loss}}),
                         tiny, groups, seed=12)
     runner.step(0)
     (tmp_path / "state").mkdir()

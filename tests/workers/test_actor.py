@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from rlcore.algos.aggregation import AggScale
-from rlcore.algos.losses import PolicyLossOptions
+from rlcore.config import PolicyLossConfig
 from rlcore.controller import RankPlacement
 from rlcore.engine.model import ModelSpec, load_causal_lm
 from rlcore.engine.sequence import sequences
@@ -24,8 +24,10 @@ from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossS
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.proximal import OffPolicySpec, ProximalTerms
 
+# the default token-mean aggregation does not read the seq-mean-token-sum-norm divisor this length fills in
+RESPONSE_LENGTH = 6
 SPEC = ActorUpdateSpec(epochs=1, mini_batch_size=4, micro_batch_size=2, grad_clip=1.0, temperature=1.0,
-                       policy_loss="vanilla", loss=PolicyLossOptions(), entropy_coeff=0.0,
+                       loss=PolicyLossConfig().resolved(RESPONSE_LENGTH), entropy_coeff=0.0,
                        kl=KLLossSpec("low_var_kl", 0.001), seed=0, proximal="given")
 
 
@@ -152,7 +154,7 @@ def test_one_update_in_micro_batches_is_one_plain_adamw_step_on_the_whole_loss(t
     and its pg_loss metric is that loss's policy term."""
     lr = 0.01
     worker = fresh_worker(tiny_model_dir, lr=lr, packed=False)
-    metrics = worker.update_actor(part, dataclasses.replace(SPEC, kl=None, loss=PolicyLossOptions(), seed=3))
+    metrics = worker.update_actor(part, dataclasses.replace(SPEC, kl=None, seed=3))
     plain = load_causal_lm(tiny_model_dir)
     opt = torch.optim.AdamW(plain.parameters(), lr=lr, weight_decay=0.0)
     loss, _ = plain_loss(plain, part, 0.0, 0.0)
@@ -209,7 +211,7 @@ def test_off_policy_weights_multiply_each_token_loss_given_or_taken_from_the_upd
     with the batch (a trainer forward before the update) or are the update's own first forward, the update takes
     the TIS weights of them over ``rollout_log_probs`` and multiplies each token's loss by them, as written out
     here."""
-    spec = dataclasses.replace(SPEC, policy_loss="dro", loss=PolicyLossOptions(dro_beta=0.4), kl=None,
+    spec = dataclasses.replace(SPEC, loss=PolicyLossConfig(name="dro", dro_beta=0.4).resolved(RESPONSE_LENGTH), kl=None,
                                off_policy=OffPolicySpec("tis", cap=1.5))
     scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
     rollout = part["old_log_probs"] + 0.5  # a behaviour policy far enough off that TIS truncates some tokens
