@@ -38,6 +38,12 @@ class _Section(BaseModel):
                               strict=True)
 
 
+KEEPS_STEPS = {"keeps_steps": True}
+"""``Field(..., json_schema_extra=KEEPS_STEPS)``: the key (or the whole section) cannot change the steps a stage has
+done: how often it checkpoints, when a divergence stops it, where it logs, which Ray it joins. A step checkpoint
+taken under another value of it resumes (:func:`step_params`)."""
+
+
 class RayConfig(_Section):
     address: str = "local"
     """'local' starts a private Ray instance on this machine; 'auto' or 'ray://host:10001' joins a cluster."""
@@ -300,7 +306,7 @@ class OptimizerSettings(_Section):
     """AdamW weight decay."""
     grad_clip: float = Field(1.0, gt=0)
     """Max global gradient norm."""
-    max_nonfinite_steps: int = Field(3, ge=0)
+    max_nonfinite_steps: int = Field(3, ge=0, json_schema_extra=KEEPS_STEPS)
     """Consecutive optimizer steps skipped for a NaN or infinite loss or gradient norm after which the stage
     stops (exit code 3; the message names the step and the last finite metrics). A skipped step changes nothing
     (weights, optimizer state, learning-rate schedule) and is counted in ``<section>/nonfinite_steps``.
@@ -342,7 +348,7 @@ class SFTConfig(OptimizerSettings, defaults={
     """Sequences per forward/backward on one rank (gradient accumulation above it)."""
     warmup_steps: int = Field(20, ge=0)
     """Linear warm-up steps before cosine decay to 10% of lr."""
-    save_every: int = Field(200, ge=0)
+    save_every: int = Field(200, ge=0, json_schema_extra=KEEPS_STEPS)
     """Step checkpoint every N steps (rlcore.trainer.checkpoint); a re-run after a crash resumes from the last
     one. 0 = off."""
     gradient_checkpointing: bool = False
@@ -875,7 +881,7 @@ class RMConfig(OptimizerSettings, defaults={
     center_rewards_coefficient; Eisenstein et al. 2023). 0 = off."""
     eval_every: int = Field(250, ge=0)
     """Held-out accuracy every N steps (rm/val_accuracy in the plot and MLflow); 0 = only at the end."""
-    save_every: int = Field(200, ge=0)
+    save_every: int = Field(200, ge=0, json_schema_extra=KEEPS_STEPS)
     """Step checkpoint every N steps, per reward model (rlcore.trainer.checkpoint, under checkpoint.dir/rm@<name>);
     a re-run after a crash or a stop resumes from the last one. 0 = off."""
 
@@ -900,7 +906,7 @@ class PPOConfig(_Section):
     versioned weights and actor.off_policy corrections (rlcore.trainer.async_ppo)."""
     async_: AsyncConfig = Field(AsyncConfig(), alias="async")
     """Asynchronous rounds (ppo.mode async)."""
-    save_every: int = Field(50, ge=0)
+    save_every: int = Field(50, ge=0, json_schema_extra=KEEPS_STEPS)
     """Step checkpoint every N steps of a round (rlcore.trainer.checkpoint); a re-run after a crash resumes from
     the last one. 0 = off."""
     log_samples: int = Field(8, ge=0)
@@ -943,13 +949,13 @@ class EvaluateConfig(_Section):
 class Config(_Section):
     seed: int = 42
     """Seed of data generation, model init, sampling and shuffling."""
-    ray: RayConfig = RayConfig()
-    tracking: TrackingConfig = TrackingConfig()
+    ray: RayConfig = Field(RayConfig(), json_schema_extra=KEEPS_STEPS)
+    tracking: TrackingConfig = Field(TrackingConfig(), json_schema_extra=KEEPS_STEPS)
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     resources: ResourcesConfig = ResourcesConfig()
     sft: SFTConfig = SFTConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
+    checkpoint: CheckpointConfig = Field(CheckpointConfig(), json_schema_extra=KEEPS_STEPS)
     rollout: RolloutConfig = RolloutConfig()
     reward: RewardConfig = RewardConfig()
     score: ScoreConfig = ScoreConfig()
@@ -1173,6 +1179,21 @@ def section_dict(cfg: Config, sections: tuple[str, ...]) -> dict[str, Any]:
         for p in parents:
             src, dst = src[p], dst.setdefault(p, {})
         dst[last] = json.loads(json.dumps(src[last]))
+    return out
+
+
+def step_params(params: dict[str, Any], schema: type[BaseModel] = Config) -> dict[str, Any]:
+    """``params`` (sections of ``schema`` as plain data, nested as in params.yaml) without the keys declared
+    :data:`KEEPS_STEPS`: what the steps a stage has done depend on, its step checkpoints' fingerprint."""
+    fields = {field.alias or name: field for name, field in schema.model_fields.items()}
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        field = fields[key]
+        if (field.json_schema_extra or {}) == KEEPS_STEPS:
+            continue
+        inner = field.annotation
+        section = isinstance(inner, type) and issubclass(inner, BaseModel) and isinstance(value, dict)
+        out[key] = step_params(value, inner) if section else value
     return out
 
 

@@ -16,9 +16,9 @@ intact and at worst a ``.tmp`` folder, which the next run removes. While the sta
 
 **Resume.** When the stage starts, :meth:`StepCheckpoints.resume` looks at the complete checkpoints, newest
 first, and resumes from the first it can use: one whose fingerprint equals this run's and whose files are all
-there as they were written. The fingerprint is the stage's own: its params (minus the keys that cannot change
-the steps done: ``save_every``, ``max_nonfinite_steps``, the ``checkpoint`` and ``tracking`` sections, ``ray``),
-its code (a hash of every file under the ``rlcore/`` and ``stages/`` dependencies ``dvc.yaml`` lists for the
+there as they were written. The fingerprint is the stage's own: its params (minus the keys whose declaration in
+``rlcore.config`` says they cannot change the steps done, :data:`~rlcore.config.KEEPS_STEPS`: ``save_every``,
+``max_nonfinite_steps``, the ``checkpoint`` and ``tracking`` sections, ``ray``), its code (a hash of every file under the ``rlcore/`` and ``stages/`` dependencies ``dvc.yaml`` lists for the
 stage, the same files whose change makes DVC re-run it; every ``.py`` of both folders where there is no
 ``dvc.yaml``) and its input files (a content hash; files over 256 MiB are hashed by size and their first and
 last 16 MiB). So an edit to a module the stage does not run (``rlcore/serve/app.py`` for ``sft``) keeps its
@@ -42,15 +42,10 @@ from typing import Any, Iterable
 import torch
 import yaml
 
-from rlcore.config import flatten
+from rlcore.config import flatten, step_params
 from rlcore.errors import UserError
 
 CONTROLLER_FILE = "controller.pt"
-# params that never change the steps a checkpoint holds: how often it checkpoints, where it logs, which Ray it
-# uses, when divergence stops it
-IGNORED_PARAMS = ("sft.save_every", "rm.save_every", "ppo.save_every", "checkpoint.", "tracking.", "ray.",
-                  "sft.max_nonfinite_steps", "rm.max_nonfinite_steps", "actor.max_nonfinite_steps",
-                  "critic.max_nonfinite_steps")
 BIG_FILE = 256 * 2**20
 EDGE = 16 * 2**20
 
@@ -146,10 +141,11 @@ def code_digests(root: Path, deps: Iterable[str] | None = None) -> dict[str, str
 
 def fingerprint(params: dict[str, Any], *, root: Path, inputs: Iterable[str | Path],
                 code: Iterable[str] | None = None) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed from: params (minus :data:`IGNORED_PARAMS`), the code under
+    """What a checkpoint must match to be resumed from: params (the stage's declared sections, less what their
+    declarations say cannot change the steps: :func:`~rlcore.config.step_params`), the code under
     ``code`` (the stage's code dependencies, :func:`stage_code`; None: all of ``rlcore/`` and ``stages/``), the
     input files."""
-    flat = {k: v for k, v in flatten(params).items() if not any(k == p or k.startswith(p) for p in IGNORED_PARAMS)}
+    flat = flatten(step_params(params))
     data = {input_key(path, root): digest for path, digest in tree_digests(inputs).items()}
     return {"params": flat, "code": code_digests(root, code), "data": data}
 
