@@ -94,7 +94,6 @@ def one_batch() -> dict[str, float]:
     from rlcore.trainer.rollout_data import place_scores
     from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
     from rlcore.workers.optim import OptimSpec
-    from rlcore.workers.proximal import ProximalTerms
     from rlcore.workers.rollout import GenerateSpec
 
     p, cfg = paths(), rl_config()
@@ -116,8 +115,8 @@ def one_batch() -> dict[str, float]:
     batch = out.union(Batch({"advantages": adv, "old_log_probs": out["rollout_log_probs"]}))
     batch = batch.union(w.compute_ref_log_prob(batch, LogProbSpec(len(batch))))
     spec = actor_update_spec(cfg, 0)
-    proximal = ProximalTerms.started(spec.proximal, spec.off_policy, batch)
-    ours = w._actor_loss(batch, spec, AggScale(float(mask.sum()), float(len(batch)), 1), proximal).loss
+    measures = spec.proximal.measures(batch, spec.off_policy, epochs=spec.epochs, mini_batch_size=len(batch))
+    ours = w._actor_loss(batch, spec, AggScale(float(mask.sum()), float(len(batch)), 1), True, measures).loss
     ours.backward()
     g_ours = {k: v.grad for k, v in w.actor.module.named_parameters()}
 

@@ -995,8 +995,7 @@ class Config(_Section):
             if self.actor.off_policy.correction != "none":
                 raise ValueError(f"actor.loss.name {self.actor.loss.name} corrects for the rollout policy itself "
                                  f"(actor.loss.bypass_*): set actor.off_policy.correction: none")
-        proximal = self.actor.recompute_log_prob or (self.ppo.mode == "async" and self.ppo.async_.max_staleness > 0)
-        if self.actor.off_policy.correction != "none" and not proximal:
+        if self.actor.off_policy.correction != "none" and not needs_recompute(self.actor, self.ppo):
             raise ValueError(f"actor.off_policy.correction {self.actor.off_policy.correction} compares the rollout's "
                              f"log-probs with recomputed ones: set actor.recompute_log_prob: true (or use ppo.mode "
                              f"async with ppo.async.max_staleness > 0)")
@@ -1043,6 +1042,13 @@ class Config(_Section):
             raise ValueError(f"ppo.mode async needs resources.n_workers * cpus_per_worker + rollout.n_workers * "
                              f"cpus_per_worker (+ reward.model.cpus, placement separate) = {need:g} CPUs, more than ray.num_cpus {self.ray.num_cpus} (trainer and "
                              f"generators get their own bundles): lower resources.n_workers or raise ray.num_cpus")
+
+
+def needs_recompute(actor: ActorConfig, ppo: PPOConfig) -> bool:
+    """Whether a round's old (proximal) log-probs are the trainer's own, recomputed, rather than the rollout's: asked
+    for (``actor.recompute_log_prob``), or an asynchronous round whose batches may come from older weights
+    (``ppo.async.max_staleness`` > 0). The one rule for the config's checks and the round's choice of source."""
+    return actor.recompute_log_prob or (ppo.mode == "async" and ppo.async_.max_staleness > 0)
 
 
 def model_head_dim(model: ModelConfig) -> tuple[int | None, str]:

@@ -247,11 +247,11 @@ def running_async_round(cfg: Config, groups: RoundGroups, *, init_dir: str, toke
 
 def async_round_runner(cfg: Config, groups: RoundGroups, generators: GeneratorPool, *, tokenizer, prompts: Batch,
                        seed: int, steps: int) -> RoundRunner:
-    """The round of ``groups`` with :class:`AsyncRollouts` over ``generators`` as its source; with
-    ``ppo.async.max_staleness`` > 0 a batch may come from older weights, so the old log-probs are the trainer's."""
+    """The round of ``groups`` with :class:`AsyncRollouts` over ``generators`` as its source (with
+    ``ppo.async.max_staleness`` > 0 a batch may come from older weights, so the old log-probs are the trainer's:
+    :func:`~rlcore.config.needs_recompute`)."""
     scoring = RoundScoring(cfg, tokenizer, groups.reward_model)
     rollouts = AsyncRollouts(cfg, generators=generators, actor=groups.actor, scoring=scoring, prompts=prompts,
                              seed=seed, steps=steps)
-    stale = cfg.ppo.async_.max_staleness > 0
     return RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed, rollouts=rollouts,
-                       scoring=scoring, recompute=cfg.actor.recompute_log_prob or stale)
+                       scoring=scoring)

@@ -1,15 +1,15 @@
 """One PPO-family update on a scored batch, as named steps: balance, old log-probs, reference, values,
 advantages, critic update, actor update.
 
-    ppo = PPOStep(cfg, groups, seed=seed, proximal=cfg.actor.recompute_log_prob, reward_weights=weights)
+    ppo = PPOStep(cfg, groups, seed=seed, reward_weights=weights)
     batch, metrics = ppo.train(batch, step, timings)
 
 What a step runs follows from the registries and the params: the estimator says whether it needs a critic, old
 log-probs or sum pi^2; ``algorithm.use_kl_in_reward`` whether the controller needs the reference log-probs (for
 the KL loss alone the update computes them on its ranks). Where the old (proximal) log-probs come from is chosen
-once (:func:`proximal_source`): the rollout's, a trainer forward here, or the update's own first forward; the
-importance weights, the rollout mismatch and the KL to the reference are measured against them in the actor update,
-each by one function (:mod:`rlcore.workers.proximal`). The workers hold the weights; the controller only moves
+once, as a type (:func:`proximal_source`): the rollout's, a trainer forward here, or the update's own first
+forward; the importance weights, the rollout mismatch and the KL to the reference are measured against them in the
+actor update, each by one function (:mod:`rlcore.workers.proximal`). The workers hold the weights; the controller only moves
 :class:`~rlcore.protocol.Batch` records with typed specs and does the tensor math of rewards and advantages.
 """
 
@@ -26,7 +26,7 @@ from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advanta
 from rlcore.algos.kl import kl_penalty
 from rlcore.algos.kl_control import controller_options, make_kl_controller
 from rlcore.algos.losses import POLICY_LOSSES
-from rlcore.config import Config
+from rlcore.config import Config, needs_recompute
 from rlcore.controller.balance import balance_over_ranks
 from rlcore.controller.worker_group import Pending
 from rlcore.engine.sequence import SEQUENCE_KEYS
@@ -37,7 +37,8 @@ from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.rollout_data import place_scores
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
 from rlcore.workers.critic import CriticUpdateSpec, CriticWorker, ValuesSpec
-from rlcore.workers.proximal import OffPolicySpec
+from rlcore.workers.proximal import (FirstForwardLogProbs, ProximalSource, RecomputedLogProbs,
+                                     RolloutLogProbs)
 
 # What each update reads; the rest of the step's Batch (text fields, rewards) stays on the controller.
 ACTOR_UPDATE_KEYS = SEQUENCE_KEYS + ("advantages", "rollout_log_probs", "ref_log_probs")
@@ -61,29 +62,28 @@ def proximal_in_update(cfg: Config) -> bool:
             and not estimator.reads_old_log_probs and not estimator.needs_sum_pi_squared)
 
 
-def proximal_source(cfg: Config, recompute: bool) -> str:
-    """Where a round's old log-probs come from (``rlcore.workers.proximal.SOURCES``): the rollout's own unless the
-    round recomputes them (``recompute``: ``actor.recompute_log_prob``, or an asynchronous round whose batches may
-    be stale), which a loss whose old policy is the behaviour policy (``bypass_mode``) never does; recomputed, by the
-    update's own first forward where it can be (:func:`proximal_in_update`), else by a forward of their own."""
-    if not recompute or POLICY_LOSSES.get(cfg.actor.loss.name).old_is_behaviour:
-        return "rollout"
-    return "update" if proximal_in_update(cfg) else "given"
+def proximal_source(cfg: Config) -> ProximalSource:
+    """Where a round's old log-probs come from (``rlcore.workers.proximal``): the rollout's own unless the round
+    recomputes them (:func:`~rlcore.config.needs_recompute`), which a loss whose old policy is the behaviour policy
+    (``bypass_mode``) never does; recomputed, by the update's own first forward where it can be
+    (:func:`proximal_in_update`), else by a forward of their own."""
+    if not needs_recompute(cfg.actor, cfg.ppo) or POLICY_LOSSES.get(cfg.actor.loss.name).old_is_behaviour:
+        return RolloutLogProbs()
+    return FirstForwardLogProbs() if proximal_in_update(cfg) else RecomputedLogProbs()
 
 
-def actor_update_spec(cfg: Config, seed: int, source: str = "rollout") -> ActorUpdateSpec:
-    """params.yaml ``actor`` as one update's typed settings; mini-batches in rows per rank; ``source``: where the
-    old log-probs come from (:func:`proximal_source`), the off-policy correction only when they are not the
+def actor_update_spec(cfg: Config, seed: int, proximal: ProximalSource = RolloutLogProbs()) -> ActorUpdateSpec:
+    """params.yaml ``actor`` as one update's typed settings; mini-batches in rows per rank; ``proximal``: where the
+    old log-probs come from (:func:`proximal_source`), ``actor.off_policy``'s correction only when they are not the
     rollout's."""
     a, n, w = cfg.actor, cfg.rollout.n, cfg.resources.n_workers
-    o = a.off_policy
-    correction = OffPolicySpec(o.correction, o.cap, o.low, o.high) if source != "rollout" else None
     return ActorUpdateSpec(epochs=a.ppo_epochs, mini_batch_size=a.ppo_mini_batch_size * n // w,
                            micro_batch_size=a.micro_batch_size, grad_clip=a.grad_clip,
                            temperature=cfg.rollout.temperature, loss=a.loss.resolved(cfg.task.max_response_length),
                            entropy_coeff=a.entropy_coeff,
                            kl=KLLossSpec(a.kl_loss_type, a.kl_loss_coef) if a.use_kl_loss else None, seed=seed,
-                           proximal=source, off_policy=correction)
+                           proximal=proximal,
+                           off_policy=None if isinstance(proximal, RolloutLogProbs) else a.off_policy)
 
 
 def critic_update_spec(cfg: Config, seed: int) -> CriticUpdateSpec:
@@ -98,11 +98,10 @@ class PPOStep:
     """The update half of a round over its worker groups: :meth:`train` turns a scored batch into one policy (and
     critic) update; it keeps the KL controller and counts the policy versions."""
 
-    def __init__(self, cfg: Config, groups: RoundGroups, *, seed: int, recompute: bool,
-                 reward_weights: tuple[float, ...], source: str | None = None):
-        """``recompute``: whether the old log-probs are the trainer's (:func:`proximal_source` chooses where they
-        come from, unless ``source`` says); ``reward_weights``: each reward component's weight, in the order of the
-        batch's ``reward_components``."""
+    def __init__(self, cfg: Config, groups: RoundGroups, *, seed: int, reward_weights: tuple[float, ...],
+                 proximal: ProximalSource | None = None):
+        """``reward_weights``: each reward component's weight, in the order of the batch's ``reward_components``;
+        ``proximal``: where the old log-probs come from (default: :func:`proximal_source` of ``cfg``)."""
         alg = cfg.algorithm
         self.cfg, self.seed = cfg, seed
         self.estimator = ESTIMATORS.get(alg.adv_estimator)
@@ -112,10 +111,10 @@ class PPOStep:
             raise ValueError(f"estimator {alg.adv_estimator!r} needs a critic worker group")
         k = alg.kl_ctrl
         self.kl_ctrl = make_kl_controller(k.type, **options_from(k, controller_options(k.type)))
-        self.source = proximal_source(cfg, recompute) if source is None else source
+        self.proximal = proximal_source(cfg) if proximal is None else proximal
         self.log_prob_spec = LogProbSpec(cfg.actor.micro_batch_size, cfg.rollout.temperature)
         self.values_spec = ValuesSpec(cfg.critic.micro_batch_size)
-        self.actor_spec, self.critic_spec = actor_update_spec(cfg, seed, self.source), critic_update_spec(cfg, seed)
+        self.actor_spec, self.critic_spec = actor_update_spec(cfg, seed, self.proximal), critic_update_spec(cfg, seed)
         self.adv_options = AdvantageOptions(gamma=alg.gamma, lam=alg.lam,
                                             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
                                             gdpo_batch_norm=alg.gdpo_batch_norm, handle_zero_tail=alg.handle_zero_tail,
@@ -149,18 +148,16 @@ class PPOStep:
         return batch
 
     def _old_log_probs(self, batch: Batch, t: Metrics) -> Batch:
-        """``old_log_probs``: a trainer forward for the ``given`` source (with ``sum_pi_squared`` when the estimator
-        reads it); the rollout's own otherwise (the ``update`` source leaves them to the update, and nothing here
-        reads them then)."""
+        """``old_log_probs`` as the proximal source has them on the controller (the rollout's own; a trainer
+        forward's; none when the update's own first forward takes them, as nothing here reads them then), with
+        ``sum_pi_squared`` from that forward when the estimator reads it."""
         stats = self.estimator.needs_sum_pi_squared
-        if self.source == "given" or stats:
+        if self.proximal.forward_before_update or stats:
             with timer(t, "old_log_prob"):
                 forward = self.actor.call(ActorRolloutRefWorker.compute_log_prob, batch.only(*SEQUENCE_KEYS),
                                           dataclasses.replace(self.log_prob_spec, sum_pi_squared=stats))
-            batch = batch.union(forward if self.source == "given" else forward.only("sum_pi_squared"))
-        if self.source == "rollout":  # the rollout ran these weights: its log-probs are the old policy's
-            batch = batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
-        return batch
+            batch = batch.union(forward.only(*self.proximal.sent, *(("sum_pi_squared",) if stats else ())))
+        return self.proximal.on_controller(batch)
 
     def _reference(self, batch: Batch, t: Metrics) -> Batch:
         """``ref_log_probs`` when the rewards need them here (a KL penalty in the reward); for the KL loss alone the
@@ -216,12 +213,12 @@ class PPOStep:
 
     def _update_actor(self, batch: Batch, step: int, t: Metrics,
                       during_update: Callable[[Pending], None] | None) -> Metrics:
-        """The actor update (after ``critic.warmup_steps`` with a critic); the old log-probs go along when a
-        trainer forward computed them (``given``), the rollout's always (the update measures the mismatch, and
-        the importance weights, against them)."""
+        """The actor update (after ``critic.warmup_steps`` with a critic); what the proximal source sends goes along,
+        the rollout's log-probs always (the update measures the mismatch, and the importance weights, against
+        them)."""
         if self.critic is not None and step < self.cfg.critic.warmup_steps:
             return {}
-        keys = ACTOR_UPDATE_KEYS + (("old_log_probs",) if self.source == "given" else ())
+        keys = ACTOR_UPDATE_KEYS + self.proximal.sent
         with timer(t, "update_actor"):
             pending = self.actor.submit(ActorRolloutRefWorker.update_actor, batch.only(*keys),
                                         dataclasses.replace(self.actor_spec, seed=self.seed + step))

@@ -31,17 +31,14 @@ from rlcore.trainer.rollouts import RolloutSource, RoundScoring, SyncRollouts, t
 
 class RoundRunner:
     """One round over its worker groups: :meth:`step` is one RL step, :meth:`validate` greedy pass@1 on held-out
-    prompts. Without ``rollouts`` the source is the synchronous one; ``ppo.mode`` async passes its own (and
-    ``recompute``: whether its batches may be stale, so the old log-probs are the trainer's)."""
+    prompts. Without ``rollouts`` the source is the synchronous one; ``ppo.mode`` async passes its own."""
 
     def __init__(self, cfg: Config, *, groups: RoundGroups, tokenizer, prompts: Batch, seed: int,
-                 rollouts: RolloutSource | None = None, scoring: RoundScoring | None = None,
-                 recompute: bool | None = None):
+                 rollouts: RolloutSource | None = None, scoring: RoundScoring | None = None):
         self.cfg, self.tok, self.seed = cfg, tokenizer, seed
         self.actor = groups.actor
         self.scoring = scoring or RoundScoring(cfg, tokenizer, groups.reward_model)
-        self.ppo = PPOStep(cfg, groups, seed=seed, reward_weights=self.scoring.weights,
-                           recompute=cfg.actor.recompute_log_prob if recompute is None else recompute)
+        self.ppo = PPOStep(cfg, groups, seed=seed, reward_weights=self.scoring.weights)
         self.rollouts: RolloutSource = rollouts or SyncRollouts(
             cfg, groups.actor, self.scoring, prompts=prompts, seed=seed,
             greedy_baseline=self.ppo.estimator.needs_greedy_baseline)

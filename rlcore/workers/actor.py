@@ -24,7 +24,7 @@ import torch
 from rlcore.algos.aggregation import AggScale, agg_loss
 from rlcore.algos.kl import kl_penalty
 from rlcore.algos.losses import POLICY_LOSSES, policy_loss
-from rlcore.config import PolicyLossConfig
+from rlcore.config import OffPolicyConfig, PolicyLossConfig
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed, peak_memory, sync_check
 from rlcore.engine.lora import reference_weights
@@ -36,7 +36,7 @@ from rlcore.registry import options_from
 from rlcore.rollout.base import EngineSpec
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
-from rlcore.workers.proximal import OffPolicySpec, ProximalTerms
+from rlcore.workers.proximal import ProximalMeasures, ProximalSource, RolloutLogProbs
 from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_on, make_trainer_engine
 from rlcore.workers.state import TrainedModelState
@@ -81,13 +81,12 @@ class ActorUpdateSpec:
     """None: no KL loss term."""
     seed: int
     """Seeds the mini-batch shuffle."""
-    proximal: str = "rollout"
-    """Where the old log-probs come from (``rlcore.workers.proximal.SOURCES``): the batch's ``rollout_log_probs``;
-    its ``old_log_probs`` (a trainer forward before the update); or the update's own first forward, when it is one
-    epoch of one mini-batch (no optimizer step comes before any row's forward)."""
-    off_policy: OffPolicySpec | None = None
-    """``actor.off_policy``'s correction of the proximal policy over the behaviour (rollout) one: importance weights
-    on each token's loss (None: no correction)."""
+    proximal: ProximalSource = RolloutLogProbs()
+    """Where the old log-probs come from (``rlcore.workers.proximal``): the rollout's own, a trainer forward before
+    the update, or the update's own first forward."""
+    off_policy: OffPolicyConfig | None = None
+    """params.yaml ``actor.off_policy``: the correction of the proximal policy over the behaviour (rollout) one,
+    importance weights on each token's loss (None: no correction)."""
 
 
 class ActorRolloutRefWorker(TrainedModelState, RankWorker):
@@ -212,18 +211,19 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
             return Batch({"ref_log_probs": self._log_probs(self.actor, batch, spec, with_entropy=False)["log_probs"]})
 
     # ---------------------------------------------------------------- update
-    def _actor_loss(self, part: Batch, spec: ActorUpdateSpec, scale: AggScale, proximal: ProximalTerms) -> MicroResult:
+    def _actor_loss(self, part: Batch, spec: ActorUpdateSpec, scale: AggScale, first_minibatch: bool,
+                    measures: ProximalMeasures) -> MicroResult:
         """The micro-batch's share of ``pg - entropy_coeff * H + kl_coef * KL``, each term aggregated
-        with its own mode over the global mini-batch (``scale``); the old log-probs and the importance weights from
-        ``proximal`` (``rlcore.workers.proximal``)."""
+        with its own mode over the global mini-batch (``scale``); the old log-probs from ``spec.proximal``, the
+        importance weights and what is measured against them into ``measures`` (``rlcore.workers.proximal``)."""
         ids, mask = sequences(part)
         rmask = part["response_mask"].to(self.device)
         lp, ent = self.actor.response_log_probs(ids.to(self.device), mask.to(self.device),
                                                 part["responses"].to(self.device), temperature=spec.temperature,
                                                 with_entropy=True, entropy_grad=spec.entropy_coeff != 0)
         options = options_from(spec.loss, POLICY_LOSSES.get(spec.loss.name).options)
-        old = proximal.old(part, lp, self.device)
-        weights = proximal.weights(old, part, self.device)
+        old = spec.proximal.old(part, lp, first_minibatch, measures, self.device)
+        weights = measures.weights(old, part, self.device)
         if weights is not None:
             options["is_weights"] = weights
         pg, m = policy_loss(spec.loss.name, old_log_prob=old, log_prob=lp,
@@ -247,22 +247,18 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         With the KL loss on and no ``ref_log_probs`` in the batch (the controller only fetches them
         when it needs them itself, for a KL penalty in the reward), the colocated reference model
         computes them here first: one worker call per step fewer, and nothing sent back and forth. The old
-        log-probs, the importance weights, the rollout mismatch and the KL to the reference come from
-        :class:`~rlcore.workers.proximal.ProximalTerms` (``spec.proximal``)."""
+        log-probs come from ``spec.proximal``, which measures the rollout mismatch and the KL to the reference into a
+        :class:`~rlcore.workers.proximal.ProximalMeasures` of this call, with the importance weights."""
         extra: Metrics = {}
         if spec.kl is not None and "ref_log_probs" not in batch:
             start = time.perf_counter()
             ref = self.compute_ref_log_prob(batch, LogProbSpec(spec.micro_batch_size, spec.temperature))
             batch = batch.union(ref)
             extra["perf/ref_in_update_s"] = time.perf_counter() - start
-        if spec.proximal == "update" and (spec.epochs != 1 or spec.mini_batch_size < len(batch)):
-            raise ValueError("update_actor: old log-probs from the update's own forward need one epoch of one "
-                             f"mini-batch (got {spec.epochs} epoch(s), mini-batches of {spec.mini_batch_size} of "
-                             f"{len(batch)} rows)")
-        proximal = ProximalTerms.started(spec.proximal, spec.off_policy, batch)
+        measures = spec.proximal.measures(batch, spec.off_policy, epochs=spec.epochs,
+                                          mini_batch_size=spec.mini_batch_size)
 
         def optimizer_step(loss: float) -> Metrics:
-            proximal.first_minibatch = False  # later mini-batches run updated weights
             lr = self.sched.get_last_lr()[0]
             norm, skipped = clipped_step(self.actor, self.opt, self.sched, spec.grad_clip, loss,
                                          offload=self.optim_spec.offload)
@@ -273,15 +269,11 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
                 batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size,
                 micro_batch_size=spec.micro_batch_size,
                 generator=torch.Generator().manual_seed(spec.seed * 7919 + self.rank), device=self.device,
-                micro_loss=lambda part, scale: self._actor_loss(part, spec, scale, proximal),
+                micro_loss=lambda part, scale, first: self._actor_loss(part, spec, scale, first, measures),
                 optimizer_step=optimizer_step)
         self.rollout_stale = True
-        if "ref_log_probs" in batch:
-            extra.update(proximal.kl_ref)
         metrics = distributed.all_reduce_mean({**update_metrics(rows, "actor"), **extra}, self.device)
-        metrics.update(proximal.metrics(self.device))
-        if "kl_ref_sum" in metrics:
-            metrics["actor/kl_ref"] = metrics.pop("kl_ref_sum") / max(metrics.pop("kl_ref_tokens"), 1.0)
+        metrics.update(measures.metrics(self.device))
         # the largest rank's peak of each phase since the last update (every rank ran the same phases)
         metrics.update({k: distributed.all_reduce_max(v, self.device) for k, v in sorted(self.peaks.items())})
         self.peaks = {}

@@ -85,7 +85,7 @@ class CriticWorker(TrainedModelState, TrainingRank):
         rows = minibatch_updates(
             batch, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size, micro_batch_size=spec.micro_batch_size,
             generator=torch.Generator().manual_seed(spec.seed * 104729 + self.rank), device=self.device,
-            micro_loss=lambda part, scale: self._critic_loss(part, spec, scale), optimizer_step=optimizer_step)
+            micro_loss=lambda part, scale, first: self._critic_loss(part, spec, scale), optimizer_step=optimizer_step)
         return distributed.all_reduce_mean(update_metrics(rows, "critic"), self.device)
 
     @register(Dispatch.ONE_TO_ALL)

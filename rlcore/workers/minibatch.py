@@ -36,11 +36,13 @@ class MicroResult:
 
 def minibatch_updates(batch: Batch, *, epochs: int, mini_batch_size: int, micro_batch_size: int,
                       generator: torch.Generator, device: torch.device,
-                      micro_loss: Callable[[Batch, AggScale], MicroResult],
+                      micro_loss: Callable[[Batch, AggScale, bool], MicroResult],
                       optimizer_step: Callable[[float], Metrics]) -> list[Metrics]:
     """``epochs`` shuffled passes over this rank's rows, one optimizer step per mini-batch of
     ``mini_batch_size`` rows, gradient accumulation over micro-batches of ``micro_batch_size`` rows.
-    Every rank holds as many rows as the others (``Batch.chunk``). ``optimizer_step`` gets the global
+    Every rank holds as many rows as the others (``Batch.chunk``). ``micro_loss(part, scale, first_minibatch)``:
+    ``first_minibatch`` while no optimizer step of this update has run (its forward runs the weights the batch was
+    generated with). ``optimizer_step`` gets the global
     mini-batch's loss (the same on every rank: a non-finite loss on any rank makes it non-finite, and
     :func:`~rlcore.workers.optim.clipped_step` skips the step on every rank). Returns one metrics row per
     optimizer step."""
@@ -55,7 +57,7 @@ def minibatch_updates(batch: Batch, *, epochs: int, mini_batch_size: int, micro_
             means: list[Metrics] = []
             loss = 0.0
             for part in mini.split(micro_batch_size):
-                result = micro_loss(part, scale)
+                result = micro_loss(part, scale, not rows)
                 result.loss.backward()
                 loss += float(result.loss.detach())
                 for k, v in result.sums.items():

@@ -1,10 +1,15 @@
-"""The proximal (old) policy of an actor update and what is measured against it, each by one function here.
+"""The proximal (old) policy of an actor update: where its log-probs come from, and what is measured against it.
 
-Where the old log-probs come from is the update's spec, chosen by the round from ``actor.recompute_log_prob``,
-``ppo.mode`` and the update's shape (:data:`SOURCES`): the rollout's own (the policy that sampled is the one being
-trained), a trainer forward run before the update (sent as ``old_log_probs``), or the update's own first forward
-(one epoch of one mini-batch: no optimizer step comes before any row's forward). Whichever it is, the update
-computes from it:
+Where the old log-probs come from is a type, one of three small classes here; the round chooses one from
+``actor.recompute_log_prob``, ``ppo.mode`` and the update's shape (``rlcore.trainer.round.ppo_step.proximal_source``)
+and sends it in the update's spec. Each says what the controller sends the update and how the update measures:
+
+* :class:`RolloutLogProbs`: the rollout's own (the policy that sampled is the one being trained);
+* :class:`RecomputedLogProbs`: a trainer forward run before the update, sent as ``old_log_probs``;
+* :class:`FirstForwardLogProbs`: the update's own first forward (one epoch of one mini-batch: no optimizer step
+  comes before any row's forward), so nothing more is sent and no forward of their own is run.
+
+Whichever it is, the update computes from it, each quantity by one function here:
 
 * the importance weights of the proximal over the behaviour policy (``actor.off_policy``,
   :func:`rlcore.algos.off_policy.importance_weights`), which multiply each token's policy loss;
@@ -12,35 +17,22 @@ computes from it:
   are from the trainer's own before the update (:func:`mismatch_sums`);
 * the KL of the proximal policy to the reference (``actor/kl_ref``, :func:`kl_ref_sums`).
 
-A :class:`ProximalTerms` holds one update call's sums (a local of the call, never state of the worker); its
-:meth:`~ProximalTerms.metrics` reduces them over the ranks.
+A :class:`ProximalMeasures` holds one update call's sums (a local of the call, never state of the worker); its
+:meth:`~ProximalMeasures.metrics` reduces them over the ranks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import torch
 
 from rlcore.algos.kl import kl_penalty
 from rlcore.algos.off_policy import MAX_KEYS, SUM_KEYS, importance_weights, merge_stats, off_policy_metrics
+from rlcore.config import OffPolicyConfig
 from rlcore.engine import distributed
 from rlcore.protocol import Batch, Metrics
-
-SOURCES = ("rollout", "given", "update")
-"""Where an update's old log-probs come from: the batch's ``rollout_log_probs``; its ``old_log_probs`` (a trainer
-forward before the update); the update's own first forward."""
-
-
-@dataclass(frozen=True)
-class OffPolicySpec:
-    """``actor.off_policy``: the correction between the behaviour (rollout) and the proximal policy."""
-
-    correction: str
-    """``rlcore.algos.off_policy.CORRECTIONS`` name."""
-    cap: float = 2.0
-    low: float = 0.5
-    high: float = 2.0
 
 
 def mismatch_sums(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -61,51 +53,22 @@ def kl_ref_sums(proximal: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -
 
 
 @dataclass
-class ProximalTerms:
-    """One update call's proximal policy and its measurements (see the module docstring)."""
+class ProximalMeasures:
+    """One update call's measurements against its proximal policy (see the module docstring): sums added up as
+    the sources measure them, reduced over the ranks by :meth:`metrics`."""
 
-    source: str
-    """One of :data:`SOURCES`."""
-    correction: OffPolicySpec | None
-    first_minibatch: bool = True
-    """Until the first optimizer step: the forwards run the weights the rollout sampled with."""
+    correction: OffPolicyConfig | None
+    """``actor.off_policy``: the importance weights of the proximal over the behaviour policy (None: none)."""
     weight_stats: dict[str, float] | None = None
     mismatch: dict[str, float] | None = None
-    kl_ref: dict[str, float] = field(default_factory=lambda: {"kl_ref_sum": 0.0, "kl_ref_tokens": 0.0})
+    kl_ref: dict[str, float] | None = None
 
-    @classmethod
-    def started(cls, source: str, correction: OffPolicySpec | None, batch: Batch) -> "ProximalTerms":
-        """The terms of an update of ``batch``, :meth:`start` already called on it."""
-        terms = cls(source, correction)
-        terms.start(batch)
-        return terms
+    def add_mismatch(self, trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> None:
+        """Count in the mismatch of ``trainer``'s log-probs (the weights the rollout sampled with) to the rollout's."""
+        self.mismatch = _added(self.mismatch, mismatch_sums(trainer, rollout, mask))
 
-    def start(self, batch: Batch) -> None:
-        """What the whole shard tells before the first mini-batch: with ``given`` old log-probs, the mismatch of
-        every row and the KL to the reference (the ``update`` source measures both on its first forward)."""
-        mask = batch["response_mask"]
-        if self.source == "given" and "rollout_log_probs" in batch:
-            self.mismatch = mismatch_sums(batch["old_log_probs"], batch["rollout_log_probs"], mask)
-        if self.source != "update" and "ref_log_probs" in batch:
-            old = batch["old_log_probs"] if self.source == "given" else batch["rollout_log_probs"]
-            self.kl_ref = kl_ref_sums(old, batch["ref_log_probs"], mask)
-
-    def old(self, part: Batch, log_prob: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """The micro-batch's old log-probs (``[rows, response_len]``) given its forward's ``log_prob``; on the
-        update's first mini-batch, the mismatch of that forward (the weights the rollout sampled with) and, for the
-        ``update`` source, the KL to the reference are added up."""
-        mask = part["response_mask"].to(device)
-        forward = log_prob.detach()
-        if self.first_minibatch and self.source != "given" and "rollout_log_probs" in part:
-            sums = mismatch_sums(forward, part["rollout_log_probs"].to(device), mask)
-            self.mismatch = sums if self.mismatch is None else _added(self.mismatch, sums)
-        if self.source == "given":
-            return part["old_log_probs"].to(device)
-        if self.source == "rollout":
-            return part["rollout_log_probs"].to(device)
-        if "ref_log_probs" in part:
-            self.kl_ref = _added(self.kl_ref, kl_ref_sums(forward, part["ref_log_probs"].to(device), mask))
-        return forward
+    def add_kl_ref(self, proximal: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> None:
+        self.kl_ref = _added(self.kl_ref, kl_ref_sums(proximal, ref, mask))
 
     def weights(self, old: torch.Tensor, part: Batch, device: torch.device) -> torch.Tensor | None:
         """The importance weights ``[rows, response_len]`` of ``old`` (the proximal policy) over the rollout's,
@@ -119,8 +82,8 @@ class ProximalTerms:
         return weights
 
     def metrics(self, device: torch.device) -> Metrics:
-        """``rollout/logprob_*``, ``off_policy/*`` and the sums behind ``actor/kl_ref``, over every rank (collectives:
-        every rank calls this)."""
+        """``rollout/logprob_*``, ``off_policy/*`` and ``actor/kl_ref`` over every rank (collectives: every rank calls
+        this)."""
         out: Metrics = {}
         if self.mismatch is not None:
             tokens = distributed.all_reduce_sum(self.mismatch["tokens"], device)
@@ -135,9 +98,123 @@ class ProximalTerms:
             merged = {k: distributed.all_reduce_sum(stats.get(k, 0.0), device) for k in SUM_KEYS}
             merged.update({k: distributed.all_reduce_max(stats.get(k, 0.0), device) for k in MAX_KEYS})
             out.update(off_policy_metrics(merged))
+        if self.kl_ref is not None:
+            kl = distributed.all_reduce_mean(self.kl_ref, device)
+            out["actor/kl_ref"] = kl["kl_ref_sum"] / max(kl["kl_ref_tokens"], 1.0)
         return out
 
 
-def _added(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    """Two sets of token sums together (``*_max`` keys take the larger)."""
+class ProximalSource(Protocol):
+    """Where an update's old log-probs come from: what the controller computes and sends for it, and how the update
+    takes them and measures against them."""
+
+    forward_before_update: ClassVar[bool]
+    """The controller runs a trainer forward for them before the update."""
+    sent: ClassVar[tuple[str, ...]]
+    """What the update reads of the batch for them besides the rollout's log-probs."""
+
+    def on_controller(self, batch: Batch) -> Batch:
+        """``batch`` (holding what :attr:`sent` names, when the controller computed it) with ``old_log_probs`` where
+        the controller has them before the update (an estimator or a KL penalty in the reward may read them)."""
+
+    def measures(self, batch: Batch, correction: OffPolicyConfig | None, *, epochs: int,
+                 mini_batch_size: int) -> ProximalMeasures:
+        """An update's measurements of this rank's ``batch``, with what the whole shard tells before the first
+        mini-batch; an update whose shape the source cannot serve is refused (ValueError)."""
+
+    def old(self, part: Batch, forward: torch.Tensor, first_minibatch: bool, measures: ProximalMeasures,
+            device: torch.device) -> torch.Tensor:
+        """A micro-batch's old log-probs ``[rows, response_len]`` given its forward's log-probs (``forward``), on the
+        update's first mini-batch (``first_minibatch``: no optimizer step before it) measuring what that forward
+        (the weights the rollout sampled with) tells."""
+
+
+@dataclass(frozen=True)
+class RolloutLogProbs:
+    """The rollout's own log-probs are the old policy: the weights that sampled are the ones being trained (a
+    synchronous round without recompute, or a loss whose old policy is the behaviour one). Nothing more is sent; the
+    update measures the rollout mismatch on its first mini-batch's forward and the KL to the reference on the
+    rollout's log-probs, over the whole shard."""
+
+    forward_before_update: ClassVar[bool] = False
+    sent: ClassVar[tuple[str, ...]] = ()
+
+    def on_controller(self, batch: Batch) -> Batch:
+        return batch.union(Batch({"old_log_probs": batch["rollout_log_probs"]}))
+
+    def measures(self, batch: Batch, correction: OffPolicyConfig | None, *, epochs: int,
+                 mini_batch_size: int) -> ProximalMeasures:
+        measures = ProximalMeasures(correction)
+        if "ref_log_probs" in batch:
+            measures.add_kl_ref(batch["rollout_log_probs"], batch["ref_log_probs"], batch["response_mask"])
+        return measures
+
+    def old(self, part: Batch, forward: torch.Tensor, first_minibatch: bool, measures: ProximalMeasures,
+            device: torch.device) -> torch.Tensor:
+        rollout = part["rollout_log_probs"].to(device)
+        if first_minibatch:
+            measures.add_mismatch(forward.detach(), rollout, part["response_mask"].to(device))
+        return rollout
+
+
+@dataclass(frozen=True)
+class RecomputedLogProbs:
+    """A trainer forward before the update computes the old log-probs (the controller sends them as
+    ``old_log_probs``); the mismatch to the rollout's and the KL to the reference are measured on them, over the
+    whole shard, before the first mini-batch."""
+
+    forward_before_update: ClassVar[bool] = True
+    sent: ClassVar[tuple[str, ...]] = ("old_log_probs",)
+
+    def on_controller(self, batch: Batch) -> Batch:
+        return batch
+
+    def measures(self, batch: Batch, correction: OffPolicyConfig | None, *, epochs: int,
+                 mini_batch_size: int) -> ProximalMeasures:
+        measures, mask = ProximalMeasures(correction), batch["response_mask"]
+        if "rollout_log_probs" in batch:
+            measures.add_mismatch(batch["old_log_probs"], batch["rollout_log_probs"], mask)
+        if "ref_log_probs" in batch:
+            measures.add_kl_ref(batch["old_log_probs"], batch["ref_log_probs"], mask)
+        return measures
+
+    def old(self, part: Batch, forward: torch.Tensor, first_minibatch: bool, measures: ProximalMeasures,
+            device: torch.device) -> torch.Tensor:
+        return part["old_log_probs"].to(device)
+
+
+@dataclass(frozen=True)
+class FirstForwardLogProbs:
+    """The update's own first forward is the old policy: one epoch of one mini-batch, so no optimizer step comes
+    before any row's forward and no forward of their own is needed. Nothing more is sent; that forward gives the
+    mismatch to the rollout's log-probs and the KL to the reference."""
+
+    forward_before_update: ClassVar[bool] = False
+    sent: ClassVar[tuple[str, ...]] = ()
+
+    def on_controller(self, batch: Batch) -> Batch:
+        return batch
+
+    def measures(self, batch: Batch, correction: OffPolicyConfig | None, *, epochs: int,
+                 mini_batch_size: int) -> ProximalMeasures:
+        if epochs != 1 or mini_batch_size < len(batch):
+            raise ValueError("update_actor: old log-probs from the update's own forward need one epoch of one "
+                             f"mini-batch (got {epochs} epoch(s), mini-batches of {mini_batch_size} of {len(batch)} "
+                             "rows)")
+        return ProximalMeasures(correction)
+
+    def old(self, part: Batch, forward: torch.Tensor, first_minibatch: bool, measures: ProximalMeasures,
+            device: torch.device) -> torch.Tensor:
+        proximal, mask = forward.detach(), part["response_mask"].to(device)
+        if "rollout_log_probs" in part:
+            measures.add_mismatch(proximal, part["rollout_log_probs"].to(device), mask)
+        if "ref_log_probs" in part:
+            measures.add_kl_ref(proximal, part["ref_log_probs"].to(device), mask)
+        return proximal
+
+
+def _added(a: dict[str, float] | None, b: dict[str, float]) -> dict[str, float]:
+    """Two sets of token sums together (``*_max`` keys take the larger); ``b`` alone when there is no ``a``."""
+    if a is None:
+        return b
     return {k: max(a[k], b[k]) if k.endswith("_max") else a[k] + b[k] for k in a}

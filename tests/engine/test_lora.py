@@ -27,7 +27,6 @@ from rlcore.rollout import EngineSpec, SamplingParams
 from rlcore.trainer.checkpoint import CONTROLLER_FILE
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
 from rlcore.workers.optim import OptimSpec
-from rlcore.workers.proximal import ProximalTerms
 from rlcore.workers.rollout import GenerateSpec
 
 # the default token-mean aggregation does not read the seq-mean-token-sum-norm divisor this length fills in
@@ -201,8 +200,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir, lora_sp
         batch = rollouts(w)
         batch = batch.union(w.compute_ref_log_prob(batch, LOG_PROBS))
         scale = AggScale(tokens=float(batch["response_mask"].sum()), rows=8.0, dp_size=1)
-        proximal = ProximalTerms.started(UPDATE.proximal, UPDATE.off_policy, batch)
-        w._actor_loss(batch, UPDATE, scale, proximal).loss.backward()
+        measures = UPDATE.proximal.measures(batch, None, epochs=1, mini_batch_size=len(batch))
+        w._actor_loss(batch, UPDATE, scale, True, measures).loss.backward()
         grads.append({n: p.grad.clone() for n, p in w.actor.module.named_parameters() if p.grad is not None})
         layers = [m for m in w.actor.module.modules() if hasattr(m, "gradient_checkpointing")]
         assert layers and all(m.gradient_checkpointing == checkpointing for m in layers)

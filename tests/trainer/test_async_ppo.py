@@ -31,6 +31,7 @@ from rlcore.rollout import engine_spec
 from rlcore.trainer.async_ppo import AsyncRollouts, async_round_runner, running_async_round
 from rlcore.trainer.common import model_spec, start_pool
 from rlcore.trainer.groups import RoundGroups
+from rlcore.workers.proximal import FirstForwardLogProbs, RecomputedLogProbs, RolloutLogProbs
 from tests.trainer import slow_generator
 from tests.trainer.reward_fns import hash_reward
 
@@ -291,12 +292,12 @@ def test_the_proximal_policy_taken_from_the_update_trains_as_a_separate_forward_
                         "off_policy": {"correction": "icepop", "low": 0.99, "high": 1.01}}, ppo={"train_batch_size": 4})
     runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompts, seed=9)
     state = runner.save_state(tmp_path)
-    assert runner.ppo.source == "update"
+    assert isinstance(runner.ppo.proximal, FirstForwardLogProbs)
     runner.step(0)
     runner.step(1)  # the rollout now ran version 1, the trainer is at version 1 too: ratios ~1
     fused = runner.step(2)
     runner.save(str(tmp_path / "fused"))
-    runner.ppo = PPOStep(cfg, groups, seed=9, recompute=True, reward_weights=runner.scoring.weights, source="given")
+    runner.ppo = PPOStep(cfg, groups, seed=9, reward_weights=runner.scoring.weights, proximal=RecomputedLogProbs())
     runner.load_state(tmp_path, state)
     for i in range(2):
         runner.step(i)
@@ -322,7 +323,7 @@ def test_an_async_round_with_the_optimal_token_baseline_and_bypass_mode(tiny, gr
                         "loss": {"name": "bypass_mode", "bypass_loss_type": "reinforce", "bypass_is": "token"}},
                  ppo={"train_batch_size": 4, "mode": "async", "async": {"max_staleness": 1}})
     with async_round(cfg, tiny, groups, steps=3) as runner:
-        assert runner.ppo.source == "rollout"
+        assert isinstance(runner.ppo.proximal, RolloutLogProbs)
         rows = [runner.step(i) for i in range(3)]
         batch = runner.last_batch
     assert [r["async/staleness"] for r in rows] == [0, 1, 1]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from rlcore.algos.aggregation import AggScale
-from rlcore.config import PolicyLossConfig
+from rlcore.config import OffPolicyConfig, PolicyLossConfig
 from rlcore.controller import RankPlacement
 from rlcore.engine.model import ModelSpec, load_causal_lm
 from rlcore.engine.sequence import sequences
@@ -22,18 +22,19 @@ from rlcore.protocol import Batch
 from rlcore.rollout import EngineSpec
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec
 from rlcore.workers.optim import OptimSpec
-from rlcore.workers.proximal import OffPolicySpec, ProximalTerms
+from rlcore.workers.proximal import FirstForwardLogProbs, RecomputedLogProbs
 
 # the default token-mean aggregation does not read the seq-mean-token-sum-norm divisor this length fills in
 RESPONSE_LENGTH = 6
 SPEC = ActorUpdateSpec(epochs=1, mini_batch_size=4, micro_batch_size=2, grad_clip=1.0, temperature=1.0,
                        loss=PolicyLossConfig().resolved(RESPONSE_LENGTH), entropy_coeff=0.0,
-                       kl=KLLossSpec("low_var_kl", 0.001), seed=0, proximal="given")
+                       kl=KLLossSpec("low_var_kl", 0.001), seed=0, proximal=RecomputedLogProbs())
 
 
 def actor_loss(worker, part: Batch, spec: ActorUpdateSpec, scale: AggScale):
-    """The worker's micro-batch loss, with the proximal terms of an update of ``part`` alone."""
-    return worker._actor_loss(part, spec, scale, ProximalTerms.started(spec.proximal, spec.off_policy, part))
+    """The worker's micro-batch loss in the first mini-batch of an update of ``part`` alone."""
+    measures = spec.proximal.measures(part, spec.off_policy, epochs=spec.epochs, mini_batch_size=spec.mini_batch_size)
+    return worker._actor_loss(part, spec, scale, True, measures)
 
 
 def test_sequences_drop_the_prompt_columns_that_no_row_uses():
@@ -212,7 +213,7 @@ def test_off_policy_weights_multiply_each_token_loss_given_or_taken_from_the_upd
     the TIS weights of them over ``rollout_log_probs`` and multiplies each token's loss by them, as written out
     here."""
     spec = dataclasses.replace(SPEC, loss=PolicyLossConfig(name="dro", dro_beta=0.4).resolved(RESPONSE_LENGTH), kl=None,
-                               off_policy=OffPolicySpec("tis", cap=1.5))
+                               off_policy=OffPolicyConfig(correction="tis", cap=1.5))
     scale = AggScale(tokens=float(part["response_mask"].sum()), rows=4.0, dp_size=1)
     rollout = part["old_log_probs"] + 0.5  # a behaviour policy far enough off that TIS truncates some tokens
     with_rollout = part.union(Batch({"rollout_log_probs": rollout}))
@@ -226,6 +227,6 @@ def test_off_policy_weights_multiply_each_token_loss_given_or_taken_from_the_upd
     assert abs(unweighted.loss.item() - expected.item()) > 1e-3
 
     fused_part = Batch({k: v for k, v in with_rollout.tensors.items() if k != "old_log_probs"})
-    fused = actor_loss(fresh_worker(tiny_model_dir), fused_part, dataclasses.replace(spec, proximal="update"), scale)
+    fused = actor_loss(fresh_worker(tiny_model_dir), fused_part, dataclasses.replace(spec, proximal=FirstForwardLogProbs()), scale)
     expected = plain_dro(plain, part, None, tis, 0.4)
     assert fused.loss.item() == pytest.approx(expected.item(), abs=1e-6)
