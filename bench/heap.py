@@ -64,7 +64,7 @@ def main():
         from rlcore.engine.model import load_tokenizer
         from rlcore.pipeline_run import pipeline_params
         from rlcore.tracking import MlflowTracker
-        from rlcore.trainer.checkpoint import stage_checkpoints
+        from rlcore.trainer.loop.checkpoint import stage_checkpoints
         from rlcore.trainer.ppo import run_ppo_round
         load_tokenizer(model_dir)
     tracker = MlflowTracker(f"sqlite:///{db}", "bench-heap", "child", {})
@@ -89,7 +89,7 @@ from rlcore.config import Config
 from rlcore.controller.decorator import RankPlacement
 from rlcore.engine import distributed
 from rlcore.rollout import engine_spec
-from rlcore.trainer.common import model_spec
+from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.workers.optim import OptimSpec
 cfg = Config()
 worker = ActorRolloutRefWorker(RankPlacement(0, 1, 1, None), model=model_spec(cfg, model_dir, "actor"),

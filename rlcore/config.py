@@ -349,7 +349,7 @@ class SFTConfig(OptimizerSettings, defaults={
     warmup_steps: int = Field(20, ge=0)
     """Linear warm-up steps before cosine decay to 10% of lr."""
     save_every: int = Field(200, ge=0, json_schema_extra=KEEPS_STEPS)
-    """Step checkpoint every N steps (rlcore.trainer.checkpoint); a re-run after a crash resumes from the last
+    """Step checkpoint every N steps (rlcore.trainer.loop.checkpoint); a re-run after a crash resumes from the last
     one. 0 = off."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations during backward instead of keeping them from the forward:
@@ -882,7 +882,7 @@ class RMConfig(OptimizerSettings, defaults={
     eval_every: int = Field(250, ge=0)
     """Held-out accuracy every N steps (rm/val_accuracy in the plot and MLflow); 0 = only at the end."""
     save_every: int = Field(200, ge=0, json_schema_extra=KEEPS_STEPS)
-    """Step checkpoint every N steps, per reward model (rlcore.trainer.checkpoint, under checkpoint.dir/rm@<name>);
+    """Step checkpoint every N steps, per reward model (rlcore.trainer.loop.checkpoint, under checkpoint.dir/rm@<name>);
     a re-run after a crash or a stop resumes from the last one. 0 = off."""
 
 
@@ -907,7 +907,7 @@ class PPOConfig(_Section):
     async_: AsyncConfig = Field(AsyncConfig(), alias="async")
     """Asynchronous rounds (ppo.mode async)."""
     save_every: int = Field(50, ge=0, json_schema_extra=KEEPS_STEPS)
-    """Step checkpoint every N steps of a round (rlcore.trainer.checkpoint); a re-run after a crash resumes from
+    """Step checkpoint every N steps of a round (rlcore.trainer.loop.checkpoint); a re-run after a crash resumes from
     the last one. 0 = off."""
     log_samples: int = Field(8, ge=0)
     """Rollouts kept per step for inspection (prompt, response, reward, advantage, length, log-prob, policy

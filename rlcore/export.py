@@ -56,12 +56,12 @@ def probe_logits(model, vocab: int, seed: int = 0) -> torch.Tensor:
 
 
 def load_checkpoint_policy(folder: Path):
-    """The policy of a step checkpoint (``rlcore.trainer.checkpoint``): its ``actor.pt`` (a PPO round) or
+    """The policy of a step checkpoint (``rlcore.trainer.loop.checkpoint``): its ``actor.pt`` (a PPO round) or
     ``sft.pt`` weights on the architecture and tokenizer of the model folder the stage started from (with LoRA: its
     adapters on that folder's base, unmerged)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore.trainer.checkpoint import CONTROLLER_FILE
+    from rlcore.trainer.loop.checkpoint import CONTROLLER_FILE
 
     state = torch.load(folder / CONTROLLER_FILE, map_location="cpu", weights_only=False)
     base = Path(state.get("model_dir") or "")
@@ -95,7 +95,7 @@ def load_source(src: Path):
     """The policy of a model folder, an adapter folder (unmerged) or a step checkpoint, with its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore.trainer.checkpoint import CONTROLLER_FILE
+    from rlcore.trainer.loop.checkpoint import CONTROLLER_FILE
 
     if (src / CONTROLLER_FILE).is_file():
         return load_checkpoint_policy(src)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         # lives to the end of the process (rlcore.heap)
         with long_lived():
             from rlcore.engine.model import load_tokenizer
-            from rlcore.trainer.checkpoint import stage_checkpoints
+            from rlcore.trainer.loop.checkpoint import stage_checkpoints
             from rlcore.trainer.ppo import run_ppo_round
             tokenizer = load_tokenizer(args.init)
         # the round's checkpoints depend on its own entry of ppo.rounds, not on rounds added or changed after it

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         with long_lived():
             from rlcore.engine.model import load_tokenizer
             from rlcore.inputs import write_manifest
-            from rlcore.trainer.checkpoint import stage_checkpoints
+            from rlcore.trainer.loop.checkpoint import stage_checkpoints
             from rlcore.trainer.rm_training import run_rm
             tokenizer = load_tokenizer(args.init)
         # the model's checkpoints depend on its own entry of rm.models, not on the other reward models

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         # lives to the end of the process (rlcore.heap)
         with long_lived():
             from rlcore.engine.model import load_tokenizer, resolve_model_path
-            from rlcore.trainer.checkpoint import stage_checkpoints
+            from rlcore.trainer.loop.checkpoint import stage_checkpoints
             from rlcore.trainer.sft import run_sft
             base = resolve_model_path(cfg.model.path, tiny_shape=cfg.model.tiny.model_dump(), seed=cfg.seed)
             tokenizer = load_tokenizer(base)

@@ -210,7 +210,7 @@ def test_a_tracking_server_that_is_down_costs_seconds_and_one_warning(tmp_path, 
     import socket
     import time
 
-    from rlcore.trainer.common import StepLog
+    from rlcore.trainer.loop.step_log import StepLog
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -45,7 +45,8 @@ from rlcore.controller.async_rollout import GeneratorPool, Rollout as Generated,
 from rlcore.controller.worker_group import Pending, WorkerGroup
 from rlcore.protocol import Batch, Metrics
 from rlcore.rollout import engine_spec
-from rlcore.trainer.common import model_spec, timer
+from rlcore.trainer.loop.model_specs import model_spec
+from rlcore.trainer.loop.step_log import timer
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.round import RoundRunner
 from rlcore.trainer.rollout_data import PromptSampler

@@ -103,7 +103,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     from rlcore.agents.batch import ROW_FIELDS
     from rlcore.engine.model import load_tokenizer
     from rlcore.protocol import Batch
-    from rlcore.trainer.common import start_pool
+    from rlcore.trainer.loop.job import start_pool
     from rlcore.trainer.group_generation import rollout_group, sample_chunks
 
     rows = read_records(data_path)

@@ -13,7 +13,8 @@ from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.generations import pass_at_k
 from rlcore.rewards.scoring import RewardScorer
 from rlcore.engine.sequence import response_attention
-from rlcore.trainer.common import model_spec, start_pool
+from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.reward_scoring import reward_scorer
 from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
 from rlcore.trainer.group_generation import rollout_group

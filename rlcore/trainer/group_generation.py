@@ -14,7 +14,7 @@ from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.protocol import Batch
 from rlcore.rollout import SamplingParams, engine_spec
-from rlcore.trainer.common import model_spec
+from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.workers.rollout import GenerateSpec, RolloutWorker
 
 W = TypeVar("W")

@@ -27,12 +27,14 @@ from rlcore.protocol import Batch, Metrics
 from rlcore.registry import Registry
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.trainer.async_ppo import running_async_round
-from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.common import StepLog, check_model, start_pool
+from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
+from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.model_specs import check_model
+from rlcore.trainer.loop.step_log import StepLog
 from rlcore.trainer.reward_scoring import reward_scorer
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.round import RoundRunner, running_sync_round
-from rlcore.trainer.steps import Divergence, Done, StepLoop
+from rlcore.trainer.loop.steps import Divergence, Done, StepLoop
 from rlcore.viewer import RolloutsFile, rollouts_frame, write_page
 
 
@@ -84,13 +86,13 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     MLflow: the table ``rollout_samples.json`` and the page ``rollouts.html``.
 
     With ``checkpoints``, a step checkpoint is written every ``ppo.save_every`` steps; with ``resume``, the
-    round continues after the checkpoint's step from its state (``rlcore.trainer.checkpoint``) and ends as
+    round continues after the checkpoint's step from its state (``rlcore.trainer.loop.checkpoint``) and ends as
     the uninterrupted round would.
 
     Workers skip an optimizer step whose loss or gradient norm is not finite (``actor/nonfinite_steps``,
     ``critic/nonfinite_steps``); after ``actor``/``critic.max_nonfinite_steps`` in a row the round raises
     :class:`~rlcore.errors.TrainingDiverged` once that step is logged
-    (:func:`~rlcore.trainer.common.stop_if_diverged`)."""
+    (:func:`~rlcore.trainer.loop.step_log.stop_if_diverged`)."""
     rnd = cfg.ppo.rounds[round_name]
     rows = read_reward_rows(data_path, cfg.reward)
     reward_scorer(cfg, rows, data_path)  # each reward function called once, before Ray starts

@@ -32,7 +32,7 @@ from rlcore.controller.worker_group import Pending
 from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
-from rlcore.trainer.common import timer
+from rlcore.trainer.loop.step_log import timer
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.rollout_data import place_scores
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec

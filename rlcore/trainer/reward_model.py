@@ -21,7 +21,7 @@ from rlcore.engine.reward_model import read_stats
 from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.protocol import Batch
 from rlcore.rewards.scoring import ModelScores
-from rlcore.trainer.common import model_spec
+from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.workers.reward_model import RewardModelWorker, ScoreSpec
 
 

@@ -19,11 +19,13 @@ from rlcore.data.pairs import read_pairs
 from rlcore.engine.sequence import response_attention
 from rlcore.errors import DataError
 from rlcore.protocol import Batch, Metrics
-from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.common import StepLog, model_spec, start_pool
+from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
+from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.model_specs import model_spec
+from rlcore.trainer.loop.step_log import StepLog
 from rlcore.trainer.group_generation import rollout_group, sample_chunks
 from rlcore.trainer.sft import epoch_batches
-from rlcore.trainer.steps import Divergence, Done, StepLoop
+from rlcore.trainer.loop.steps import Divergence, Done, StepLoop
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.reward_model import ScoreSpec
 from rlcore.workers.rm_training import RewardTrainWorker, RMStepSpec

@@ -22,7 +22,7 @@ from rlcore.agents.batch import agent_metrics
 from rlcore.config import Config
 from rlcore.engine.sequence import response_attention
 from rlcore.protocol import Batch, Metrics
-from rlcore.trainer.common import timer
+from rlcore.trainer.loop.step_log import timer
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.ppo_step import PPOStep
 from rlcore.trainer.rollout_data import sample_rows

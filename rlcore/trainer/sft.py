@@ -14,9 +14,11 @@ from rlcore.data.schema import read_rows
 from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.errors import DataError
 from rlcore.protocol import Batch
-from rlcore.trainer.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.common import StepLog, check_model, model_spec, start_pool
-from rlcore.trainer.steps import Divergence, StepLoop
+from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
+from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.model_specs import check_model, model_spec
+from rlcore.trainer.loop.step_log import StepLog
+from rlcore.trainer.loop.steps import Divergence, StepLoop
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.sft import SFTStepSpec, SFTWorker
 
@@ -69,7 +71,7 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
             plot_csv: str | None = None, checkpoints: StepCheckpoints | None = None,
             resume: Resume | None = None) -> dict[str, float]:
     """Train ``cfg.sft.steps`` steps from ``base_model`` and save an HF folder at ``out_dir``; with
-    ``resume``, continue after its step from its state (``rlcore.trainer.checkpoint``).
+    ``resume``, continue after its step from its state (``rlcore.trainer.loop.checkpoint``).
 
     Steps are submitted up to ``IN_FLIGHT`` ahead of the one being logged (each rank runs them in
     order, so the result is the same as waiting for each): the ranks never wait for the controller.

@@ -1,6 +1,6 @@
 """Step checkpoints on a worker rank: a trained model's full training state, written and read back.
 
-A checkpoint folder (``rlcore.trainer.checkpoint``) holds, per trained model ``name``:
+A checkpoint folder (``rlcore.trainer.loop.checkpoint``) holds, per trained model ``name``:
 
 * ``{name}.pt``: the model's parameters and buffers, the optimizer state and the learning-rate schedule,
   unsharded (``torch.distributed.checkpoint.state_dict`` with ``full_state_dict``), written by rank 0: one

@@ -1,4 +1,4 @@
-"""The memory estimate (rlcore.engine.footprint), the checks a stage runs before Ray starts (trainer.common.check_model),
+"""The memory estimate (rlcore.engine.footprint), the checks a stage runs before Ray starts (trainer.loop.model_specs.check_model),
 the offload and LoRA settings' validation, and ``rlcore init-model``'s real shapes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rlcore.config import ConfigError, apply_overrides, parse_config
 from rlcore.engine import footprint, lora
 from rlcore.engine.lora import LoraSpec
 from rlcore.engine.model import load_causal_lm
-from rlcore.trainer.common import check_model
+from rlcore.trainer.loop.model_specs import check_model
 from stages.ppo import PARAMS as PPO_PARAMS
 from stages.sft import PARAMS as SFT_PARAMS
 

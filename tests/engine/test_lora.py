@@ -24,7 +24,7 @@ from rlcore.engine.sequence import local_model, sequences
 from rlcore.export import export_model
 from rlcore.protocol import Batch
 from rlcore.rollout import EngineSpec, SamplingParams
-from rlcore.trainer.checkpoint import CONTROLLER_FILE
+from rlcore.trainer.loop.checkpoint import CONTROLLER_FILE
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
 from rlcore.workers.optim import OptimSpec
 from rlcore.workers.rollout import GenerateSpec

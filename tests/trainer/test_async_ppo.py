@@ -29,7 +29,8 @@ from rlcore.protocol import Batch
 from rlcore.rewards.rule import RULES
 from rlcore.rollout import engine_spec
 from rlcore.trainer.async_ppo import AsyncRollouts, async_round_runner, running_async_round
-from rlcore.trainer.common import model_spec, start_pool
+from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.groups import RoundGroups
 from rlcore.workers.proximal import FirstForwardLogProbs, RecomputedLogProbs, RolloutLogProbs
 from tests.trainer import slow_generator

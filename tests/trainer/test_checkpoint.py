@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlcore.trainer.checkpoint import CheckpointWriteError, StepCheckpoints, fingerprint
+from rlcore.trainer.loop.checkpoint import CheckpointWriteError, StepCheckpoints, fingerprint
 
 
 @pytest.fixture
@@ -220,7 +220,7 @@ def stage_root(root: Path) -> Path:
 
 
 def staged(root: Path) -> StepCheckpoints:
-    from rlcore.trainer.checkpoint import stage_code
+    from rlcore.trainer.loop.checkpoint import stage_code
 
     params = {"seed": 1, "sft": {"lr": 0.1, "save_every": 2}}
     fp = fingerprint(params, root=root, inputs=[root / "data/in.txt"], code=stage_code(root, "sft"))
@@ -228,7 +228,7 @@ def staged(root: Path) -> StepCheckpoints:
 
 
 def test_the_code_fingerprint_is_the_stages_own_dvc_dependencies(code_root, capsys):
-    from rlcore.trainer.checkpoint import stage_code
+    from rlcore.trainer.loop.checkpoint import stage_code
 
     root = stage_root(code_root)
     assert stage_code(root, "sft") == ["stages/s.py", "rlcore/a.py", "rlcore/pkg"]
@@ -245,12 +245,12 @@ def test_the_code_fingerprint_is_the_stages_own_dvc_dependencies(code_root, caps
 
 def test_the_real_sft_stage_keeps_its_checkpoints_when_the_server_code_changes():
     """On this repository's dvc.yaml: sft runs its worker and checkpoint code, not the HTTP server's."""
-    from rlcore.trainer.checkpoint import code_digests, stage_code
+    from rlcore.trainer.loop.checkpoint import code_digests, stage_code
 
     from ..conftest import REPO_ROOT
 
     code = code_digests(REPO_ROOT, stage_code(REPO_ROOT, "sft"))
-    assert {"stages/sft.py", "rlcore/workers/sft.py", "rlcore/trainer/checkpoint.py"} <= set(code)
+    assert {"stages/sft.py", "rlcore/workers/sft.py", "rlcore/trainer/loop/checkpoint.py"} <= set(code)
     assert not [f for f in code if f.startswith(("rlcore/serve/", "rlcore/trainer/ppo", "rlcore/algos/losses"))]
     ppo = code_digests(REPO_ROOT, stage_code(REPO_ROOT, "ppo@r1"))
     assert "rlcore/algos/losses.py" in ppo and "rlcore/viewer/page.js" in ppo and "rlcore/serve/app.py" not in ppo

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from rlcore.engine import lora
 from rlcore.export import export_model
-from rlcore.trainer.common import start_pool
+from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.round import RoundRunner
 from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec

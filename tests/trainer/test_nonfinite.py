@@ -22,7 +22,7 @@ from rlcore.data.schema import write_rows
 from rlcore.errors import TrainingDiverged
 from rlcore.protocol import Batch, Metrics
 from rlcore.tracking import NullTracker
-from rlcore.trainer.common import stop_if_diverged
+from rlcore.trainer.loop.step_log import stop_if_diverged
 from rlcore.workers.sft import SFTStepSpec, SFTWorker
 
 SHOWN = ("actor/pg_loss", "actor/grad_norm")

@@ -36,7 +36,7 @@ from rlcore.engine.reward_model import load_reward_model, save_reward_model
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.rewards.rule import RULES
 from rlcore.trainer.async_ppo import running_async_round
-from rlcore.trainer.common import start_pool
+from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.round import RoundRunner
 

@@ -33,7 +33,7 @@ from rlcore.rewards.rule import RULES
 from rlcore.tracking import NullTracker
 from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.trainer import ppo, ppo_step
-from rlcore.trainer.common import start_pool
+from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.ppo_step import ACTOR_UPDATE_KEYS, CRITIC_UPDATE_KEYS, PPOStep, actor_update_spec, critic_update_spec
 from rlcore.trainer.round import RoundRunner
@@ -477,7 +477,7 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
     import signal
 
     from rlcore.interrupt import STOP, on_signal, training_loop
-    from rlcore.trainer.checkpoint import CONTROLLER_FILE, StepCheckpoints
+    from rlcore.trainer.loop.checkpoint import CONTROLLER_FILE, StepCheckpoints
 
     folder, tok, _ = tiny
     data = tmp_path / "rl.parquet"
@@ -581,7 +581,7 @@ def test_a_rounds_model_folder_that_cannot_be_written_is_one_error_and_keeps_the
     read-only): one UserError naming the folder and the reason (exit code 2), the step checkpoint, the plot rows
     and the rollouts written so far intact, and the checkpoint resumable."""
     from rlcore.errors import UserError
-    from rlcore.trainer.checkpoint import StepCheckpoints
+    from rlcore.trainer.loop.checkpoint import StepCheckpoints
     from rlcore.viewer import read_rollouts
 
     _, tok, _ = tiny
@@ -610,7 +610,7 @@ def test_a_full_disk_while_writing_a_step_checkpoint_is_one_error_and_the_previo
     write of the second runs out of space (ENOSPC from the kernel, through Ray). One error names the folder being
     written; that partial folder is removed, the first checkpoint is intact (its files as written) and is what a
     re-run resumes from."""
-    from rlcore.trainer.checkpoint import CheckpointWriteError, StepCheckpoints
+    from rlcore.trainer.loop.checkpoint import CheckpointWriteError, StepCheckpoints
 
     _, tok, _ = tiny
     probe = tmp_path / "probe"

@@ -13,7 +13,7 @@ from rlcore.config import parse_config
 from rlcore.data.arithmetic import arithmetic_rows
 from rlcore.data.schema import write_rows
 from rlcore.tracking import NullTracker
-from rlcore.trainer.checkpoint import Resume, StepCheckpoints
+from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints
 from rlcore.trainer.sft import run_sft
 
 

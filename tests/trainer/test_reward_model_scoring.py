@@ -16,7 +16,7 @@ from rlcore.data.collate import prompt_batch
 from rlcore.engine.model import ModelSpec
 from rlcore.engine.reward_model import load_reward_model, save_reward_model
 from rlcore.engine.sequence import position_ids, sequences
-from rlcore.trainer.common import start_pool
+from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.reward_scoring import reward_scorer
 from rlcore.trainer.reward_model import RewardModelGroup
 from rlcore.trainer.group_generation import rollout_group
@@ -77,7 +77,7 @@ def test_rollout_ranks_that_load_another_model_generate_what_a_new_group_over_it
     over it in this process, sharded as two ranks: ``generate_sharded``); loading the first model back, that one's."""
     from rlcore.engine.tiny_model import materialize_tiny
     from rlcore.rollout import engine_spec
-    from rlcore.trainer.common import model_spec
+    from rlcore.trainer.loop.model_specs import model_spec
     from rlcore.trainer.group_generation import generate, generate_spec, generation_input
     from rlcore.workers.rollout import RolloutWorker, generate_sharded, make_engine
 

@@ -1,10 +1,10 @@
-"""rlcore.trainer.common.StepLog: the stage's plot CSV grows a row per step, columns added as they appear."""
+"""rlcore.trainer.loop.step_log.StepLog: the stage's plot CSV grows a row per step, columns added as they appear."""
 
 from __future__ import annotations
 
 import csv
 
-from rlcore.trainer.common import StepLog
+from rlcore.trainer.loop.step_log import StepLog
 
 
 class Recorder:

@@ -1,4 +1,4 @@
-"""The step loop every training stage runs in (rlcore.trainer.steps), driven here without Ray: steps and
+"""The step loop every training stage runs in (rlcore.trainer.loop.steps), driven here without Ray: steps and
 checkpoints whose results come back in a recorded order, a real StepCheckpoints folder, a stop request, a diverged
 optimizer, a resume."""
 
@@ -12,9 +12,9 @@ import torch
 from rlcore.errors import TrainingDiverged
 from rlcore.interrupt import STOP, Terminated
 from rlcore.tracking import NullTracker
-from rlcore.trainer.checkpoint import CONTROLLER_FILE, Resume, StepCheckpoints
-from rlcore.trainer.common import StepLog
-from rlcore.trainer.steps import Divergence, Done, StepLoop
+from rlcore.trainer.loop.checkpoint import CONTROLLER_FILE, Resume, StepCheckpoints
+from rlcore.trainer.loop.step_log import StepLog
+from rlcore.trainer.loop.steps import Divergence, Done, StepLoop
 
 
 class Call:

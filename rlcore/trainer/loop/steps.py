@@ -6,9 +6,9 @@
 * stop on a signal (``rlcore.interrupt.training_loop``): no new step after Ctrl-C/SIGTERM; the steps already
   submitted finish, a checkpoint of the last one is written (when checkpoints are on and it is not the last step
   or saved already), then the stage stops with exit code 130/143;
-* step checkpoints (``rlcore.trainer.checkpoint``): ``begin``, the workers' files, the step log flushed to the
+* step checkpoints (``rlcore.trainer.loop.checkpoint``): ``begin``, the workers' files, the step log flushed to the
   tracker, ``commit`` with the stage's state, in the order of the steps;
-* the divergence stop (:func:`~rlcore.trainer.common.stop_if_diverged`, one :class:`Divergence` per optimizer the
+* the divergence stop (:func:`~rlcore.trainer.loop.step_log.stop_if_diverged`, one :class:`Divergence` per optimizer the
   step runs), after each step's row is logged and before its checkpoint;
 * progress: a bar with the stage's figures of the last step.
 
@@ -29,8 +29,8 @@ from tqdm import tqdm
 
 from rlcore.interrupt import training_loop
 from rlcore.protocol import Metrics
-from rlcore.trainer.checkpoint import Resume, StepCheckpoints
-from rlcore.trainer.common import StepLog, stop_if_diverged
+from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints
+from rlcore.trainer.loop.step_log import StepLog, stop_if_diverged
 
 
 class Result(Protocol):
