@@ -51,7 +51,7 @@ from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.round import RoundRunner
 from rlcore.trainer.rollout_data import PromptSampler
 from rlcore.trainer.rollouts import Rollout, RoundScoring
-from rlcore.trainer.group_generation import generate_spec, generation_input
+from rlcore.trainer.samples.generation import generate_spec, generation_input
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.generator import GeneratorWorker
 from rlcore.workers.rollout import GenerateSpec

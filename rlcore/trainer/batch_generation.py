@@ -1,7 +1,7 @@
 """Batch generation to a file (``rlcore generate``; ``rlcore.rewards.generations`` scores such a file).
 
 Generation runs on the same Ray worker group, engine and seeding as the score and evaluate stages
-(:func:`rlcore.trainer.score.sample_chunks`): with the evaluate stage's settings (``--n``, ``--temperature``
+(:func:`rlcore.trainer.samples.generation.sample_chunks`): with the evaluate stage's settings (``--n``, ``--temperature``
 and ``--seed`` = ``seed + 1``, the seed its sampled pass@k uses) on the test split, ``generate`` then
 ``eval`` gives exactly the stage's ``final/pass@1`` and ``pass@k`` on the same machine and resources.
 
@@ -104,7 +104,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     from rlcore.engine.model import load_tokenizer
     from rlcore.protocol import Batch
     from rlcore.trainer.loop.job import start_pool
-    from rlcore.trainer.group_generation import rollout_group, sample_chunks
+    from rlcore.trainer.samples.generation import rollout_worker_group, sample_chunks
 
     rows = read_records(data_path)
     messages = [chat_messages(r, f"{data_path}: row {i}") for i, r in enumerate(rows)]
@@ -119,7 +119,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     prompts = Batch({"prompts": ids, "prompt_mask": mask}, fields)
     greedy = settings.temperature == 0
     with start_pool(cfg) as pool:
-        group = rollout_group(cfg, pool, model_dir)
+        group = rollout_worker_group(cfg, pool, model_dir)
         try:
             gen = sample_chunks(cfg, group, prompts, n=settings.n, temperature=settings.temperature or 1.0,
                                 greedy=greedy, seed=settings.seed, desc="generate",
@@ -131,7 +131,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
 
 def generation_records(rows: list[dict], gen, tokenizer, n: int) -> list[dict]:
     """Each input row plus its ``n`` generations (module docstring) from the generated Batch ``gen``."""
-    from rlcore.trainer.reward_scoring import response_texts
+    from rlcore.trainer.samples.scoring import response_texts
 
     resp_mask = gen["response_mask"]
     texts = response_texts(tokenizer, gen)

@@ -15,9 +15,9 @@ from rlcore.rewards.scoring import RewardScorer
 from rlcore.engine.sequence import response_attention
 from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.loop.model_specs import model_spec
-from rlcore.trainer.reward_scoring import reward_scorer
-from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
-from rlcore.trainer.group_generation import rollout_group
+from rlcore.trainer.samples.scoring import reward_scorer
+from rlcore.trainer.samples.reward_model import RewardModelGroup, colocated, start_reward_model
+from rlcore.trainer.samples.generation import rollout_worker_group
 from rlcore.trainer.score import sample_rewards
 from rlcore.workers.rollout import RolloutWorker
 
@@ -66,7 +66,7 @@ def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: s
         try:
             for name, path in models.items():
                 if group is None:
-                    group = rollout_group(cfg, pool, path, share=1 + colocated(cfg))
+                    group = rollout_worker_group(cfg, pool, path, share=1 + colocated(cfg))
                 else:
                     group.call(RolloutWorker.load_model, model_spec(cfg, path))
                 m, t = evaluate_model(cfg, group, tokenizer, prompts, name, scorer, rm)

@@ -12,7 +12,7 @@ from rlcore.controller.resource_pool import ResourcePool
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.rollout import engine_spec
 from rlcore.trainer.loop.model_specs import model_spec
-from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
+from rlcore.trainer.samples.reward_model import RewardModelGroup, colocated, start_reward_model
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.critic import CriticWorker
 from rlcore.workers.optim import OptimSpec

@@ -31,7 +31,7 @@ from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
 from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.loop.model_specs import check_model
 from rlcore.trainer.loop.step_log import StepLog
-from rlcore.trainer.reward_scoring import reward_scorer
+from rlcore.trainer.samples.scoring import reward_scorer
 from rlcore.trainer.groups import RoundGroups
 from rlcore.trainer.round import RoundRunner, running_sync_round
 from rlcore.trainer.loop.steps import Divergence, Done, StepLoop

@@ -23,7 +23,7 @@ from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
 from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.loop.step_log import StepLog
-from rlcore.trainer.group_generation import rollout_group, sample_chunks
+from rlcore.trainer.samples.generation import rollout_worker_group, sample_chunks
 from rlcore.trainer.sft import epoch_batches
 from rlcore.trainer.loop.steps import Divergence, Done, StepLoop
 from rlcore.workers.optim import OptimSpec
@@ -76,7 +76,7 @@ def self_play_pairs(cfg: Config, pool, init: str, pairs: Batch, k: int, seed: in
     distinct sample that is not token for token the pair's chosen answer becomes a pair ``(chosen, sample)``, with
     the pair's margin. The sampled tokens are used as they came (no re-tokenizing; a sample cut at the length limit
     has no EOS, as in a PPO step)."""
-    group = rollout_group(cfg, pool, init)
+    group = rollout_worker_group(cfg, pool, init)
     try:
         gen = sample_chunks(cfg, group, pairs.only("prompts", "prompt_mask"), n=k, temperature=1.0, greedy=False,
                             seed=seed, desc=desc)

@@ -22,10 +22,10 @@ from rlcore.controller.worker_group import Pending, WorkerGroup
 from rlcore.engine.sequence import response_attention
 from rlcore.protocol import Batch, Metrics
 from rlcore.rewards.scoring import Rewards, RewardScorer, agreement
-from rlcore.trainer.reward_scoring import reward_scorer, score_responses
-from rlcore.trainer.reward_model import RewardModelGroup
+from rlcore.trainer.samples.scoring import reward_scorer, score_responses
+from rlcore.trainer.samples.reward_model import RewardModelGroup
 from rlcore.trainer.rollout_data import PromptSampler, keep_informative_groups, overlong_penalty
-from rlcore.trainer.group_generation import generate, generate_spec
+from rlcore.trainer.samples.generation import generate, generate_spec
 from rlcore.workers.actor import ActorRolloutRefWorker
 
 

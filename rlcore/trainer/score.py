@@ -15,9 +15,9 @@ from rlcore.protocol import Batch
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.scoring import Rewards, RewardScorer, agreement
 from rlcore.trainer.loop.job import start_pool
-from rlcore.trainer.reward_scoring import reward_scorer, score_responses
-from rlcore.trainer.reward_model import RewardModelGroup, colocated, start_reward_model
-from rlcore.trainer.group_generation import rollout_group, sample_chunks
+from rlcore.trainer.samples.scoring import reward_scorer, score_responses
+from rlcore.trainer.samples.reward_model import RewardModelGroup, colocated, start_reward_model
+from rlcore.trainer.samples.generation import rollout_worker_group, sample_chunks
 from rlcore.workers.rollout import RolloutWorker
 
 def sample_rewards(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts: Batch, *, scorer: RewardScorer,
@@ -40,7 +40,7 @@ def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_pat
     sc = cfg.score
     scorer = reward_scorer(cfg, df, data_path)
     with start_pool(cfg) as pool:
-        group = rollout_group(cfg, pool, model_dir, share=1 + colocated(cfg))
+        group = rollout_worker_group(cfg, pool, model_dir, share=1 + colocated(cfg))
         rm = None
         try:
             rm = start_reward_model(cfg, pool, share=2)

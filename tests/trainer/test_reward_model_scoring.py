@@ -1,4 +1,4 @@
-"""reward.model in a stage (rlcore.trainer.reward_model): a worker group colocated with the rollout ranks scores each
+"""reward.model in a stage (rlcore.trainer.samples.reward_model): a worker group colocated with the rollout ranks scores each
 response at its last token, its scores are standardised with the folder's statistics and weighted into the
 training reward beside the rule; checked against the Hugging Face model run in this process on the same tokens.
 The same rollout ranks then take another model in place (``RolloutWorker.load_model``, as the evaluate stage does)."""
@@ -17,9 +17,9 @@ from rlcore.engine.model import ModelSpec
 from rlcore.engine.reward_model import load_reward_model, save_reward_model
 from rlcore.engine.sequence import position_ids, sequences
 from rlcore.trainer.loop.job import start_pool
-from rlcore.trainer.reward_scoring import reward_scorer
-from rlcore.trainer.reward_model import RewardModelGroup
-from rlcore.trainer.group_generation import rollout_group
+from rlcore.trainer.samples.scoring import reward_scorer
+from rlcore.trainer.samples.reward_model import RewardModelGroup
+from rlcore.trainer.samples.generation import rollout_worker_group
 from rlcore.trainer.score import sample_rewards
 
 
@@ -43,7 +43,7 @@ def stage(reward_model_dir, tiny_model_dir, tiny_tokenizer, ray_local):
                          for i in range(7)])  # 7 x 2 responses: padded to the 2 ranks and trimmed back
     prompts = prompt_batch(rows, tiny_tokenizer, 16, "rows")
     with start_pool(cfg) as pool:
-        group = rollout_group(cfg, pool, str(tiny_model_dir), share=2)
+        group = rollout_worker_group(cfg, pool, str(tiny_model_dir), share=2)
         rm = RewardModelGroup(cfg, pool, share=2)
         try:
             yield cfg, prompts, group, rm
@@ -78,7 +78,7 @@ def test_rollout_ranks_that_load_another_model_generate_what_a_new_group_over_it
     from rlcore.engine.tiny_model import materialize_tiny
     from rlcore.rollout import engine_spec
     from rlcore.trainer.loop.model_specs import model_spec
-    from rlcore.trainer.group_generation import generate, generate_spec, generation_input
+    from rlcore.trainer.samples.generation import generate, generate_spec, generation_input
     from rlcore.workers.rollout import RolloutWorker, generate_sharded, make_engine
 
     from ..conftest import TINY_SHAPE

@@ -53,7 +53,7 @@ def generate(group: WorkerGroup[W], method: Callable[[W, Batch, GenerateSpec], B
 CHUNK_PROMPTS = 128  # prompts per generate call, so the progress bar moves
 
 
-def rollout_group(cfg: Config, pool, model_dir: str, *, share: int = 1) -> WorkerGroup[RolloutWorker]:
+def rollout_worker_group(cfg: Config, pool, model_dir: str, *, share: int = 1) -> WorkerGroup[RolloutWorker]:
     """A generation-only worker group over the model at ``model_dir``, initialised (``share``: groups colocated
     on the pool's bundles, a reward model's included)."""
     group = WorkerGroup(RolloutWorker, pool, name="rollout", share=share, timeout_s=cfg.ray.timeout_s,

@@ -25,7 +25,7 @@ def reward_scorer(cfg: Config, rows=None, source: str = "") -> RewardScorer:
 
 def score_responses(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str, reward_model=None) -> Rewards:
     """Score each response with every reward function and, with ``reward_model`` (a
-    :class:`~rlcore.trainer.reward_model.RewardModelGroup`), the reward model, whose forward runs on its ranks
+    :class:`~rlcore.trainer.samples.reward_model.RewardModelGroup`), the reward model, whose forward runs on its ranks
     while the functions run in the scoring processes: :class:`~rlcore.rewards.scoring.Rewards`, whose ``total``
     is the training reward and ``acc`` the accuracy score. A batch where every function fails on every sample
     raises :class:`~rlcore.rewards.guard.RewardError` naming ``what``."""
