@@ -110,7 +110,7 @@ def run_config(model_dir: Path, data: Path, strategy: str, packed: bool, args, e
     from rlcore.data.collate import prompt_batch
     from rlcore.data.schema import read_rows
     from rlcore.engine.model import load_tokenizer
-    from rlcore.trainer.ppo import running_round
+    from rlcore.trainer.round.modes import running_round
 
     cfg = parse_config({
         "tracking": {"enabled": False}, "ray": {"num_cpus": os.cpu_count() or 8},

@@ -30,7 +30,7 @@ def running_runner():
     from rlcore.data.collate import prompt_batch
     from rlcore.data.schema import read_rows
     from rlcore.engine.model import load_tokenizer
-    from rlcore.trainer.ppo import running_round
+    from rlcore.trainer.round.modes import running_round
 
     cfg, p = rl_config(ours_overrides()), paths()
     tok = load_tokenizer(p["sft"])

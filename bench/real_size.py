@@ -1,7 +1,7 @@
 """A real model size on this machine: GRPO steps of a published model's shape (random weights) with rlcore's round.
 
 ``rlcore init-model --shape <shape>`` writes the model (the built-in character tokenizer, the embedding and output
-padded to the real vocabulary), the bench fixture's arithmetic data gives the prompts, and ``rlcore.trainer.ppo``'s
+padded to the real vocabulary), the bench fixture's arithmetic data gives the prompts, and ``rlcore.trainer.round.modes``'s
 round runs ``--steps`` steps (the first is a warm-up) with the settings of each ``--mode``:
 
 * ``lora``: rank-16 LoRA on every linear layer, gradient checkpointing (``examples/lora.yaml``'s adapter);
@@ -54,7 +54,7 @@ def run_mode(shape: str, mode: str, steps: int, workers: int) -> dict:
     from rlcore.data.schema import read_rows
     from rlcore.engine import footprint
     from rlcore.engine.model import load_tokenizer
-    from rlcore.trainer.ppo import running_round
+    from rlcore.trainer.round.modes import running_round
 
     folder = model_folder(shape)
     cfg = load_config(PARAMS, {**BASE, **MODES[mode], "resources.n_workers": workers, "model.path": str(folder)})

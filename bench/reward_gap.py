@@ -90,8 +90,8 @@ def one_batch() -> dict[str, float]:
     from rlcore.protocol import Batch
     from rlcore.rewards.rule import compute_score
     from rlcore.rollout import EngineSpec, SamplingParams
-    from rlcore.trainer.ppo_step import actor_update_spec
-    from rlcore.trainer.rollout_data import place_scores
+    from rlcore.trainer.round.ppo_step import actor_update_spec
+    from rlcore.trainer.round.ppo_step import place_scores
     from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
     from rlcore.workers.optim import OptimSpec
     from rlcore.workers.rollout import GenerateSpec

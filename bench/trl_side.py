@@ -77,7 +77,7 @@ def rss_mib() -> float:
 def prompt_rows(total_steps: int) -> list[dict]:
     """The RL prompts in exactly the order rlcore's PromptSampler takes them (same seed)."""
     from rlcore.data.schema import read_rows
-    from rlcore.trainer.rollout_data import PromptSampler
+    from rlcore.trainer.round.prompt_sampler import PromptSampler
 
     cfg = rl_config()
     df = read_rows(paths()["rl_data"])

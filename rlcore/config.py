@@ -903,7 +903,7 @@ class PPOConfig(_Section):
     mode: str = "sync"
     """sync: the trainer's ranks generate each step's batch, then train on it (on-policy, colocated). async:
     rollout.n_workers generator workers fill a bounded queue while the trainer trains (ppo.async), with
-    versioned weights and actor.off_policy corrections (rlcore.trainer.async_ppo)."""
+    versioned weights and actor.off_policy corrections (rlcore.trainer.round.async_source)."""
     async_: AsyncConfig = Field(AsyncConfig(), alias="async")
     """Asynchronous rounds (ppo.mode async)."""
     save_every: int = Field(50, ge=0, json_schema_extra=KEEPS_STEPS)

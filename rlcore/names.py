@@ -38,7 +38,7 @@ ROLLOUT_ENGINES = ("hf", "static", "vllm")
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # rlcore.data.splits.TASKS
 TASKS = ("arithmetic", "calculator", "file", "gsm8k")
-# rlcore.trainer.ppo.ROUND_MODES
+# rlcore.trainer.round.modes.ROUND_MODES
 PPO_MODES = ("async", "sync")
 # rlcore.agents.LOOPS
 AGENT_LOOPS = ("single_turn", "tool")

@@ -50,7 +50,7 @@ def test_the_static_engines_decode_loop_and_reward_scoring_land_in_their_buckets
               "generate_on (rlcore/workers/rollout.py)", "StaticRolloutEngine.generate (rlcore/rollout/static.py)",
               "Decoder.decode (rlcore/rollout/static.py)"]
     assert classify_worker(worker) == "generate / sampling loop (KV-cache decode)"
-    controller = ["RoundRunner.step (rlcore/trainer/round.py)",
+    controller = ["RoundRunner.step (rlcore/trainer/round/runner.py)",
                   "score_responses (rlcore/trainer/samples/scoring.py)"]
     assert classify_controller(controller) == REWARDS
     # the controller's scoring runs inside the gen phase: it is reported as rewards, not as Ray's share

@@ -1,6 +1,6 @@
 """The import graph of ``rlcore/`` has no cycle, counting every import of an rlcore module anywhere in a module
 (at the top, inside a function, under ``TYPE_CHECKING``): a cycle makes the import order matter and was what the
-round modes' registry (``rlcore.trainer.ppo.ROUND_MODES``) replaced.
+round modes' registry (``rlcore.trainer.round.modes.ROUND_MODES``) replaced.
 
 The graph is read from the source with :mod:`ast`; nothing is imported.
 """
@@ -95,8 +95,8 @@ def test_imports_see_function_level_relative_and_submodule_imports(tmp_path):
 
 def test_rlcore_has_no_import_cycle():
     modules = module_files(REPO_ROOT)
-    assert "rlcore.trainer.ppo" in modules and "rlcore.trainer.async_ppo" in modules
+    assert "rlcore.trainer.round.modes" in modules and "rlcore.trainer.round.async_source" in modules
     graph = {m: imports(m, f, modules) for m, f in modules.items()}
-    assert "rlcore.trainer.async_ppo" in graph["rlcore.trainer.ppo"]  # the graph sees the round modes' imports
+    assert "rlcore.trainer.round.async_source" in graph["rlcore.trainer.round.modes"]  # the round modes' imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

@@ -15,7 +15,7 @@ from rlcore.algos.losses import POLICY_LOSSES
 from rlcore.data.splits import TASKS
 from rlcore.engine.strategy import STRATEGIES
 from rlcore.rollout import ENGINES
-from rlcore.trainer.ppo import ROUND_MODES
+from rlcore.trainer.round.modes import ROUND_MODES
 
 PAIRS = {
     "ADV_ESTIMATORS": ESTIMATORS, "POLICY_LOSSES": POLICY_LOSSES, "KL_ESTIMATORS": KL_ESTIMATORS,

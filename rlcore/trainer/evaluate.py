@@ -57,7 +57,7 @@ def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: s
     (:meth:`RolloutWorker.load_model`; the same numbers as a group of its own, ~9 CPU-seconds of start-up less per
     rank)."""
     df = read_reward_rows(data_path, cfg.reward)
-    scorer = reward_scorer(cfg, df, data_path)
+    scorer = reward_scorer(cfg.reward, df, data_path)
     prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path, tool_schemas(cfg.rollout.agent))
     metrics, table = {"test/n_prompts": len(prompts)}, []
     with start_pool(cfg) as pool:

@@ -1,22 +1,15 @@
 """One PPO-family round from the stage's point of view: start the worker groups, compose the round runner for
-``ppo.mode`` from :data:`ROUND_MODES`, and run the loop of steps (validation, the rollouts file, step
+``ppo.mode`` (:mod:`rlcore.trainer.round.modes`), and run the loop of steps (validation, the rollouts file, step
 checkpoints and resume, divergence), then save the model.
 
-A runner (:class:`~rlcore.trainer.round.RoundRunner`) is a rollout source and a PPO step: ``sync``'s source is the
-trainer's own ranks (:class:`~rlcore.trainer.rollouts.SyncRollouts`), ``async``'s the generators' queue
-(:class:`~rlcore.trainer.async_ppo.AsyncRollouts`). Either steps the same way (``runner.step(i)`` returns the
-step's metrics), so the loop below serves both.
+A runner (:class:`~rlcore.trainer.round.runner.RoundRunner`) is a batch source and a PPO step: ``sync``'s source is
+the trainer's own ranks, ``async``'s the generators' queue. Either steps the same way (``runner.step(i)`` returns
+the step's metrics), so the loop below serves both.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
-import zlib
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -24,53 +17,16 @@ from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
 from rlcore.data.collate import prompt_batch
 from rlcore.protocol import Batch, Metrics
-from rlcore.registry import Registry
 from rlcore.rewards.checks import read_reward_rows
-from rlcore.trainer.async_ppo import running_async_round
 from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.loop.model_specs import check_model
 from rlcore.trainer.loop.step_log import StepLog
 from rlcore.trainer.samples.scoring import reward_scorer
-from rlcore.trainer.groups import RoundGroups
-from rlcore.trainer.round import RoundRunner, running_sync_round
+from rlcore.trainer.round.kept_samples import log_rollouts_page
+from rlcore.trainer.round.modes import running_round
+from rlcore.trainer.round.seeds import round_seed
 from rlcore.trainer.loop.steps import Divergence, Done, StepLoop
-from rlcore.viewer import RolloutsFile, rollouts_frame, write_page
-
-
-class RoundMode(Protocol):
-    """A ``ppo.mode``: the runner of a round over the trainer's ``groups``, with whatever else the mode starts
-    (generators), stopped on the way out."""
-
-    def __call__(self, cfg: Config, groups: RoundGroups, *, init_dir: str, tokenizer, prompts: Batch, seed: int,
-                 steps: int | None = None) -> AbstractContextManager[RoundRunner]: ...
-
-
-# ppo.mode -> the round's runner (rlcore.names.PPO_MODES lists the same names for light validation)
-ROUND_MODES: Registry[RoundMode] = Registry("ppo mode")
-ROUND_MODES.add("sync", running_sync_round)
-ROUND_MODES.add("async", running_async_round)
-
-
-def round_seed(cfg: Config, round_name: str) -> int:
-    """A round's seed depends on its own name only, so adding a round leaves earlier ones cached."""
-    return cfg.seed + zlib.crc32(round_name.encode()) % 100_000
-
-
-@contextmanager
-def running_round(cfg: Config, *, init_dir: str, tokenizer, prompts: Batch, seed: int,
-                  steps: int | None = None) -> Iterator[RoundRunner]:
-    """The ``ppo.mode`` runner over freshly started worker groups (on a new resource pool), all stopped on the
-    way out whatever happens: ``with running_round(...) as runner: runner.step(0)``. An asynchronous round
-    needs its ``steps`` (no batch is handed out past them)."""
-    with start_pool(cfg) as pool:
-        groups = RoundGroups.start(cfg, pool, init_dir)
-        try:
-            with ROUND_MODES.get(cfg.ppo.mode)(cfg, groups, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
-                                               seed=seed, steps=steps) as runner:
-                yield runner
-        finally:
-            groups.shutdown()
+from rlcore.viewer import RolloutsFile
 
 
 def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, data_path: str, out_dir: str,
@@ -95,7 +51,7 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     (:func:`~rlcore.trainer.loop.step_log.stop_if_diverged`)."""
     rnd = cfg.ppo.rounds[round_name]
     rows = read_reward_rows(data_path, cfg.reward)
-    reward_scorer(cfg, rows, data_path)  # each reward function called once, before Ray starts
+    reward_scorer(cfg.reward, rows, data_path)  # each reward function called once, before Ray starts
     tools = tool_schemas(cfg.rollout.agent)  # each tool file described in a tool process, before Ray starts
     prompts = prompt_batch(rows, tokenizer, cfg.task.max_prompt_length, data_path, tools)
     check_model(cfg, init_dir, "ppo")
@@ -116,7 +72,7 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
                                            "lower critic.lr or check the rewards")],
                     postfix=lambda m: {"acc": f"{m['rollout/acc']:.3f}", "len": f"{m['rollout/response_length']:.1f}"})
     with running_round(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
-                       seed=round_seed(cfg, round_name), steps=rnd.steps) as runner:
+                       seed=round_seed(cfg.seed, round_name), steps=rnd.steps) as runner:
         if resume is not None:
             runner.load_state(resume.folder, resume.state["runner"])
             val_rows = list(resume.state["val_rows"])
@@ -147,15 +103,6 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     tracker.log_table(runner.samples, "rollout_samples.json")
     log_rollouts_page(tracker, runner.samples, title=f"ppo {round_name}: rollouts")
     return round_summary(log.rows, val_rows, rnd.steps, time.perf_counter() - start)
-
-
-def log_rollouts_page(tracker, rows: list[dict], title: str) -> None:
-    """The rollouts as one HTML page (:func:`rlcore.viewer.render_page`), logged to the run as the
-    artifact ``rollouts.html`` (a null tracker drops it); nothing without rows."""
-    if not rows:
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        tracker.log_artifact(write_page(rollouts_frame(rows), Path(tmp) / "rollouts.html", title))
 
 
 def round_summary(rows: list[Metrics], val_rows: list[Metrics], steps: int, wall_s: float) -> Metrics:

@@ -38,7 +38,7 @@ def run_score(cfg: Config, *, model_dir: str, tokenizer, data_path: str, out_pat
     df = read_reward_rows(data_path, cfg.reward)
     prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path, tool_schemas(cfg.rollout.agent))
     sc = cfg.score
-    scorer = reward_scorer(cfg, df, data_path)
+    scorer = reward_scorer(cfg.reward, df, data_path)
     with start_pool(cfg) as pool:
         group = rollout_worker_group(cfg, pool, model_dir, share=1 + colocated(cfg))
         rm = None

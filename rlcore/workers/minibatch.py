@@ -47,7 +47,7 @@ def minibatch_updates(batch: Batch, *, epochs: int, mini_batch_size: int, micro_
     :func:`~rlcore.workers.optim.clipped_step` skips the step on every rank). Returns one metrics row per
     optimizer step."""
     world = distributed.world_size()
-    rows = []
+    rows: list[Metrics] = []
     for _ in range(epochs):
         shuffled = batch.select(torch.randperm(len(batch), generator=generator))
         for mini in shuffled.split(mini_batch_size):

@@ -25,10 +25,10 @@ from rlcore.data.collate import prompt_batch
 from rlcore.engine.model import load_causal_lm, load_tokenizer
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.rewards.rule import RULES
-from rlcore.trainer.async_ppo import running_async_round
+from rlcore.trainer.round.modes import running_async_round
 from rlcore.trainer.loop.job import start_pool
-from rlcore.trainer.groups import RoundGroups
-from rlcore.trainer.round import RoundRunner
+from rlcore.trainer.round.worker_groups import RoundWorkerGroups
+from rlcore.trainer.round.modes import sync_round_runner
 
 SOURCE = "test_agent_constant"
 TOOLS = str(Path(__file__).parents[1] / "agents" / "tools_for_tests.py")
@@ -83,7 +83,7 @@ def policy(tmp_path_factory):
 def groups(policy):
     cfg = config()
     with start_pool(cfg) as pool:
-        groups = RoundGroups.start(cfg, pool, policy[0])
+        groups = RoundWorkerGroups.start(cfg, pool, policy[0])
         yield groups
         groups.shutdown()
 
@@ -109,7 +109,7 @@ def check_step(m: dict, batch, tok) -> None:
 def test_a_sync_round_trains_on_tool_loop_trajectories(policy, groups):
     folder, tok, prompts = policy
     cfg = config(ppo={"log_samples": 2})
-    runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompts, seed=1)
+    runner = sync_round_runner(cfg, groups, tokenizer=tok, prompts=prompts, seed=1)
     for step in range(2):
         check_step(runner.step(step), runner.last_batch, tok)
     turns = json.loads(runner.samples[0]["turns"])

@@ -28,10 +28,11 @@ from rlcore.errors import WorkerDied
 from rlcore.protocol import Batch
 from rlcore.rewards.rule import RULES
 from rlcore.rollout import engine_spec
-from rlcore.trainer.async_ppo import AsyncRollouts, async_round_runner, running_async_round
+from rlcore.trainer.round.async_source import AsyncSource
+from rlcore.trainer.round.modes import async_round_runner, running_async_round
 from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.loop.model_specs import model_spec
-from rlcore.trainer.groups import RoundGroups
+from rlcore.trainer.round.worker_groups import RoundWorkerGroups
 from rlcore.workers.proximal import FirstForwardLogProbs, RecomputedLogProbs, RolloutLogProbs
 from tests.trainer import slow_generator
 from tests.trainer.reward_fns import hash_reward
@@ -72,7 +73,7 @@ def tiny(tmp_path_factory):
 def groups(tiny):
     cfg = config()
     with start_pool(cfg) as pool:
-        groups = RoundGroups.start(cfg, pool, tiny[0])
+        groups = RoundWorkerGroups.start(cfg, pool, tiny[0])
         yield groups
         groups.shutdown()
 
@@ -125,17 +126,17 @@ def test_stale_batches_are_corrected_a_killed_generator_is_restarted_and_nothing
                  actor={"ppo_mini_batch_size": 2, "lr": 0.05, "off_policy": {"correction": "tis", "cap": 1.02}})
     rows = []
     with async_round(cfg, tiny, groups, steps=6) as runner:
-        runner.rollouts.prefetch = True  # what a GPU run does: the next batch taken and scored while the update runs
+        runner.source.prefetch = True  # what a GPU run does: the next batch taken and scored while the update runs
         for i in range(6):
             runner.save(str(tmp_path / f"v{runner.policy_version}"))  # the weights of this version, before step i
             rows.append(runner.step(i))
             if i == 2:
-                (pid,) = runner.rollouts.gens.pids()
+                (pid,) = runner.source.gens.pids()
                 os.kill(pid, signal.SIGKILL)  # mid-round: it holds the next batch (generated or being generated)
         batch = runner.last_batch
-        handles = [s.actor for s in runner.rollouts.gens.slots] + [runner.rollouts.gens.weights, runner.rollouts.gens.queue.queue.actor]
-        pg = runner.rollouts.gens.pg
-        (new_pid,) = runner.rollouts.gens.pids()
+        handles = [s.actor for s in runner.source.gens.slots] + [runner.source.gens.weights, runner.source.gens.queue.queue.actor]
+        pg = runner.source.gens.pg
+        (new_pid,) = runner.source.gens.pids()
     assert [r["async/staleness"] for r in rows[:3]] == [0, 1, 1]
     assert all(r["async/staleness"] <= 1 and r["async/dropped_samples"] == 0 for r in rows)
     assert "async/staleness_mean" not in rows[0] and "rollout/sample_tries" not in rows[0]
@@ -250,7 +251,7 @@ def test_a_resumed_round_generates_its_outstanding_batches_with_the_restored_wei
         runner.step(1)
         state = runner.save_state(tmp_path)
         runner.save(str(tmp_path / "v2"))
-        assert len(runner.rollouts.outstanding) == 1
+        assert len(runner.source.outstanding) == 1
     with async_round(cfg, tiny, groups, steps=4) as resumed:
         resumed.load_state(tmp_path, state)
         row = resumed.step(2)
@@ -269,7 +270,7 @@ def test_without_restarts_the_round_goes_on_with_fewer_generators_and_stops_when
                                                                          "max_generator_restarts": 0}})
     with async_round(cfg, tiny, groups, steps=6) as runner:
         runner.step(0)
-        first, second = runner.rollouts.gens.pids()
+        first, second = runner.source.gens.pids()
         os.kill(first, signal.SIGKILL)
         rows = [runner.step(i) for i in range(1, 4)]
         assert rows[-1]["async/generators"] == 1
@@ -278,20 +279,20 @@ def test_without_restarts_the_round_goes_on_with_fewer_generators_and_stops_when
         with pytest.raises(WorkerDied, match="generators.*no generator left"):
             for i in range(4, 6):
                 runner.step(i)
-    assert isinstance(runner.rollouts, AsyncRollouts)
+    assert isinstance(runner.source, AsyncSource)
 
 
 @pytest.mark.integration
 def test_the_proximal_policy_taken_from_the_update_trains_as_a_separate_forward_does(tiny, groups, tmp_path):
     """With one epoch of one mini-batch the update's first forward is the proximal policy, so the separate
     forward is skipped: the same step from the same state ends with the same weights and off-policy metrics."""
-    from rlcore.trainer.ppo_step import PPOStep
-    from rlcore.trainer.round import RoundRunner
+    from rlcore.trainer.round.modes import sync_round_runner
+    from rlcore.trainer.round.ppo_step import PPOStep
 
     _, tok, prompts = tiny
     cfg = config(actor={"ppo_mini_batch_size": 4, "lr": 0.05, "recompute_log_prob": True,
                         "off_policy": {"correction": "icepop", "low": 0.99, "high": 1.01}}, ppo={"train_batch_size": 4})
-    runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompts, seed=9)
+    runner = sync_round_runner(cfg, groups, tokenizer=tok, prompts=prompts, seed=9)
     state = runner.save_state(tmp_path)
     assert isinstance(runner.ppo.proximal, FirstForwardLogProbs)
     runner.step(0)

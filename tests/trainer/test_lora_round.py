@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 from rlcore.engine import lora
 from rlcore.export import export_model
 from rlcore.trainer.loop.job import start_pool
-from rlcore.trainer.groups import RoundGroups
-from rlcore.trainer.round import RoundRunner
+from rlcore.trainer.round.worker_groups import RoundWorkerGroups
+from rlcore.trainer.round.modes import sync_round_runner
 from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
 from tests.trainer.test_ppo_estimators import HASH_SOURCE, config, plain_log_probs, test_rewards, tiny  # noqa: F401
 
@@ -26,9 +26,9 @@ def test_a_lora_round_checkpoints_resumes_and_exports(tiny, tmp_path):  # noqa: 
     folder, tok, prompts = tiny
     cfg = config("grpo", actor=LORA)
     with start_pool(cfg) as pool:
-        groups = RoundGroups.start(cfg, pool, str(folder))
+        groups = RoundWorkerGroups.start(cfg, pool, str(folder))
         try:
-            runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompts, seed=5)
+            runner = sync_round_runner(cfg, groups, tokenizer=tok, prompts=prompts, seed=5)
             first = runner.step(0)
             # the adapter starts at 0, so the policy is the reference: their log-probs differ only by rounding (two
             # forwards of the same weights, which a CPU's float kernels need not round alike: -6e-9 seen on a Xeon)

@@ -35,10 +35,11 @@ from rlcore.engine.model import ModelSpec, load_tokenizer
 from rlcore.engine.reward_model import load_reward_model, save_reward_model
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.rewards.rule import RULES
-from rlcore.trainer.async_ppo import running_async_round
+from rlcore.trainer.round.modes import running_async_round
 from rlcore.trainer.loop.job import start_pool
-from rlcore.trainer.groups import RoundGroups
-from rlcore.trainer.round import RoundRunner
+from rlcore.trainer.round.worker_groups import RoundWorkerGroups
+from rlcore.trainer.round.modes import sync_round_runner
+from rlcore.trainer.round.runner import RoundRunner
 
 SOURCE = "test_option_pairs"
 TOOLS = str(Path(__file__).parents[1] / "agents" / "tools_for_tests.py")
@@ -161,14 +162,14 @@ def test_every_row_of_a_group_configuration_trains(index, models, ray_local, tmp
         first = config(group, {**rows[0], "mode": "sync", "agent": "single_turn", "correction": "none",
                                "loss": "vanilla"}, rm_dir)
         pool = stack.enter_context(start_pool(first))
-        groups = RoundGroups.start(first, pool, str(folder))
+        groups = RoundWorkerGroups.start(first, pool, str(folder))
         stack.callback(groups.shutdown)
         for n, run in enumerate(rows):
             cfg = config(group, run, rm_dir)
             prompts = prompt_batch(prompt_rows, tok, 16, "rows")
             rounding = running_async_round(cfg, groups, init_dir=str(folder), tokenizer=tok, prompts=prompts, seed=n,
                                            steps=1) if run["mode"] == "async" else nullcontext(
-                RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompts, seed=n))
+                sync_round_runner(cfg, groups, tokenizer=tok, prompts=prompts, seed=n))
             with rounding as runner:
                 before = policy_weights(runner, tmp_path / f"before{n}")
                 m = runner.step(0)

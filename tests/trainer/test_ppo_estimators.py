@@ -32,12 +32,16 @@ from rlcore.protocol import Batch
 from rlcore.rewards.rule import RULES
 from rlcore.tracking import NullTracker
 from rlcore.engine.sequence import SEQUENCE_KEYS
-from rlcore.trainer import ppo, ppo_step
+from rlcore.trainer import ppo
+from rlcore.trainer.round import ppo_step
 from rlcore.trainer.loop.job import start_pool
-from rlcore.trainer.groups import RoundGroups
-from rlcore.trainer.ppo_step import ACTOR_UPDATE_KEYS, CRITIC_UPDATE_KEYS, PPOStep, actor_update_spec, critic_update_spec
-from rlcore.trainer.round import RoundRunner
-from rlcore.trainer.rollout_data import keep_informative_groups, overlong_penalty, place_scores
+from rlcore.trainer.round.worker_groups import RoundWorkerGroups
+from rlcore.trainer.round.ppo_step import ACTOR_UPDATE_KEYS, CRITIC_UPDATE_KEYS, PPOStep, actor_update_spec, critic_update_spec
+from rlcore.trainer.round.modes import sync_round_runner
+from rlcore.trainer.round.runner import RoundRunner
+from rlcore.trainer.round.ppo_step import place_scores
+from rlcore.trainer.round.scoring import overlong_penalty
+from rlcore.trainer.round.sync_source import keep_informative_groups
 from rlcore.viewer import ROLLOUT_COLUMNS, RolloutsFile, read_rollouts
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.critic import CriticWorker
@@ -91,14 +95,14 @@ def weights(folder) -> dict[str, torch.Tensor]:
 def groups(tiny):
     cfg = config("gae")  # a critic and (KL loss) a reference
     with start_pool(cfg) as pool:
-        groups = RoundGroups.start(cfg, pool, str(tiny[0]))
+        groups = RoundWorkerGroups.start(cfg, pool, str(tiny[0]))
         yield groups
         groups.shutdown()
 
 
 def runner_for(cfg, tiny, groups, seed: int = 1, prompts: Batch | None = None) -> RoundRunner:
     _, tok, default = tiny
-    return RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=default if prompts is None else prompts, seed=seed)
+    return sync_round_runner(cfg, groups, tokenizer=tok, prompts=default if prompts is None else prompts, seed=seed)
 
 
 def plain_log_probs(model, batch: Batch) -> torch.Tensor:
@@ -433,7 +437,7 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
 
     @contextmanager
     def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
-        yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
+        yield sync_round_runner(cfg, groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
 
     monkeypatch.setattr(ppo_step, "compute_advantage", turning_infinite)
     monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
@@ -485,7 +489,7 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
 
     @contextmanager
     def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
-        runner = RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
+        runner = sync_round_runner(cfg, groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
         real_step = runner.step
 
         def interrupted_step(step):
@@ -561,7 +565,7 @@ def round_in(tmp_path, groups, monkeypatch, steps: int, save_every: int, out_dir
 
     @contextmanager
     def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
-        yield RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
+        yield sync_round_runner(cfg, groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
 
     monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
     data = tmp_path / "rl.parquet"

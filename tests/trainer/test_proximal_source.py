@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlcore.config import ConfigError, parse_config
-from rlcore.trainer.ppo_step import proximal_source
+from rlcore.trainer.round.ppo_step import proximal_source
 from rlcore.workers.proximal import FirstForwardLogProbs, RecomputedLogProbs, RolloutLogProbs
 
 ASYNC = {"mode": "async", "async": {"max_staleness": 1}}

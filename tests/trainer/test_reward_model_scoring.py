@@ -55,7 +55,7 @@ def stage(reward_model_dir, tiny_model_dir, tiny_tokenizer, ray_local):
 @pytest.mark.integration
 def test_reward_model_scores_enter_the_reward_standardised_and_weighted(stage, reward_model_dir, tiny_tokenizer):
     cfg, prompts, group, rm = stage
-    rewards, gen = sample_rewards(cfg, group, tiny_tokenizer, prompts, scorer=reward_scorer(cfg), n=2,
+    rewards, gen = sample_rewards(cfg, group, tiny_tokenizer, prompts, scorer=reward_scorer(cfg.reward), n=2,
                                   temperature=1.0, greedy=False, seed=5, desc="test", reward_model=rm)
     hf = AutoModelForSequenceClassification.from_pretrained(reward_model_dir, local_files_only=True)
     ids, mask = sequences(gen)

@@ -20,10 +20,10 @@ from rlcore.data.collate import prompt_batch
 from rlcore.engine.model import load_tokenizer
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.rewards.rule import RULES
-from rlcore.trainer.async_ppo import running_async_round
+from rlcore.trainer.round.modes import running_async_round
 from rlcore.trainer.loop.job import start_pool
-from rlcore.trainer.groups import RoundGroups
-from rlcore.trainer.round import RoundRunner
+from rlcore.trainer.round.worker_groups import RoundWorkerGroups
+from rlcore.trainer.round.modes import sync_round_runner
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make test-vllm)")]
@@ -70,7 +70,7 @@ def config(mode: str):
 @contextmanager
 def worker_groups(cfg, folder):
     with start_pool(cfg) as pool:
-        groups = RoundGroups.start(cfg, pool, str(folder))
+        groups = RoundWorkerGroups.start(cfg, pool, str(folder))
         try:
             yield groups
         finally:
@@ -81,7 +81,7 @@ def test_a_sync_round_learns_with_vllm_generating_and_every_sync_checked(policy,
     folder, tok, rows = policy
     cfg = config("sync")
     with worker_groups(cfg, folder) as groups:
-        runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompt_batch(rows, tok, 64, "rows"), seed=0)
+        runner = sync_round_runner(cfg, groups, tokenizer=tok, prompts=prompt_batch(rows, tok, 64, "rows"), seed=0)
         metrics = [runner.step(s) for s in range(12)]
     rewards = [m["rollout/reward_mean"] for m in metrics]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3

@@ -3,18 +3,18 @@
 
 from __future__ import annotations
 
-from rlcore.config import Config
+from rlcore.config import RewardConfig
 from rlcore.data.collate import decode_responses
 from rlcore.protocol import Batch
 from rlcore.rewards.scoring import Rewards, RewardScorer, probe, samples_of
 
 
-def reward_scorer(cfg: Config, rows=None, source: str = "") -> RewardScorer:
+def reward_scorer(reward: RewardConfig, rows=None, source: str = "") -> RewardScorer:
     """A stage's guarded reward functions (params.yaml ``reward``): counts their failures, warns about each
     function's first once. With ``rows`` (a DataFrame of the stage's data), each function is first called once
     on the first row, its ground truth as the answer (:func:`~rlcore.rewards.scoring.probe`), so a reward file
     that does not import, a missing function or a wrong return type stops the stage before Ray starts."""
-    scorer = RewardScorer.from_config(cfg.reward)
+    scorer = RewardScorer.from_config(reward)
     if rows is not None and len(rows):
         row = rows.iloc[0]
         truth = row["reward_model"]["ground_truth"]

@@ -1,5 +1,4 @@
-"""The rollout source of an asynchronous PPO round (``ppo.mode: async``): generators fill a bounded queue while the
-trainer trains.
+"""``ppo.mode: async``'s batch source: generators fill a bounded queue while the trainer trains.
 
 The round has two kinds of workers on separate resource bundles: the trainer's worker group (actor, reference,
 critic: the synchronous round's groups) and ``rollout.n_workers`` generators
@@ -17,10 +16,11 @@ finish out of order: a batch that still arrives more than s versions old is drop
 (``async/dropped_samples``) and generated again. s = 0 alternates generation and training exactly as the
 synchronous round does, with the same prompts, seeds and weights: the same batches and metrics.
 
-With s > 0 the trainer recomputes the old log-probs (the proximal policy, the weights before this update)
-and ``actor.off_policy`` corrects for the behaviour policy that sampled (the rollout's log-probs). The round is the
-synchronous one's (:class:`~rlcore.trainer.round.RoundRunner`, the same :class:`~rlcore.trainer.ppo_step.PPOStep`)
-with :class:`AsyncRollouts` as its source.
+With s > 0 the trainer recomputes the old log-probs (the proximal policy, the weights before this update:
+:func:`rlcore.config.needs_recompute`) and ``actor.off_policy`` corrects for the behaviour policy that sampled (the
+rollout's log-probs). The round is the synchronous one's (:class:`~rlcore.trainer.round.runner.RoundRunner`, the same
+:class:`~rlcore.trainer.round.ppo_step.PPOStep`) with :class:`AsyncSource` as its source
+(:mod:`rlcore.trainer.round.modes`).
 
 A generator that dies (process killed, node lost) is restarted in its bundle and its unfinished batches are
 generated again (``ppo.async.max_generator_restarts``; after that the round goes on with fewer), counted in
@@ -33,8 +33,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +45,10 @@ from rlcore.protocol import Batch, Metrics
 from rlcore.rollout import engine_spec
 from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.loop.step_log import timer
-from rlcore.trainer.groups import RoundGroups
-from rlcore.trainer.round import RoundRunner
-from rlcore.trainer.rollout_data import PromptSampler
-from rlcore.trainer.rollouts import Rollout, RoundScoring
+from rlcore.trainer.round.prompt_sampler import PromptSampler
+from rlcore.trainer.round.scoring import RoundScoring
+from rlcore.trainer.round.seeds import step_seed
+from rlcore.trainer.round.source import ScoredBatch
 from rlcore.trainer.samples.generation import generate_spec, generation_input
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.generator import GeneratorWorker
@@ -70,7 +68,7 @@ def start_generators(cfg: Config, init_dir: str) -> GeneratorPool[GeneratorWorke
                          shards=cfg.resources.n_workers, seed=cfg.seed)
 
 
-class AsyncRollouts:
+class AsyncSource:
     """The batches of an asynchronous round, out of the generators' queue (see the module docstring); ``steps`` is
     the round's length (no batch is handed out for a step past it)."""
 
@@ -110,7 +108,7 @@ class AsyncRollouts:
         while len(self.outstanding) < min(self.max_staleness + 1, self.steps - step):
             rows = self.sampler.take(want)
             item = WorkItem(self.next_item, generation_input(self.prompts.select(rows).repeat(n), self.spec),
-                            self.seed * 100003 + self.next_item * 101)  # the synchronous round's seed of that step
+                            step_seed(self.seed, self.next_item))  # the synchronous round's seed of that step
             self.outstanding[item.id] = (rows, item)
             self.next_item += 1
             self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
@@ -151,7 +149,7 @@ class AsyncRollouts:
                                             f"ppo step {step}")
         return batch, {**rewards.metrics(), "timing_s/reward": time.perf_counter() - start}
 
-    def next(self, step: int, version: int, t: Metrics) -> Rollout:
+    def next(self, step: int, version: int, t: Metrics) -> ScoredBatch:
         """The oldest batch fresh enough for a trainer at ``version`` (scored while the last update ran, when
         prefetching): what the step paid for it is waiting for it (``timing_s/wait``) and scoring it."""
         m: Metrics = self.carried  # what the last step's prefetch saw belongs to this step
@@ -172,7 +170,7 @@ class AsyncRollouts:
         self.outstanding.pop(got.item_id)
         # (no rollout/sample_tries: DAPO's dynamic sampling is refused in async mode, so it would always be 1)
         m.update({**reward_m, "rollout/groups_kept": len(batch) // self.cfg.rollout.n})
-        return Rollout(batch, m, got.version, gen_s=got.gen_s)
+        return ScoredBatch(batch, m, got.version, gen_s=got.gen_s)
 
     def during_update(self, step: int, pending: Pending) -> None:
         """While the update of ``step`` runs on the ranks: take the next step's batch out of the queue as soon as
@@ -190,12 +188,12 @@ class AsyncRollouts:
             self.publish()
         self._hand_out(step + 1)
 
-    def step_metrics(self, rollout: Rollout, batch: Batch, t: Metrics) -> Metrics:
+    def step_metrics(self, scored: ScoredBatch, batch: Batch, t: Metrics) -> Metrics:
         """``async/*`` of a step: its staleness (one batch, generated with one policy version), how idle the trainer
         and the generators were, and the generators' own tokens per second (weights and generation)."""
         gen_busy = self.gens.busy_s - self.busy_before
-        gen_s = rollout.gen_s or 0.0
-        return {"async/staleness": float(self.trained_at - rollout.version),
+        gen_s = scored.gen_s or 0.0
+        return {"async/staleness": float(self.trained_at - scored.version),
                 "async/trainer_idle_frac": t["timing_s/wait"] / max(t["timing_s/step"], 1e-9),
                 "async/generator_idle_frac": 1.0 - min(1.0, gen_busy / max(self.gens.alive * t["timing_s/step"],
                                                                            1e-9)),
@@ -206,9 +204,7 @@ class AsyncRollouts:
     def save_state(self, folder: Path) -> dict[str, Any]:
         """The prompt sampler, the policy version, and the batches handed out and not trained on (their prompt rows
         and seeds): a resumed round hands them out again first, so it trains on the same prompts."""
-        return {"sampler": {"order": self.sampler.order.copy(), "pos": self.sampler.pos,
-                            "rng": self.sampler.rng.bit_generator.state},
-                "version": self.version, "next_item": self.next_item,
+        return {"sampler": self.sampler.state_dict(), "version": self.version, "next_item": self.next_item,
                 "outstanding": [(item.id, rows, item.seed) for rows, item in self.outstanding.values()]}
 
     def load_state(self, folder: Path, state: dict[str, Any]) -> None:
@@ -216,9 +212,7 @@ class AsyncRollouts:
         first, then the outstanding batches handed out again, so they are generated with the weights they were meant
         for (handed out before the publish, a generator would take the round's starting weights and the batch would
         be dropped as stale)."""
-        s = state["sampler"]
-        self.sampler.order, self.sampler.pos = s["order"], s["pos"]
-        self.sampler.rng.bit_generator.state = s["rng"]
+        self.sampler.load_state_dict(state["sampler"])
         self.version = state["version"]
         self.publish()
         self.next_item = state["next_item"]
@@ -227,32 +221,3 @@ class AsyncRollouts:
             item = WorkItem(item_id, generation_input(self.prompts.select(rows).repeat(n), self.spec), seed)
             self.outstanding[item_id] = (rows, item)
             self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
-
-
-@contextmanager
-def running_async_round(cfg: Config, groups: RoundGroups, *, init_dir: str, tokenizer,
-                        prompts: Batch, seed: int, steps: int | None = None) -> Iterator[RoundRunner]:
-    """``ppo.mode: async``: a :class:`~rlcore.trainer.round.RoundRunner` over ``groups`` whose source is
-    :class:`AsyncRollouts` on freshly started generators, which are stopped (with the queue, the version actor and
-    their placement group) on the way out whatever happens."""
-    if steps is None:
-        raise ValueError("ppo.mode async: the round runner needs the round's steps")
-    generators = start_generators(cfg, init_dir)
-    print(f"ppo async: {generators.alive} generator(s), queue of {cfg.ppo.async_.queue_size} batch(es), "
-          f"max_staleness {cfg.ppo.async_.max_staleness}", flush=True)
-    try:
-        yield async_round_runner(cfg, groups, generators, tokenizer=tokenizer, prompts=prompts, seed=seed, steps=steps)
-    finally:
-        generators.shutdown()
-
-
-def async_round_runner(cfg: Config, groups: RoundGroups, generators: GeneratorPool, *, tokenizer, prompts: Batch,
-                       seed: int, steps: int) -> RoundRunner:
-    """The round of ``groups`` with :class:`AsyncRollouts` over ``generators`` as its source (with
-    ``ppo.async.max_staleness`` > 0 a batch may come from older weights, so the old log-probs are the trainer's:
-    :func:`~rlcore.config.needs_recompute`)."""
-    scoring = RoundScoring(cfg, tokenizer, groups.reward_model)
-    rollouts = AsyncRollouts(cfg, generators=generators, actor=groups.actor, scoring=scoring, prompts=prompts,
-                             seed=seed, steps=steps)
-    return RoundRunner(cfg, groups=groups, tokenizer=tokenizer, prompts=prompts, seed=seed, rollouts=rollouts,
-                       scoring=scoring)

@@ -1,7 +1,7 @@
 """One PPO-family update on a scored batch, as named steps: balance, old log-probs, reference, values,
 advantages, critic update, actor update.
 
-    ppo = PPOStep(cfg, groups, seed=seed, reward_weights=weights)
+    ppo = PPOStep(cfg, worker_groups, seed=seed, reward_weights=weights)
     batch, metrics = ppo.train(batch, step, timings)
 
 What a step runs follows from the registries and the params: the estimator says whether it needs a critic, old
@@ -33,8 +33,7 @@ from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.trainer.loop.step_log import timer
-from rlcore.trainer.groups import RoundGroups
-from rlcore.trainer.rollout_data import place_scores
+from rlcore.trainer.round.worker_groups import RoundWorkerGroups
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
 from rlcore.workers.critic import CriticUpdateSpec, CriticWorker, ValuesSpec
 from rlcore.workers.proximal import (FirstForwardLogProbs, ProximalSource, RecomputedLogProbs,
@@ -94,19 +93,29 @@ def critic_update_spec(cfg: Config, seed: int) -> CriticUpdateSpec:
                             grad_clip=c.grad_clip, cliprange_value=c.cliprange_value, seed=seed)
 
 
+def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Sequence scores ``[batch]`` onto the last valid response token (the model's last token of a multi-turn
+    trajectory, whose mask has gaps at the observations): ``[batch, response_len]``."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    columns = torch.arange(1, response_mask.shape[1] + 1)
+    last = (response_mask.long() * columns).argmax(-1)  # 0 for a row without a valid token (then masked out)
+    out[torch.arange(len(scores)), last] = scores.float()
+    return out * response_mask
+
+
 class PPOStep:
     """The update half of a round over its worker groups: :meth:`train` turns a scored batch into one policy (and
     critic) update; it keeps the KL controller and counts the policy versions."""
 
-    def __init__(self, cfg: Config, groups: RoundGroups, *, seed: int, reward_weights: tuple[float, ...],
+    def __init__(self, cfg: Config, worker_groups: RoundWorkerGroups, *, seed: int, reward_weights: tuple[float, ...],
                  proximal: ProximalSource | None = None):
         """``reward_weights``: each reward component's weight, in the order of the batch's ``reward_components``;
         ``proximal``: where the old log-probs come from (default: :func:`proximal_source` of ``cfg``)."""
         alg = cfg.algorithm
         self.cfg, self.seed = cfg, seed
         self.estimator = ESTIMATORS.get(alg.adv_estimator)
-        self.actor = groups.actor
-        self.critic = groups.critic if self.estimator.needs_critic else None
+        self.actor = worker_groups.actor
+        self.critic = worker_groups.critic if self.estimator.needs_critic else None
         if self.estimator.needs_critic and self.critic is None:
             raise ValueError(f"estimator {alg.adv_estimator!r} needs a critic worker group")
         k = alg.kl_ctrl
