@@ -18,14 +18,16 @@ from rlcore.config import Config
 from rlcore.data.collate import prompt_batch
 from rlcore.protocol import Batch, Metrics
 from rlcore.rewards.checks import read_reward_rows
-from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
+from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints
+from rlcore.trainer.loop.job import training_job
 from rlcore.trainer.loop.model_specs import check_model
 from rlcore.trainer.loop.step_log import StepLog
-from rlcore.trainer.samples.scoring import reward_scorer
-from rlcore.trainer.round.kept_samples import log_rollouts_page
-from rlcore.trainer.round.modes import running_round
-from rlcore.trainer.round.seeds import round_seed
 from rlcore.trainer.loop.steps import Divergence, Done, StepLoop
+from rlcore.trainer.round.kept_samples import log_rollouts_page
+from rlcore.trainer.round.modes import round_on_pool
+from rlcore.trainer.round.seeds import round_seed
+from rlcore.trainer.round.validation import Validation
+from rlcore.trainer.samples.scoring import reward_scorer
 from rlcore.viewer import RolloutsFile
 
 
@@ -36,10 +38,10 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     """Train one round from ``init_dir``; save the policy (and critic) to ``out_dir``.
 
     With ``ppo.val_every`` > 0 and ``val_path``, the greedy pass@1 on those prompts is logged
-    before the first step, every ``val_every`` steps and after the last. With ``ppo.log_samples``
-    > 0, that many rollouts per step go to ``rollouts_path`` (a parquet rewritten atomically after
-    every step, so a crash keeps the steps so far; see :mod:`rlcore.viewer`), and at the end to
-    MLflow: the table ``rollout_samples.json`` and the page ``rollouts.html``.
+    before the first step, every ``val_every`` steps and after the last (:mod:`rlcore.trainer.round.validation`).
+    With ``ppo.log_samples`` > 0, that many samples per step go to ``rollouts_path`` (a parquet rewritten atomically
+    after every step, so a crash keeps the steps so far; see :mod:`rlcore.viewer`), and at the end to MLflow: the
+    table ``rollout_samples.json`` and the page ``rollouts.html``.
 
     With ``checkpoints``, a step checkpoint is written every ``ppo.save_every`` steps; with ``resume``, the
     round continues after the checkpoint's step from its state (``rlcore.trainer.loop.checkpoint``) and ends as
@@ -49,60 +51,49 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     ``critic/nonfinite_steps``); after ``actor``/``critic.max_nonfinite_steps`` in a row the round raises
     :class:`~rlcore.errors.TrainingDiverged` once that step is logged
     (:func:`~rlcore.trainer.loop.step_log.stop_if_diverged`)."""
-    rnd = cfg.ppo.rounds[round_name]
-    rows = read_reward_rows(data_path, cfg.reward)
-    reward_scorer(cfg.reward, rows, data_path)  # each reward function called once, before Ray starts
-    tools = tool_schemas(cfg.rollout.agent)  # each tool file described in a tool process, before Ray starts
-    prompts = prompt_batch(rows, tokenizer, cfg.task.max_prompt_length, data_path, tools)
+    steps = cfg.ppo.rounds[round_name].steps
+    prompts, tools = round_prompts(cfg, data_path, tokenizer)
     check_model(cfg, init_dir, "ppo")
-    every = cfg.ppo.val_every if val_path else 0
-    val = Batch()
-    if val_path and every:
-        val = prompt_batch(read_reward_rows(val_path, cfg.reward), tokenizer, cfg.task.max_prompt_length, val_path,
-                           tools)
+    validation = Validation.read(cfg, val_path, tokenizer, tools, steps)
     log = StepLog(tracker, plot_csv)
-    start = time.perf_counter()
-    val_rows: list[Metrics] = []
+    loop = round_loop(cfg, round_name, steps, log, tracker=tracker, checkpoints=checkpoints, resume=resume)
     rollouts = RolloutsFile(rollouts_path) if rollouts_path else None
-    loop = StepLoop(f"ppo {round_name}", rnd.steps, log, tracker=tracker, checkpoints=checkpoints, resume=resume,
-                    divergence=[Divergence("actor", cfg.actor.max_nonfinite_steps, ("actor/pg_loss", "actor/grad_norm"),
-                                           "lower actor.lr or check the rewards"),
-                                Divergence("critic", cfg.critic.max_nonfinite_steps, ("critic/vf_loss",
-                                                                                      "critic/grad_norm"),
-                                           "lower critic.lr or check the rewards")],
-                    postfix=lambda m: {"acc": f"{m['rollout/acc']:.3f}", "len": f"{m['rollout/response_length']:.1f}"})
-    with running_round(cfg, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
-                       seed=round_seed(cfg.seed, round_name), steps=rnd.steps) as runner:
-        if resume is not None:
-            runner.load_state(resume.folder, resume.state["runner"])
-            val_rows = list(resume.state["val_rows"])
-            if rollouts is not None:
-                rollouts.update(runner.samples)
-        elif every:  # the model the round starts from: in step 0's row too (a validation after its update wins)
-            val_rows.append(runner.validate(val))
-            tracker.log_metrics(val_rows[-1], step=0)
-        before_first = dict(val_rows[0]) if val_rows and resume is None else {}
-
-        def step(n: int) -> Done:
-            metrics = runner.step(n)
-            if n == loop.start:
-                metrics = {**before_first, **metrics}
-            if every and ((n + 1) % every == 0 or n + 1 == rnd.steps):
-                val_rows.append(runner.validate(val))
-                metrics.update(val_rows[-1])  # logged at the step whose update it follows
-            return Done(metrics)
-
-        loop.run(step, save=lambda folder: Done({"runner": runner.save_state(folder)}),
-                 state=lambda: {"val_rows": val_rows, "model_dir": str(init_dir)},
+    start = time.perf_counter()
+    with training_job(cfg, resume) as job:
+        runner = job.start(round_on_pool(cfg, job.pool, init_dir=init_dir, tokenizer=tokenizer, prompts=prompts,
+                                         seed=round_seed(cfg.seed, round_name), steps=steps))
+        first = validation.begin(runner, tracker, resume)  # the starting model's, in step 0's row too
+        if resume is not None and rollouts is not None:
+            rollouts.update(runner.samples)
+        loop.run(lambda n: Done({**(first if n == loop.start else {}), **runner.step(n),
+                                 **validation.after(n, runner)}),
+                 save=lambda folder: Done(runner.save_state(folder)),
+                 state=lambda: {**validation.state(), "model_dir": str(init_dir)},
                  on_row=None if rollouts is None else lambda: rollouts.update(runner.samples))
-        try:
-            runner.save(out_dir)
-        except Exception as err:
-            raise write_error(err, f"cannot write the round's model to {out_dir}",
-                              "the step checkpoints and the metrics and plots so far are intact") from err
+        job.save(lambda: runner.save(out_dir), f"the round's model to {out_dir}")
     tracker.log_table(runner.samples, "rollout_samples.json")
     log_rollouts_page(tracker, runner.samples, title=f"ppo {round_name}: rollouts")
-    return round_summary(log.rows, val_rows, rnd.steps, time.perf_counter() - start)
+    return round_summary(log.rows, validation.rows, steps, time.perf_counter() - start)
+
+
+def round_prompts(cfg: Config, data_path: str, tokenizer) -> tuple[Batch, list[dict] | None]:
+    """The round's prompts and the tool loop's function schemas they show, with each reward function called once on
+    the first row and each tool file described in a tool process: a bad reward or tool file stops the round before
+    Ray starts."""
+    rows = read_reward_rows(data_path, cfg.reward)
+    reward_scorer(cfg.reward, rows, data_path)
+    tools = tool_schemas(cfg.rollout.agent)
+    return prompt_batch(rows, tokenizer, cfg.task.max_prompt_length, data_path, tools), tools
+
+
+def round_loop(cfg: Config, round_name: str, steps: int, log: StepLog, **kwargs) -> StepLoop:
+    """The round's step loop (``kwargs``: its tracker, checkpoints and resume), stopped when the actor's or the
+    critic's optimizer skips ``max_nonfinite_steps`` steps in a row."""
+    divergence = [Divergence(role, getattr(cfg, role).max_nonfinite_steps, (f"{role}/{loss}", f"{role}/grad_norm"),
+                             f"lower {role}.lr or check the rewards")
+                  for role, loss in (("actor", "pg_loss"), ("critic", "vf_loss"))]
+    return StepLoop(f"ppo {round_name}", steps, log, **kwargs, divergence=divergence,
+                    postfix=lambda m: {"acc": f"{m['rollout/acc']:.3f}", "len": f"{m['rollout/response_length']:.1f}"})
 
 
 def round_summary(rows: list[Metrics], val_rows: list[Metrics], steps: int, wall_s: float) -> Metrics:

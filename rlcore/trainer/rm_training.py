@@ -19,8 +19,8 @@ from rlcore.data.pairs import read_pairs
 from rlcore.engine.sequence import response_attention
 from rlcore.errors import DataError
 from rlcore.protocol import Batch, Metrics
-from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints
+from rlcore.trainer.loop.job import trained_group, training_job
 from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.loop.step_log import StepLog
 from rlcore.trainer.samples.generation import rollout_worker_group, sample_chunks
@@ -121,42 +121,34 @@ def run_rm(cfg: Config, *, init: str, tokenizer, train_path: str, test_path: str
                     divergence=[Divergence("rm", r.max_nonfinite_steps, ("rm/loss", "rm/grad_norm"), "lower rm.lr")],
                     postfix=lambda m: {"loss": f"{m['rm/loss']:.3f}"})
     extra: Metrics = {}
-    with start_pool(cfg) as pool:
+    with training_job(cfg, resume) as job:
         if self_play:
-            played = self_play_pairs(cfg, pool, init, train, self_play, cfg.seed, "rm self-play")
-            test_played = self_play_pairs(cfg, pool, init, test, self_play, cfg.seed + 1, "rm self-play (held out)")
+            played = self_play_pairs(cfg, job.pool, init, train, self_play, cfg.seed, "rm self-play")
+            test_played = self_play_pairs(cfg, job.pool, init, test, self_play, cfg.seed + 1, "rm self-play (held out)")
             train = Batch.concat([train, played])
             extra = {"rm/self_play_pairs": len(played), "rm/test_self_play_pairs": len(test_played)}
-        group = WorkerGroup(RewardTrainWorker, pool, name="rm", timeout_s=cfg.ray.timeout_s,
-                            model=model_spec(cfg, init), optim=optim, seed=cfg.seed)
-        try:
-            group.call(RewardTrainWorker.init_model)
-            if resume is not None:
-                group.call(RewardTrainWorker.load_state, str(resume.folder))
-            batches = epoch_batches(train, r.batch_size, r.steps, cfg.seed, start=loop.start, fields=PAIR_FIELDS)
+        rm = job.start(trained_group(RewardTrainWorker, job.pool, name="rm", timeout_s=cfg.ray.timeout_s,
+                                     model=model_spec(cfg, init), optim=optim, seed=cfg.seed))
+        group = rm.group
+        batches = epoch_batches(train, r.batch_size, r.steps, cfg.seed, start=loop.start, fields=PAIR_FIELDS)
 
-            def step(n: int) -> Done:
-                metrics = group.call(RewardTrainWorker.train_step, next(batches), step_spec)
-                if r.eval_every and (n + 1) % r.eval_every == 0 and n + 1 < r.steps:
-                    metrics.update(pair_metrics(*pair_scores(group, test), "rm/val_"))
-                return Done(metrics)
+        def step(n: int) -> Done:
+            metrics = group.call(RewardTrainWorker.train_step, next(batches), step_spec)
+            if r.eval_every and (n + 1) % r.eval_every == 0 and n + 1 < r.steps:
+                metrics.update(pair_metrics(*pair_scores(group, test), "rm/val_"))
+            return Done(metrics)
 
-            loop.run(step, save=lambda folder: Done(group.call(RewardTrainWorker.save_state, str(folder))))
-            final = pair_metrics(*pair_scores(group, test), "rm/test_")
-            if self_play and len(test_played):
-                chosen, rejected = pair_scores(group, test_played)
-                extra["rm/test_self_play_accuracy"] = float((chosen > rejected).mean())
-            log.log(r.steps, {k.replace("rm/test_", "rm/val_"): v for k, v in final.items()})
-            train_scores = np.concatenate(pair_scores(group, train))
-            mean, std = float(train_scores.mean()), float(max(train_scores.std(), 1e-6))
-            stats = {"mean": mean, "std": std, "from": f"{len(train)} training pairs, both answers ({train_path})"}
-            try:
-                group.call(RewardTrainWorker.save, out_dir, stats)
-            except Exception as err:
-                raise write_error(err, f"cannot write the reward model to {out_dir}",
-                                  "the metrics and plots so far are intact") from err
-        finally:
-            group.shutdown()
+        loop.run(step, save=lambda folder: Done(group.call(RewardTrainWorker.save_state, str(folder))))
+        final = pair_metrics(*pair_scores(group, test), "rm/test_")
+        if self_play and len(test_played):
+            chosen, rejected = pair_scores(group, test_played)
+            extra["rm/test_self_play_accuracy"] = float((chosen > rejected).mean())
+        log.log(r.steps, {k.replace("rm/test_", "rm/val_"): v for k, v in final.items()})
+        train_scores = np.concatenate(pair_scores(group, train))
+        mean, std = float(train_scores.mean()), float(max(train_scores.std(), 1e-6))
+        stats = {"mean": mean, "std": std, "from": f"{len(train)} training pairs, both answers ({train_path})"}
+        job.save(lambda: group.call(RewardTrainWorker.save, out_dir, stats), f"the reward model to {out_dir}",
+                 "the metrics and plots so far are intact")
     tail = [row["rm/accuracy"] for row in log.rows if "rm/accuracy" in row][-10:]
     return {**final, **extra, "rm/train_accuracy_last10": float(np.mean(tail)), "rm/norm_mean": mean,
             "rm/norm_std": std, "rm/steps": r.steps, "rm/train_pairs": len(train), "rm/test_pairs": len(test)}

@@ -8,14 +8,13 @@ from typing import Iterator
 import numpy as np
 from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
-from rlcore.controller.worker_group import WorkerGroup
 from rlcore.data.collate import encode_conversations, encode_responses, prompt_batch
 from rlcore.data.schema import read_rows
 from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.errors import DataError
 from rlcore.protocol import Batch
-from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints, write_error
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.checkpoint import Resume, StepCheckpoints
+from rlcore.trainer.loop.job import trained_group, training_job
 from rlcore.trainer.loop.model_specs import check_model, model_spec
 from rlcore.trainer.loop.step_log import StepLog
 from rlcore.trainer.loop.steps import Divergence, StepLoop
@@ -92,24 +91,14 @@ def run_sft(cfg: Config, *, base_model: Path, tokenizer, data_path: str, out_dir
                     divergence=[Divergence("sft", s.max_nonfinite_steps, ("sft/loss", "sft/grad_norm"),
                                            "lower sft.lr or raise sft.warmup_steps")],
                     postfix=lambda m: {"loss": f"{m['sft/loss']:.3f}"})
-    with start_pool(cfg) as pool:
-        group = WorkerGroup(SFTWorker, pool, name="sft", timeout_s=cfg.ray.timeout_s,
-                            model=model_spec(cfg, base_model, "sft"), optim=optim, seed=cfg.seed)
-        try:
-            group.call(SFTWorker.init_model)
-            if resume is not None:
-                group.call(SFTWorker.load_state, str(resume.folder))
-            batches = epoch_batches(data, s.batch_size, s.steps, cfg.seed, start=loop.start)
-            loop.run(lambda step: group.submit(SFTWorker.train_step, next(batches), step_spec),
-                     save=lambda folder: group.submit(SFTWorker.save_state, str(folder)),
-                     state=lambda: {"model_dir": str(base_model)})
-            try:
-                group.call(SFTWorker.save, out_dir)
-            except Exception as err:
-                raise write_error(err, f"cannot write the SFT model to {out_dir}",
-                                  "the step checkpoints and the metrics and plots so far are intact") from err
-        finally:
-            group.shutdown()
+    with training_job(cfg, resume) as job:
+        sft = job.start(trained_group(SFTWorker, job.pool, name="sft", timeout_s=cfg.ray.timeout_s,
+                                      model=model_spec(cfg, base_model, "sft"), optim=optim, seed=cfg.seed))
+        batches = epoch_batches(data, s.batch_size, s.steps, cfg.seed, start=loop.start)
+        loop.run(lambda step: sft.group.submit(SFTWorker.train_step, next(batches), step_spec),
+                 save=lambda folder: sft.group.submit(SFTWorker.save_state, str(folder)),
+                 state=lambda: {"model_dir": str(base_model)})
+        job.save(lambda: sft.group.call(SFTWorker.save, out_dir), f"the SFT model to {out_dir}")
     tail = [r["sft/loss"] for r in log.rows[-10:]]
     return {"sft/final_loss": log.rows[-1]["sft/loss"], "sft/final_loss_last10": float(np.mean(tail)),
             "sft/steps": s.steps}

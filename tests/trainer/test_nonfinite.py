@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import rlcore.trainer.sft as sft_loop
+from rlcore.trainer.loop import job
 from rlcore.cli import EXIT_DIVERGED, stage_errors
 from rlcore.config import parse_config
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
@@ -121,8 +122,8 @@ def test_sft_stops_at_the_second_consecutive_nan_step_and_keeps_every_row_so_far
     second run of 2 (sft.max_nonfinite_steps): the loop stops at step 4, naming step 2's metrics, and the plot
     CSV holds steps 0 to 4. (The real SFT loop and worker, on one rank in this process.)"""
     monkeypatch.setattr(sft_loop, "SFTWorker", NanLossSFTWorker)
-    monkeypatch.setattr(sft_loop, "WorkerGroup", InProcessGroup)
-    monkeypatch.setattr(sft_loop, "start_pool", lambda cfg: contextlib.nullcontext())
+    monkeypatch.setattr(job, "WorkerGroup", InProcessGroup)
+    monkeypatch.setattr(job, "start_pool", lambda cfg: contextlib.nullcontext())
     data = tmp_path / "sft.parquet"
     write_rows(arithmetic_rows(n=16, seed=3, split="sft", min_digits=1, max_digits=2, ops=("+",)), data)
     cfg = parse_config({"resources": {"n_workers": 1},

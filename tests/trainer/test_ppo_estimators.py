@@ -33,6 +33,7 @@ from rlcore.rewards.rule import RULES
 from rlcore.tracking import NullTracker
 from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.trainer import ppo
+from rlcore.trainer.loop import job
 from rlcore.trainer.round import ppo_step
 from rlcore.trainer.loop.job import start_pool
 from rlcore.trainer.round.worker_groups import RoundWorkerGroups
@@ -436,11 +437,11 @@ def test_a_round_whose_advantages_turn_infinite_stops_after_max_nonfinite_steps(
         return (adv, ret) if len(calls) == 1 else (torch.full_like(adv, math.inf), torch.full_like(ret, math.nan))
 
     @contextmanager
-    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
+    def on_this_modules_groups(cfg, pool, *, init_dir, tokenizer, prompts, seed, steps=None):
         yield sync_round_runner(cfg, groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
 
     monkeypatch.setattr(ppo_step, "compute_advantage", turning_infinite)
-    monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
+    reuse_the_module_groups(monkeypatch, on_this_modules_groups)
     cfg = config("gae", actor={"max_nonfinite_steps": 3},
                  ppo={"rounds": {"r1": {"init": str(folder), "steps": 6}}, "val_every": 0, "log_samples": 0})
     plot = tmp_path / "plot.csv"
@@ -488,7 +489,7 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
     write_rows(rows(HASH_SOURCE).to_dict("records"), data)
 
     @contextmanager
-    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
+    def on_this_modules_groups(cfg, pool, *, init_dir, tokenizer, prompts, seed, steps=None):
         runner = sync_round_runner(cfg, groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
         real_step = runner.step
 
@@ -499,7 +500,7 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
         runner.step = interrupted_step
         yield runner
 
-    monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
+    reuse_the_module_groups(monkeypatch, on_this_modules_groups)
     cfg = config("gae", ppo={"rounds": {"r1": {"init": str(folder), "steps": 6}}, "val_every": 0, "log_samples": 0})
     ck = StepCheckpoints(tmp_path / "ckpt", stage="ppo@r1", save_every=5, keep_last=0, fingerprint={})
     plot = tmp_path / "plot.csv"
@@ -512,7 +513,7 @@ def test_ctrl_c_mid_step_finishes_the_step_checkpoints_it_and_stops(tiny, groups
     assert {p.name for p in saved.iterdir()} >= {CONTROLLER_FILE, "actor.pt", "critic.pt", "actor.rng0.pt",
                                                  "actor.rng1.pt"}
     state = torch.load(saved / CONTROLLER_FILE, weights_only=False)
-    assert [r["step"] for r in state["log_rows"]] == [0] and state["runner"]["ppo"]["policy_version"] == 1
+    assert [r["step"] for r in state["log_rows"]] == [0] and state["ppo"]["policy_version"] == 1
     assert not (tmp_path / "out").exists()
 
     # `rlcore export` of that checkpoint: the weights the actor holds now (no step ran after it), as saved by
@@ -559,15 +560,22 @@ def mounted_tmpfs(where, size_bytes: int, *, readonly: bool = False):
             subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
+def reuse_the_module_groups(monkeypatch, round_on_pool) -> None:
+    """Have ``ppo.run_ppo_round`` run ``round_on_pool`` (a round over this module's worker groups) in a job that
+    starts no pool of its own."""
+    monkeypatch.setattr(job, "start_pool", lambda cfg: nullcontext())
+    monkeypatch.setattr(ppo, "round_on_pool", round_on_pool)
+
+
 def round_in(tmp_path, groups, monkeypatch, steps: int, save_every: int, out_dir, checkpoints, init):
     """``ppo.run_ppo_round`` of this module's groups (started from ``init``) over the hash-reward rows."""
     from rlcore.tracking import NullTracker
 
     @contextmanager
-    def on_this_modules_groups(cfg, *, init_dir, tokenizer, prompts, seed, steps=None):
+    def on_this_modules_groups(cfg, pool, *, init_dir, tokenizer, prompts, seed, steps=None):
         yield sync_round_runner(cfg, groups, tokenizer=tokenizer, prompts=prompts, seed=seed)
 
-    monkeypatch.setattr(ppo, "running_round", on_this_modules_groups)
+    reuse_the_module_groups(monkeypatch, on_this_modules_groups)
     data = tmp_path / "rl.parquet"
     write_rows(rows(HASH_SOURCE).to_dict("records"), data)
     cfg = config("gae", ppo={"rounds": {"r1": {"init": str(init), "steps": steps}}, "val_every": 0, "log_samples": 2,
