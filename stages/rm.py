@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
             from rlcore.engine.model import load_tokenizer
             from rlcore.inputs import write_manifest
             from rlcore.trainer.loop.checkpoint import stage_checkpoints
-            from rlcore.trainer.rm_training import run_rm
+            from rlcore.trainer.rm import run_rm
             tokenizer = load_tokenizer(args.init)
         # the model's checkpoints depend on its own entry of rm.models, not on the other reward models
         own = {**params, "rm": {**params["rm"], "models": {args.name: params["rm"]["models"][args.name]}}}

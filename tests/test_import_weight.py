@@ -38,7 +38,7 @@ def test_the_trainers_and_the_worker_modules_import_no_model_machinery():
     """One interpreter imports the trainers, then each worker module, and says after each which of the machinery
     modules were loaded: nothing after the last means nothing after any, and a failure names the first import that
     brought some in (one process instead of one per module: each costs ~3 CPU-s of torch and transformers)."""
-    steps = ["rlcore.trainer.ppo, rlcore.trainer.sft, rlcore.trainer.score, rlcore.trainer.evaluate, rlcore.trainer.rm_training",
+    steps = ["rlcore.trainer.ppo, rlcore.trainer.sft, rlcore.trainer.score, rlcore.trainer.evaluate, rlcore.trainer.rm",
              "rlcore.workers.actor", "rlcore.workers.generator", "rlcore.workers.critic"]
     code = "seen = {}\n" + "".join(
         f"import {s}\nseen[{s!r}] = [m for m in {list(MODEL_MACHINERY)!r} if m in sys.modules]\n" for s in steps)

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     require_file(args.data, "prompts file")
     if args.temperature is not None and args.temperature < 0:
         raise ConfigError(f"--temperature {args.temperature}: expected >= 0 (0 = greedy)")
-    from rlcore.trainer.batch_generation import GenerateSettings, generate_records, write_generations
+    from rlcore.trainer.generate import GenerateSettings, generate_records, write_generations
 
     settings = GenerateSettings(
         n=args.n, temperature=cfg.rollout.temperature if args.temperature is None else args.temperature,

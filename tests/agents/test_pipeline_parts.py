@@ -21,7 +21,7 @@ from rlcore.data.splits import build_splits
 from rlcore.engine.tiny_model import build_char_tokenizer
 from rlcore.errors import ConfigError, DataError
 from rlcore.protocol import Batch
-from rlcore.trainer.batch_generation import generation_records
+from rlcore.trainer.generate import generation_records
 from rlcore.trainer.round.ppo_step import place_scores
 from rlcore.trainer.sft import sft_batch
 from tests.conftest import REPO_ROOT

@@ -73,7 +73,7 @@ def test_bradley_terry_loss_by_hand():
 def test_a_reward_model_learns_a_preference_on_ray(tiny_model_dir, tiny_tokenizer, tmp_path, ray_local):
     """Chosen answers end in "!" and rejected ones do not: 40 steps on two data-parallel ranks rank every held-out
     pair right, and the saved statistics are the scores' own."""
-    from rlcore.trainer.rm_training import pair_batch, run_rm
+    from rlcore.trainer.rm import pair_batch, run_rm
 
     rng = np.random.default_rng(0)
     records = [{"prompt": f"{a}+{b}", "chosen": f"{a + b}!", "rejected": f"{a + b + int(rng.integers(1, 9))}"}

@@ -62,7 +62,7 @@ def test_a_reward_model_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(
     model and normalisation statistics are those of the run that was never stopped."""
     import pandas as pd
 
-    from rlcore.trainer.rm_training import run_rm
+    from rlcore.trainer.rm import run_rm
 
     records = [{"prompt": f"{a}+{b}", "chosen": f"{a + b}!", "rejected": f"{a + b + 1}"}
                for a in range(8) for b in range(5)]
