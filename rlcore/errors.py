@@ -1,6 +1,6 @@
 """The exceptions that mean "bad input", "a worker was lost" or "the training diverged", not "bug".
 
-A stage turns these, and only these, into one line on stderr (``rlcore.cli.stage_errors``): bad input
+A stage turns these, and only these, into one line on stderr (``rlcore.stage.frame.stage_errors``): bad input
 (:class:`UserError`) exits with code 2, a diverged training (:class:`TrainingDiverged`) with code 3, a lost
 worker (:class:`WorkerDied`) with code 75; every other exception is a bug and keeps its traceback. Each
 message names the key, file, row or field and what was expected, the worker group, rank and method that
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 VLLM_INSTALL_HINT = ("vLLM is not installed in this Python environment: `make setup-vllm` builds .venv-vllm with vLLM's "
                      "CPU build; then `. .venv-vllm/bin/activate` and run again (docs/concepts/engines.md)")
-"""How to get the ``vllm`` rollout engine: the message of the config check (``rlcore.cli``) and of the engine's
+"""How to get the ``vllm`` rollout engine: the message of the config check (``rlcore.stage.frame``) and of the engine's
 own import (``rlcore.rollout.vllm_engine``)."""
 
 

@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM during a training loop: stop after the current step, with a step checkpoint.
 
-A stage (``rlcore.cli.stage_errors``) routes SIGINT and SIGTERM to :func:`on_signal`. Outside a training
+A stage (``rlcore.stage.frame.stage_errors``) routes SIGINT and SIGTERM to :func:`on_signal`. Outside a training
 loop a signal stops the stage at once (``KeyboardInterrupt``, or ``Terminated`` for SIGTERM), so every
 ``finally`` on the way out runs: worker groups and the placement group released, the MLflow run marked
 KILLED. Inside one (``with training_loop() as stop:``) the first signal only asks the loop to stop: the loop

@@ -44,7 +44,7 @@ NAME_CHARS = 120
 
 def pipeline_params(path: str | Path) -> dict[str, Any]:
     """Every section of the params file as plain data, for the pipeline's parent run: a label for comparing
-    pipelines; what a stage computes reads only its own sections (rlcore.cli.stage_config)."""
+    pipelines; what a stage computes reads only its own sections (rlcore.stage.frame.stage_config)."""
     cfg = load_config(path)
     return section_dict(cfg, tuple(type(cfg).model_fields))
 

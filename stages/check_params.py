@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rlcore.cli import stage_errors
+from rlcore.stage.frame import stage_errors
 from rlcore.config import Config, load_config, read_yaml
 from rlcore.pipeline_keys import check_pipeline_keys
 

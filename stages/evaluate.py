@@ -11,10 +11,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from rlcore.cli import parser, require_file, stage_errors, write_json
+from rlcore.stage.frame import parser, require_file, stage_errors, write_json
 from rlcore.config import Config
 from rlcore.heap import long_lived, script
-from rlcore.stage import stage_run, stage_setup
+from rlcore.stage.run import stage_run, stage_setup
 
 PARAMS = tuple(Config.model_fields)  # all of params.yaml: they label the pipeline run in MLflow
 

@@ -7,10 +7,10 @@
 
 from __future__ import annotations
 
-from rlcore.cli import REPO_ROOT, parser, require_file, stage_errors, write_json
+from rlcore.stage.frame import REPO_ROOT, parser, require_file, stage_errors, write_json
 from rlcore.errors import ConfigError
 from rlcore.heap import long_lived, script
-from rlcore.stage import stage_run, stage_setup
+from rlcore.stage.run import stage_run, stage_setup
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
           "rollout", "reward", "algorithm", "actor", "critic",

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from rlcore.cli import parser, stage_config, stage_errors, write_json
+from rlcore.stage.frame import parser, stage_config, stage_errors, write_json
 from rlcore.heap import script
 
 PARAMS = ("seed", "task")

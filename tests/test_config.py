@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from rlcore import names
-from rlcore.cli import stage_errors
+from rlcore.stage.frame import stage_errors
 from rlcore.config import Config, ConfigError, load_config, parse_config
 
 from .conftest import REPO_ROOT
@@ -207,7 +207,7 @@ def test_stage_fails_fast_on_bad_params(tmp_path, dotted, value, needle):
 def test_loading_and_validating_params_imports_nothing_heavy():
     """Every stage validates params.yaml first; doing so must not pull in torch, pandas, pyarrow or ray
     (a stage fails fast on bad params, and rlcore/config.py's dependencies stay light)."""
-    code = ("import sys; from rlcore.cli import stage_config; from stages import prepare, sft, score, ppo, evaluate; "
+    code = ("import sys; from rlcore.stage.frame import stage_config; from stages import prepare, sft, score, ppo, evaluate; "
             "from rlcore.config import Config; stage_config('params.yaml', tuple(Config.model_fields), 'x'); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'pandas', 'pyarrow', 'ray', 'numpy', "
             "'transformers', 'mlflow'}))")
@@ -241,7 +241,7 @@ sys.stdin.readline()
 """
 STAGE = """
 import time
-from rlcore.cli import stage_errors
+from rlcore.stage.frame import stage_errors
 from rlcore.interrupt import training_loop
 with stage_errors("demo"):
     with training_loop() as stop:
@@ -475,7 +475,7 @@ def test_the_vllm_engine_reads_a_model_folders_head_dim_and_takes_the_ones_it_ru
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_a_stage_asked_for_vllm_without_it_stops_at_once_saying_how_to_install_it(tmp_path):
-    from rlcore.cli import stage_config
+    from rlcore.stage.frame import stage_config
 
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"rollout": {"engine": "vllm"}, "model": {"tiny": {"hidden_size": 128,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlcore.cli import DeclaredConfig
+from rlcore.stage.frame import DeclaredConfig
 from rlcore.config import Config
 
 from .conftest import REPO_ROOT

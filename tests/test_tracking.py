@@ -10,7 +10,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from rlcore.cli import write_json
+from rlcore.stage.frame import write_json
 from rlcore.config import TrackingConfig
 from rlcore.tracking import MlflowTracker, NullTracker, git_commit, open_run, resolve_uri
 
@@ -176,7 +176,7 @@ def test_resolve_uri(uri, expected):
                                             (KeyboardInterrupt, "KILLED")])
 def test_a_run_ends_finished_failed_or_killed_never_running(store_root, raised, status):
     """The stage's ``with open_run(...)`` block: a bug marks the run FAILED, Ctrl-C or SIGTERM
-    (raised as KeyboardInterrupt by rlcore.cli) KILLED."""
+    (raised as KeyboardInterrupt by rlcore.stage.frame) KILLED."""
     cfg = TrackingConfig(uri="sqlite:///runs.db", experiment="status")
     try:
         with open_run(cfg, stage="sft", params=PARAMS, root=store_root) as tracker:

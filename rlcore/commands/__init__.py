@@ -5,7 +5,7 @@ One module per subcommand. Each defines ``HELP`` (one line for ``rlcore --help``
 import nothing heavy at the top, so ``rlcore --help`` and ``rlcore config check`` start in well under
 a second; torch, transformers, ray and pandas load inside ``run``.
 
-Every command runs inside :func:`rlcore.cli.stage_errors`: bad input (params, paths, data rows,
+Every command runs inside :func:`rlcore.stage.frame.stage_errors`: bad input (params, paths, data rows,
 model folders) ends with one line on stderr and exit code 2, Ctrl-C with 130, a bug keeps its
 traceback.
 """
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlcore.cli import stage_errors
+    from rlcore.stage.frame import stage_errors
 
     args = build_parser().parse_args(argv)
     with stage_errors(f"rlcore {args._name}"):

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from rlcore.cli import check_engine_installed
 from rlcore.config import Config, apply_overrides, load_config, parse_config, read_yaml
+from rlcore.stage.frame import check_engine_installed
 from rlcore.errors import ConfigError
 from rlcore.kernels import pin
 

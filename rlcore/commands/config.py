@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel
 
-from rlcore.cli import check_engine_installed
+from rlcore.stage.frame import check_engine_installed
 from rlcore.commands.common import DEFAULT_PARAMS, add_config_options, config_from, params_source, parse_overrides
 from rlcore.config import Config, apply_overrides, load_config, read_yaml
 from rlcore.errors import ConfigError

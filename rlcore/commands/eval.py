@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlcore.cli import write_json
+from rlcore.stage.frame import write_json
 from rlcore.commands.common import add_config_options, config_from, positive_int
 
 HELP = "score a generations file with the params' reward: mean reward, pass@1 and pass@k per data_source"

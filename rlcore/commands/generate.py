@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlcore.cli import require_file
+from rlcore.stage.frame import require_file
 from rlcore.commands.common import add_config_options, config_from, positive_int
 from rlcore.errors import ConfigError
 

@@ -1,5 +1,5 @@
 """Where ``ray.address`` points and whether anything answers there: plain sockets, no Ray, so that a stage finds a
-cluster that is not there before its heavy imports (:func:`rlcore.cli.stage_config`)."""
+cluster that is not there before its heavy imports (:func:`rlcore.stage.frame.stage_config`)."""
 
 from __future__ import annotations
 

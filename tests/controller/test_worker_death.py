@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from ray.util import placement_group_table
 
-from rlcore import cli
-from rlcore.cli import EXIT_WORKER_DIED, stage_errors
+from rlcore.stage import frame
+from rlcore.stage.frame import EXIT_WORKER_DIED, stage_errors
 from rlcore.controller import Dispatch, RankPlacement, register
 from rlcore.controller.address import check_reachable
 from rlcore.controller.resource_pool import ResourcePool
@@ -122,7 +122,7 @@ def test_spread_and_pack_are_rays_placement_strategies(ray_local):
 
 def test_a_stage_reports_a_dead_worker_in_one_line_with_exit_code_75(capsys, monkeypatch):
     left = []  # the stage leaves Ray before its line (the session's Ray stays up here)
-    monkeypatch.setattr(cli, "_leave_ray", lambda: left.append(True))
+    monkeypatch.setattr(frame, "_leave_ray", lambda: left.append(True))
     with pytest.raises(SystemExit) as info:
         with stage_errors("ppo@r1"):
             raise WorkerDied("actor", 1, "update_actor", "node 10.0.0.5 [0a1b2c3d] lost")

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from rlcore.cli import DeclaredConfig
+from rlcore.stage.frame import DeclaredConfig
 from rlcore.config import ConfigError, apply_overrides, parse_config
 from rlcore.engine import footprint, lora
 from rlcore.engine.lora import LoraSpec

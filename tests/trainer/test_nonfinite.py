@@ -15,7 +15,7 @@ import torch
 
 import rlcore.trainer.sft as sft_loop
 from rlcore.trainer.loop import job
-from rlcore.cli import EXIT_DIVERGED, stage_errors
+from rlcore.stage.frame import EXIT_DIVERGED, stage_errors
 from rlcore.config import parse_config
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.data.arithmetic import arithmetic_rows

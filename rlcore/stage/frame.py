@@ -1,10 +1,10 @@
-"""What every stage script shares: argument parsing, config loading, clean failures, its MLflow run, outputs.
+"""The frame of every stage script: argument parsing, config loading, clean failures, outputs.
 
 A stage script reads as the same four steps: :func:`parser` (the arguments every stage has, and the reward and tool
-input folders where it reads them), ``rlcore.stage.stage_setup`` in :func:`stage_errors` (the params sections it
-declares in ``PARAMS`` and dvc.yaml, validated, and the recorded hashes of its reward and tool files), its heavy
-imports in ``rlcore.heap.long_lived``, then its work inside ``rlcore.stage.stage_run`` (its MLflow run, nested under
-the pipeline's). :func:`stage_config` hands a stage only the sections it declares, so a stage cannot depend on a
+input folders where it reads them), ``rlcore.stage.run.stage_setup`` in :func:`stage_errors` (the params sections
+it declares in ``PARAMS`` and dvc.yaml, validated, and the recorded hashes of its reward and tool files), its heavy
+imports in ``rlcore.heap.long_lived``, then its work inside ``rlcore.stage.run.stage_run`` (its MLflow run, nested
+under the pipeline's). :func:`stage_config` hands a stage only the sections it declares, so a stage cannot depend on a
 key that dvc.yaml does not list. Importing this module loads no torch, pandas, pyarrow or ray: a stage validates its
 params and input paths before anything heavy starts.
 """
@@ -36,7 +36,7 @@ EXIT_DIVERGED = 3
 
 def parser(doc: str | None, *, rewards: bool = False, tools: bool = False) -> argparse.ArgumentParser:
     """A stage's arguments: ``--params``, ``--metrics``; ``rewards``: ``--rewards``, the folder of the reward
-    inputs' manifests; ``tools``: ``--tools``, the tool files'. ``rlcore.stage.stage_setup`` records the inputs of
+    inputs' manifests; ``tools``: ``--tools``, the tool files'. ``rlcore.stage.run.stage_setup`` records the inputs of
     those a stage declares."""
     p = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0] if doc else None)
     p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")

@@ -1,7 +1,8 @@
 """What a stage script does between parsing its arguments and its work, the same in every stage that trains, scores
 or evaluates: :func:`stage_setup` (its params, validated, and the hashes of its recorded inputs) and
-:func:`stage_run` (its MLflow run). ``rlcore.cli`` has the rest of a stage's frame (arguments, errors, outputs).
-Light, as rlcore.cli: nothing here imports torch, pandas, ray or MLflow (the run opens MLflow when tracking is on).
+:func:`stage_run` (its MLflow run). ``rlcore.stage.frame`` has the rest of a stage's frame (arguments, errors,
+outputs). Light, as that one: nothing here imports torch, pandas, ray or MLflow (the run opens MLflow when tracking is
+on).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rlcore.cli import REPO_ROOT, stage_config
+from rlcore.stage.frame import REPO_ROOT, stage_config
 from rlcore.config import Config
 from rlcore.inputs import recorded_reward_inputs, recorded_tool_inputs
 from rlcore.pipeline_run import pipeline_params
