@@ -1,7 +1,7 @@
 """A generator of an asynchronous PPO round: a rollout engine over its own copy of the policy.
 
 It is not a rank of a process group: generators share nothing but the rollout queue they fill and the
-weight versions they read (``rlcore.controller.async_rollout``). Before each step batch it loads the newest
+weight versions they read (``rlcore.controller.generator_pool``). Before each step batch it loads the newest
 published policy if it holds an older one, generates the batch as the trainer's ranks would have
 (:func:`~rlcore.workers.rollout.generate_sharded`), tags it with the version it used and puts it into the
 queue, waiting there while the queue is full.
@@ -15,7 +15,7 @@ import time
 import ray
 import torch
 
-from rlcore.controller.async_rollout import Rollout, RolloutQueue, WorkItem
+from rlcore.controller.generator_pool import BatchQueue, GeneratedBatch, WorkItem
 from rlcore.controller.decorator import RankPlacement
 from rlcore.engine.model import ModelSpec
 from rlcore.engine import sync_check
@@ -70,5 +70,5 @@ class GeneratorWorker(RankWorker):
         out = generate_sharded(self.engine, item.prompts, spec, shards=self.shards, device=self.device,
                                agents=self.agents)
         busy = time.perf_counter() - start
-        RolloutQueue.put(self.queue, Rollout(item.id, self.version, out, self.index, busy))
+        BatchQueue.put(self.queue, GeneratedBatch(item.id, self.version, out, self.index, busy))
         return busy

@@ -23,7 +23,7 @@ from rlcore.controller.worker_group import WorkerGroup
 from rlcore.protocol import Batch
 from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec
 from rlcore.workers.critic import ValuesSpec
-from rlcore.controller.async_rollout import GeneratorPool, WorkItem
+from rlcore.controller.generator_pool import GeneratorPool, WorkItem
 from rlcore.workers.generator import GeneratorWorker
 from rlcore.workers.rollout import GenerateSpec
 

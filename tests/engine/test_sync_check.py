@@ -50,7 +50,7 @@ class NoVersions:
 
 
 def test_a_generator_checks_each_version_it_loads_and_never_samples_before_one(ray_local, tiny_model_dir):
-    from rlcore.controller.async_rollout import WorkItem
+    from rlcore.controller.generator_pool import WorkItem
     from rlcore.protocol import Batch
 
     trainer = worker(tiny_model_dir, LoraSpec(rank=4, alpha=8.0), dtype="bfloat16")

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ray.util.placement_group import placement_group_table
 
 from rlcore.config import parse_config
-from rlcore.controller.async_rollout import GeneratorPool, Rollout, RolloutQueue
+from rlcore.controller.generator_pool import BatchQueue, GeneratedBatch, GeneratorPool
 from rlcore.data.collate import prompt_batch
 from rlcore.engine.model import load_tokenizer
 from rlcore.engine.tiny_model import materialize_tiny
@@ -198,15 +198,15 @@ def test_idle_fractions_see_a_generator_that_takes_longer_than_the_update(tiny, 
 def test_queue_depth_counts_the_batch_the_controllers_get_already_took(ray_local):
     """The controller keeps a ``get`` outstanding on the queue actor: a batch it took out of the queue and has not
     handed over yet is still waiting, and the depth counts it."""
-    queue = RolloutQueue(4)
+    queue = BatchQueue(4)
     try:
         assert queue.get(0.05) is None and queue.depth() == 0  # the get is now outstanding on an empty queue
-        RolloutQueue.put(queue.queue, "a")  # the outstanding get takes it at once: the queue is empty, it waits
+        BatchQueue.put(queue.queue, "a")  # the outstanding get takes it at once: the queue is empty, it waits
         deadline = time.monotonic() + 30
         while queue.depth() != 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert (queue.queue.qsize(), queue.depth()) == (0, 1)
-        RolloutQueue.put(queue.queue, "b")
+        BatchQueue.put(queue.queue, "b")
         assert queue.depth() == 2
         assert queue.get(5) == "a" and queue.depth() == 1
         assert queue.get(5) == "b" and queue.depth() == 0
@@ -221,11 +221,11 @@ def test_a_batch_goes_through_the_queue_whole_and_the_queue_actor_never_loads_to
         def __init__(self, score):
             self.score = score
 
-    queue = RolloutQueue(2)
+    queue = BatchQueue(2)
     try:
         tensors = {"responses": torch.arange(12).reshape(3, 4), "rollout_log_probs": torch.randn(3, 4)}
         verdicts = [Verdict(0.5), Verdict(1.0), Verdict(0.0)]
-        RolloutQueue.put(queue.queue, Rollout(7, 3, Batch(dict(tensors), {"verdict": verdicts}), generator=1,
+        BatchQueue.put(queue.queue, GeneratedBatch(7, 3, Batch(dict(tensors), {"verdict": verdicts}), generator=1,
                                               gen_s=0.5))
         got = queue.get(30)
         assert (got.item_id, got.version, got.generator, got.gen_s) == (7, 3, 1, 0.5)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from rlcore.config import Config
-from rlcore.controller.async_rollout import GeneratorPool, Rollout as Generated, WorkItem
+from rlcore.controller.generator_pool import GeneratedBatch, GeneratorPool, WorkItem
 from rlcore.controller.worker_group import Pending, WorkerGroup
 from rlcore.protocol import Batch, Metrics
 from rlcore.rollout import engine_spec
@@ -85,7 +85,8 @@ class AsyncSource:
         self.version = 0  # the trainer's policy version, as the round last said
         self.trained_at = 0  # the policy version the step's batch is trained on (the version before its update)
         self.published = -1
-        self.ready: tuple[Generated, Batch, Metrics] | None = None  # the next step's batch, scored while the ranks trained
+        # the next step's batch, scored while the ranks trained
+        self.ready: tuple[GeneratedBatch, Batch, Metrics] | None = None
         self.carried: Metrics = {"async/dropped_samples": 0, "async/generator_deaths": 0}
         self.busy_before = 0.0
         # Scoring the next batch while the update runs hides the controller's work behind the ranks' when they
@@ -116,7 +117,7 @@ class AsyncSource:
     def _spec(self, item: WorkItem) -> GenerateSpec:
         return dataclasses.replace(self.spec, seed=item.seed)
 
-    def _next_rollout(self, m: Metrics, version: int, until: Pending | None = None) -> Generated | None:
+    def _next_generated(self, m: Metrics, version: int, until: Pending | None = None) -> GeneratedBatch | None:
         """The next batch out of the queue fresh enough to train on at policy ``version``; stale ones are dropped
         and handed out again. With ``until``, None as soon as that call is done and no batch is there."""
         deadline = time.monotonic() + self.cfg.ray.timeout_s
@@ -141,7 +142,7 @@ class AsyncSource:
                 continue
             return got
 
-    def _scored(self, got: Generated, step: int) -> tuple[Batch, Metrics]:
+    def _scored(self, got: GeneratedBatch, step: int) -> tuple[Batch, Metrics]:
         """The generated batch with its prompts' fields and rewards, and the reward metrics (``reward/*``)."""
         rows, _ = self.outstanding[got.item_id]
         start = time.perf_counter()
@@ -162,7 +163,7 @@ class AsyncSource:
         m["async/queue_depth"] = self.gens.queue.depth() + (self.ready is not None)
         with timer(t, "wait"):
             if self.ready is None:
-                got = self._next_rollout(m, version)
+                got = self._next_generated(m, version)
                 assert got is not None
                 self.ready = (got, *self._scored(got, step))
         got, batch, reward_m = self.ready
@@ -177,7 +178,7 @@ class AsyncSource:
         it is there and score it, so the trainer finds it ready (the controller is idle otherwise)."""
         if not self.prefetch or step + 1 >= self.steps:
             return
-        got = self._next_rollout(self.carried, self.version + 1, until=pending)
+        got = self._next_generated(self.carried, self.version + 1, until=pending)
         if got is not None:
             self.ready = (got, *self._scored(got, step + 1))
 

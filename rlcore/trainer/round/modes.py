@@ -17,7 +17,7 @@ from typing import Protocol
 
 from rlcore.algos.advantage import ESTIMATORS
 from rlcore.config import Config
-from rlcore.controller.async_rollout import GeneratorPool
+from rlcore.controller.generator_pool import GeneratorPool
 from rlcore.controller.resource_pool import ResourcePool
 from rlcore.protocol import Batch
 from rlcore.registry import Registry

@@ -1,15 +1,16 @@
-"""What an asynchronous round's generators and trainer share on Ray: the bounded rollout queue, the
+"""What an asynchronous round's generators and trainer share on Ray: the bounded queue of generated batches, the
 versioned policy weights, and the generator actors themselves (started, watched, restarted).
 
-* :class:`RolloutQueue` is ``ray.util.queue.Queue`` (an actor) with ``ppo.async.queue_size`` slots: a
+* :class:`BatchQueue` is ``ray.util.queue.Queue`` (an actor) with ``ppo.async.queue_size`` slots: a
   generator's ``put`` of a finished step batch blocks while it is full (back-pressure); the controller takes
-  batches in arrival order. A batch travels through it pickled (:func:`RolloutQueue.put`), so the queue actor
+  batches in arrival order. A batch travels through it pickled (:func:`BatchQueue.put`), so the queue actor
   holds bytes and never imports torch to read what it only passes on.
 * :class:`WeightVersions` (``rlcore.controller.weight_versions``, a module without torch) is a small actor
   holding the newest published policy as ``(version, [ref])``: the trainer's rank 0 puts its unsharded weights
   into the object store once per update and the controller publishes the reference with the version. A
-  generator asks for anything newer than what it holds before each batch and loads the whole object: an object in the store is immutable and complete once put, so a
-  generator never sees a half-updated copy, and the old version stays readable until nobody holds it.
+  generator asks for anything newer than what it holds before each batch and loads the whole object: an object in
+  the store is immutable and complete once put, so a generator never sees a half-updated copy, and the old version
+  stays readable until nobody holds it.
 * :class:`GeneratorPool` starts ``rollout.n_workers`` generator actors on their own placement group (one
   bundle each), hands them work, notices a dead one as soon as Ray reports it, and restarts it in its bundle
   up to a limit; :meth:`GeneratorPool.shutdown` kills the actors, the queue and the version actor and removes
@@ -54,7 +55,7 @@ class WorkItem:
 
 
 @dataclass
-class Rollout:
+class GeneratedBatch:
     """A generated step batch as it comes out of the queue."""
 
     item_id: int
@@ -66,7 +67,7 @@ class Rollout:
     """Seconds the generator spent loading weights and generating it."""
 
 
-class RolloutQueue:
+class BatchQueue:
     """The bounded queue of generated step batches (``ray.util.queue.Queue``, an actor of its own). The controller
     keeps one ``get`` outstanding on it, so it can wait for the next batch and for other calls at once
     (``ray.wait``) without polling the queue actor.
@@ -81,12 +82,12 @@ class RolloutQueue:
         self._taking = None  # the outstanding get: resolves to the next batch out of the queue
 
     @staticmethod
-    def put(queue: Queue, rollout: Rollout) -> None:
-        """Put ``rollout`` into ``queue`` (the ``ray.util.queue.Queue`` a generator is given), blocking while it is
+    def put(queue: Queue, generated: GeneratedBatch) -> None:
+        """Put ``generated`` into ``queue`` (the ``ray.util.queue.Queue`` a generator is given), blocking while it is
         full."""
-        queue.put(cloudpickle.dumps(rollout, protocol=pickle.HIGHEST_PROTOCOL), block=True)
+        queue.put(cloudpickle.dumps(generated, protocol=pickle.HIGHEST_PROTOCOL), block=True)
 
-    def get(self, timeout_s: float, also: list | tuple = ()) -> Rollout | None:
+    def get(self, timeout_s: float, also: list | tuple = ()) -> GeneratedBatch | None:
         """The next batch; None after ``timeout_s``, or as soon as one of the object refs ``also`` is ready."""
         if self._taking is None:
             self._taking = self.queue.actor.get.remote(None)
@@ -150,7 +151,7 @@ class GeneratorPool(Generic[G]):
         self.cpus, self.use_gpu, self.timeout_s = cpus_per_worker, use_gpu, timeout_s
         self.max_restarts, self.restarts, self.deaths = max_restarts, 0, 0
         self.busy_s = 0.0  # generation seconds reported by finished items
-        self.queue = RolloutQueue(queue_size)
+        self.queue = BatchQueue(queue_size)
         self.weights = ray.remote(num_cpus=0)(WeightVersions).remote()
         bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
         self.pg = placement_group([dict(bundle) for _ in range(n)], strategy=PLACEMENT_STRATEGIES[placement])
