@@ -8,7 +8,8 @@ from typing import Iterator
 import numpy as np
 from rlcore.agents.check import tool_schemas
 from rlcore.config import Config
-from rlcore.data.collate import encode_conversations, encode_responses, prompt_batch
+from rlcore.agents.demonstrations import encode_conversations
+from rlcore.data.collate import encode_responses, prompt_batch
 from rlcore.data.schema import read_rows
 from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.errors import DataError
@@ -29,7 +30,7 @@ def sft_batch(df, tokenizer, cfg: Config, source: str, tools: list[dict] | None 
     """Prompts plus their demonstrations (``extra_info.answer`` + EOS) as ``responses``. Rows whose ``extra_info``
     holds ``messages`` (multi-turn demonstrations with tool calls: the turns after the prompt) are laid out as the
     tool loop lays out a trajectory, the tool messages between the turns out of the loss
-    (:func:`~rlcore.data.collate.encode_conversations`); ``tools``: the function schemas the prompts show."""
+    (:func:`~rlcore.agents.demonstrations.encode_conversations`); ``tools``: the function schemas the prompts show."""
     batch = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, source, tools)
     extra = list(df["extra_info"])
     has = [_has_messages(e) for e in extra]
