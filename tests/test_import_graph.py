@@ -1,6 +1,10 @@
-"""The import graph of ``rlcore/`` has no cycle, counting every import of an rlcore module anywhere in a module
-(at the top, inside a function, under ``TYPE_CHECKING``): a cycle makes the import order matter and was what the
-round modes' registry (``rlcore.trainer.round.modes.ROUND_MODES``) replaced.
+"""The import graph of ``rlcore/``, counting every import of an rlcore module anywhere in a module (at the top, inside
+a function, under ``TYPE_CHECKING``):
+
+* it has no cycle: a cycle makes the import order matter and was what the round modes' registry
+  (``rlcore.trainer.round.modes.ROUND_MODES``) replaced;
+* it keeps to the floors of :data:`FLOORS`: no module imports one of a higher floor, so a lower floor can be read,
+  tested and reused without the ones above it (a new package has to be given its floor here).
 
 The graph is read from the source with :mod:`ast`; nothing is imported.
 """
@@ -70,6 +74,68 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 path.append(nxt)
                 stack.append(iter(sorted(graph[nxt])))
     return None
+
+
+# The floors of rlcore, lowest first: a module may import its own floor and the ones below, never one above. A module
+# is on the floor of the longest name here that is it or a package above it.
+FLOORS = [
+    ("foundation", ["rlcore", "rlcore.errors", "rlcore.interrupt", "rlcore.registry", "rlcore.names", "rlcore.cache",
+                    "rlcore.import_index", "rlcore.heap", "rlcore.kernels", "rlcore.protocol", "rlcore.inputs"]),
+    ("settings: the typed params and what reads whole params files", ["rlcore.config", "rlcore.pipeline_run",
+                                                                       "rlcore.recipes"]),
+    ("tensor math and data", ["rlcore.algos", "rlcore.data", "rlcore.viewer"]),
+    ("rewards", ["rlcore.rewards"]),
+    ("models, generation engines and the agent loop", ["rlcore.engine", "rlcore.rollout", "rlcore.agents"]),
+    ("the controller's tools and tracking", ["rlcore.controller", "rlcore.tracking"]),
+    ("workers: the ranks of worker groups", ["rlcore.workers"]),
+    ("the trainer's loop infrastructure", ["rlcore.trainer.loop"]),
+    ("samples on worker groups", ["rlcore.trainer.samples"]),
+    ("the PPO round's parts", ["rlcore.trainer.round"]),
+    ("stage drivers", ["rlcore.trainer"]),
+    ("faces: the stage frame, the command, the server, export, compare, diagnose",
+     ["rlcore.stage", "rlcore.commands", "rlcore.__main__", "rlcore.serve", "rlcore.export", "rlcore.compare",
+      "rlcore.diagnose", "rlcore.preflight"]),
+]
+
+
+def floor_of(module: str, floors: list[tuple[str, list[str]]] = FLOORS) -> int | None:
+    """The index in ``floors`` of ``module``'s floor, or None when no entry covers it."""
+    best: tuple[int, int] | None = None  # (length of the matching name, floor)
+    for level, (_, names) in enumerate(floors):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[0]):
+                best = (len(name), level)
+    return None if best is None else best[1]
+
+
+def upward_imports(graph: dict[str, set[str]], floors: list[tuple[str, list[str]]] = FLOORS) -> list[str]:
+    """``"a (floor) -> b (floor)"`` for every import of a module on a higher floor than the importer's."""
+    out = []
+    for module, targets in sorted(graph.items()):
+        here = floor_of(module, floors)
+        for target in sorted(targets):
+            there = floor_of(target, floors)
+            if here is not None and there is not None and there > here:
+                out.append(f"{module} ({floors[here][0]}) -> {target} ({floors[there][0]})")
+    return out
+
+
+def test_floors_find_a_planted_upward_import_and_only_then():
+    floors = [("low", ["p.low"]), ("high", ["p.high", "p.high.sub"])]
+    assert floor_of("p.high.sub.x", floors) == 1 and floor_of("p.low", floors) == 0 and floor_of("q", floors) is None
+    assert upward_imports({"p.high.a": {"p.low.b"}, "p.low.b": set()}, floors) == []
+    assert upward_imports({"p.low.b": {"p.high.sub.c"}, "p.high.sub.c": set()}, floors) == [
+        "p.low.b (low) -> p.high.sub.c (high)"]
+
+
+def test_no_module_imports_one_of_a_higher_floor():
+    modules = module_files(REPO_ROOT)
+    unplaced = sorted(m for m in modules if floor_of(m) is None)
+    assert not unplaced, f"give these modules a floor in FLOORS: {unplaced}"
+    graph = {m: imports(m, f, modules) for m, f in modules.items()}
+    assert "rlcore.trainer.loop.steps" in graph["rlcore.trainer.sft"]  # the graph sees the drivers' imports
+    upward = upward_imports(graph)
+    assert not upward, "imports from a lower floor to a higher one:\n" + "\n".join(upward)
 
 
 def test_find_cycle_finds_a_planted_cycle_and_only_then():
