@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, Strict, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from rlcore import names
 from rlcore.errors import ConfigError
@@ -691,15 +692,12 @@ class PolicyLossConfig(_Section):
     bypass_rs_threshold_low: float | None = Field(None, gt=0)
     """bypass_mode: the *_k1 tests' lower ratio bound; null = 1 / bypass_rs_threshold."""
 
-    @field_validator("name")
+    @field_validator("name", "loss_agg_mode")
     @classmethod
-    def _known_loss(cls, v: str) -> str:
-        return names.check_name("policy loss", v, names.POLICY_LOSSES)
-
-    @field_validator("loss_agg_mode")
-    @classmethod
-    def _known_agg(cls, v: str) -> str:
-        return names.check_name("loss aggregation mode", v, names.LOSS_AGG_MODES)
+    def _registered(cls, v: str, info: ValidationInfo) -> str:
+        kind, allowed = {"name": ("policy loss", names.POLICY_LOSSES),
+                         "loss_agg_mode": ("loss aggregation mode", names.LOSS_AGG_MODES)}[str(info.field_name)]
+        return names.check_name(kind, v, allowed)
 
     @model_validator(mode="after")
     def _bands(self) -> "PolicyLossConfig":
