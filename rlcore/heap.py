@@ -4,7 +4,8 @@ CPython's cyclic collector walks every object it tracks on each full collection.
 MLflow are loaded, a stage's process tracks about 600,000 objects, nearly all of them parts of modules that live
 until the process ends; the full collections that the imports themselves set off (about eight) and the one at
 interpreter shutdown walk them again and again. On the 2-core test machine that was ~1.3 s during the imports and
-~2.3 s at exit, of the ~13 CPU-s a tiny pipeline's ppo stage spent in its own process (``bench/heap.py``).
+~2.3 s at exit, of the ~13 CPU-s a tiny pipeline's ppo stage spent in its own process (``bench.heap``, a study
+whose command and results are in bench/EXPERIMENTS.md).
 
 In those processes the heavy loading runs in :func:`long_lived` blocks (no automatic collection during the block,
 and what it leaves alive is frozen afterwards with ``gc.freeze``, so no later collection walks it again), and
