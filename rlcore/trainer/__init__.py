@@ -3,5 +3,6 @@
 
 What they are built from lives in the folders below, by kind: ``round/`` the PPO round's parts (a batch source and
 a PPO step over the round's worker groups), ``samples/`` generating and scoring samples on worker groups, ``loop/``
-the loop infrastructure every training stage runs in. Imports go one way: a driver imports the folders, never the reverse.
+the loop infrastructure every training stage runs in. Imports go one way, drivers -> round -> samples -> loop
+(tests/test_import_graph.py holds it).
 """
