@@ -80,12 +80,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # is on the floor of the longest name here that is it or a package above it.
 FLOORS = [
     ("foundation", ["rlcore", "rlcore.errors", "rlcore.interrupt", "rlcore.registry", "rlcore.names", "rlcore.cache",
-                    "rlcore.import_index", "rlcore.heap", "rlcore.kernels", "rlcore.protocol", "rlcore.inputs"]),
+                    "rlcore.import_index", "rlcore.heap", "rlcore.protocol", "rlcore.inputs"]),
     ("settings: the typed params and what reads whole params files", ["rlcore.config", "rlcore.pipeline_run",
                                                                        "rlcore.recipes"]),
     ("tensor math and data", ["rlcore.algos", "rlcore.data", "rlcore.viewer"]),
     ("rewards", ["rlcore.rewards"]),
-    ("models, generation engines and the agent loop", ["rlcore.engine", "rlcore.rollout", "rlcore.agents"]),
+    ("CPU kernels, models, generation engines and the agent loop", ["rlcore.kernels", "rlcore.engine",
+                                                                    "rlcore.rollout", "rlcore.agents"]),
     ("the controller's tools and tracking", ["rlcore.controller", "rlcore.tracking"]),
     ("workers: the ranks of worker groups", ["rlcore.workers"]),
     ("the trainer's loop infrastructure", ["rlcore.trainer.loop"]),
