@@ -1188,11 +1188,15 @@ def section_dict(cfg: Config, sections: tuple[str, ...]) -> dict[str, Any]:
 
 def step_params(params: dict[str, Any], schema: type[BaseModel] = Config) -> dict[str, Any]:
     """``params`` (sections of ``schema`` as plain data, nested as in params.yaml) without the keys declared
-    :data:`KEEPS_STEPS`: what the steps a stage has done depend on, its step checkpoints' fingerprint."""
+    :data:`KEEPS_STEPS`: what the steps a stage has done depend on, its step checkpoints' fingerprint. A key that is
+    not the schema's (a stage's recorded input hashes, ``reward_inputs``) is kept as it is."""
     fields = {field.alias or name: field for name, field in schema.model_fields.items()}
     out: dict[str, Any] = {}
     for key, value in params.items():
-        field = fields[key]
+        field = fields.get(key)
+        if field is None:
+            out[key] = value
+            continue
         if (field.json_schema_extra or {}) == KEEPS_STEPS:
             continue
         inner = field.annotation

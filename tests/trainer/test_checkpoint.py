@@ -129,6 +129,9 @@ def test_every_training_sections_checkpoint_cadence_and_divergence_limit_are_lef
 
     assert prints(params(save_every=5, max_nonfinite_steps=0)) == prints(params()) == {"sft.lr": 0.1, "rm.lr": 0.1}
     assert prints(params(lr=0.2)) != prints(params())
+    # what a stage adds to its declared sections (the recorded hashes of its reward files) counts as it is
+    recorded = {**params(), "reward_inputs": {"fn_f": "ab12"}}
+    assert prints(recorded) == {"sft.lr": 0.1, "rm.lr": 0.1, "reward_inputs.fn_f": "ab12"}
 
 
 def test_an_unwritable_checkpoint_folder_is_one_error_naming_it(code_root):
