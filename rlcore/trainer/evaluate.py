@@ -13,7 +13,7 @@ from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.generations import pass_at_k
 from rlcore.rewards.scoring import RewardScorer
 from rlcore.engine.sequence import response_attention
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.samples.scoring import reward_scorer
 from rlcore.trainer.samples.reward_model import RewardModelGroup, colocated, start_reward_model

@@ -103,7 +103,7 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     from rlcore.agents.batch import ROW_FIELDS
     from rlcore.engine.model import load_tokenizer
     from rlcore.protocol import Batch
-    from rlcore.trainer.loop.job import start_pool
+    from rlcore.trainer.loop.pool import start_pool
     from rlcore.trainer.samples.generation import rollout_worker_group, sample_chunks
 
     rows = read_records(data_path)

@@ -14,7 +14,7 @@ from rlcore.data.collate import prompt_batch
 from rlcore.protocol import Batch
 from rlcore.rewards.checks import read_reward_rows
 from rlcore.rewards.scoring import Rewards, RewardScorer, agreement
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.samples.scoring import reward_scorer, score_responses
 from rlcore.trainer.samples.reward_model import RewardModelGroup, colocated, start_reward_model
 from rlcore.trainer.samples.generation import rollout_worker_group, sample_chunks

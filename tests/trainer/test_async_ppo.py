@@ -30,7 +30,7 @@ from rlcore.rewards.rule import RULES
 from rlcore.rollout import engine_spec
 from rlcore.trainer.round.async_source import AsyncSource
 from rlcore.trainer.round.modes import async_round_runner, running_async_round
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.round.worker_groups import RoundWorkerGroups
 from rlcore.workers.proximal import FirstForwardLogProbs, RecomputedLogProbs, RolloutLogProbs

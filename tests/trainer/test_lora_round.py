@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from rlcore.engine import lora
 from rlcore.export import export_model
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.round.worker_groups import RoundWorkerGroups
 from rlcore.trainer.round.modes import sync_round_runner
 from rlcore.workers.actor import ActorRolloutRefWorker, LogProbSpec

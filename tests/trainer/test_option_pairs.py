@@ -36,7 +36,7 @@ from rlcore.engine.reward_model import load_reward_model, save_reward_model
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.rewards.rule import RULES
 from rlcore.trainer.round.modes import running_async_round
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.round.worker_groups import RoundWorkerGroups
 from rlcore.trainer.round.modes import sync_round_runner
 from rlcore.trainer.round.runner import RoundRunner

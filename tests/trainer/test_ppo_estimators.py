@@ -35,7 +35,7 @@ from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.trainer import ppo
 from rlcore.trainer.loop import job
 from rlcore.trainer.round import ppo_step
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.round.worker_groups import RoundWorkerGroups
 from rlcore.trainer.round.ppo_step import ACTOR_UPDATE_KEYS, CRITIC_UPDATE_KEYS, PPOStep, actor_update_spec, critic_update_spec
 from rlcore.trainer.round.modes import sync_round_runner

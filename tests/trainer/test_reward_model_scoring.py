@@ -16,7 +16,7 @@ from rlcore.data.collate import prompt_batch
 from rlcore.engine.model import ModelSpec
 from rlcore.engine.reward_model import load_reward_model, save_reward_model
 from rlcore.engine.sequence import position_ids, sequences
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.samples.scoring import reward_scorer
 from rlcore.trainer.samples.reward_model import RewardModelGroup
 from rlcore.trainer.samples.generation import rollout_worker_group

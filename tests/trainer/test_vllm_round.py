@@ -21,7 +21,7 @@ from rlcore.engine.model import load_tokenizer
 from rlcore.engine.tiny_model import materialize_tiny
 from rlcore.rewards.rule import RULES
 from rlcore.trainer.round.modes import running_async_round
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.round.worker_groups import RoundWorkerGroups
 from rlcore.trainer.round.modes import sync_round_runner
 

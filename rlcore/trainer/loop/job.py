@@ -5,7 +5,7 @@
         loop.run(...)
         job.save(lambda: sft.group.call(SFTWorker.save, out_dir), f"the SFT model to {out_dir}")
 
-* Ray started (or joined) and the resource pool of the ranks placed (:func:`start_pool`);
+* Ray started (or joined) and the resource pool of the ranks placed (:func:`~rlcore.trainer.loop.pool.start_pool`);
 * the job's worker groups started and initialised on the pool (:meth:`TrainingJob.start` of a context manager that
   stops them), and a resumed step checkpoint's state loaded into them;
 * the trained model saved (:meth:`TrainingJob.save`): a filesystem error is one line naming the path, a bug keeps
@@ -22,29 +22,12 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from rlcore.config import Config
-from rlcore.controller.resource_pool import ResourcePool, start_ray
+from rlcore.controller.resource_pool import ResourcePool
 from rlcore.controller.worker_group import WorkerGroup
-from rlcore.kernels import activate
 from rlcore.trainer.loop.checkpoint import Resume, write_error
+from rlcore.trainer.loop.pool import start_pool
 
 OUTPUTS_INTACT = "the step checkpoints and the metrics and plots so far are intact"
-
-
-def start_pool(cfg: Config) -> ResourcePool:
-    """Start (or join) Ray and place the worker ranks' bundles (``resources.placement``); use it as a
-    context manager, so the placement group is released whatever happens. Prints which Ray it joined and
-    the node of each rank.
-
-    The controller's own tensor work (rewards, advantages, Batch ops) is tiny, so it runs on one
-    torch thread: a multi-threaded OpenMP pool here would spin between those small ops on the very
-    cores the ranks compute on (measured: 0.2 of a core during every step on 2 cores). It computes with the kernels
-    ``resources.cpu_kernels`` chose (rlcore.kernels), as its ranks do."""
-    print(f"cpu kernels: {activate(1)}", flush=True)
-    print(start_ray(cfg.ray.address, cfg.ray.num_cpus), flush=True)
-    r = cfg.resources
-    pool = ResourcePool(r.n_workers, r.cpus_per_worker, r.use_gpu, cfg.ray.timeout_s, r.placement)
-    print(pool.describe(), flush=True)
-    return pool
 
 
 class Trainee(Protocol):

@@ -21,7 +21,7 @@ from rlcore.controller.generator_pool import GeneratorPool
 from rlcore.controller.resource_pool import ResourcePool
 from rlcore.protocol import Batch
 from rlcore.registry import Registry
-from rlcore.trainer.loop.job import start_pool
+from rlcore.trainer.loop.pool import start_pool
 from rlcore.trainer.round.async_source import AsyncSource, start_generators
 from rlcore.trainer.round.runner import RoundRunner
 from rlcore.trainer.round.scoring import RoundScoring
