@@ -173,7 +173,7 @@ def gspo_loss(
     ``log s_it = sg[log s_i] + logp_it - sg[logp_it]`` (clamped above at 10), so
     ``s_it == s_i`` in value and ``grad s_it = s_i grad logp_it``.
     ``l_it = max(-A s_it, -A clip(s_it, 1 - eps_low, 1 + eps_high))``, aggregated with
-    ``seq-mean-token-mean`` whatever ``actor.loss_agg_mode`` says: the paper's objective is a mean
+    ``seq-mean-token-mean`` whatever ``actor.loss.loss_agg_mode`` says: the paper's objective is a mean
     over sequences of per-sequence means. (verl fixed the mode this way up to 0.9.0; verl 0.9.1 passes
     ``loss_agg_mode`` through, token-mean by default, and recommends seq-mean-token-mean.)
     ``pg_clipfrac_lower`` is always 0. (The paper's clip range is about 3e-4 / 4e-4, not 0.2.)
@@ -541,7 +541,7 @@ def sapo_loss(
     elsewhere. ``f(1) = 2 / tau`` and ``f'(r) = 4 sigmoid' (tau (r - 1))``, which is 1 at ``r = 1`` (the
     on-policy gradient is PPO's) and decays as the ratio leaves 1, faster for a larger ``tau`` (negative
     advantages get the larger one: their tokens' logits spread more). ``l_t = -f(r_t) A_t``, aggregated with
-    ``seq-mean-token-mean`` whatever ``actor.loss_agg_mode`` says, as the paper and verl do. Clip fractions
+    ``seq-mean-token-mean`` whatever ``actor.loss.loss_agg_mode`` says, as the paper and verl do. Clip fractions
     are 0.
 
     Args:
@@ -615,7 +615,7 @@ def luspo_loss(
     less than a short one's; the length weight undoes that.
 
     A policy loss, not an aggregation mode: its surrogate needs GSPO's sequence ratio (TRL refuses it at token
-    level), and its length weighting is fixed by the objective, so ``actor.loss_agg_mode`` is not read
+    level), and its length weighting is fixed by the objective, so ``actor.loss.loss_agg_mode`` is not read
     (as ``gspo`` fixes its own). Metrics as ``gspo``.
 
     Args:
