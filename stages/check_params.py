@@ -17,9 +17,9 @@ import argparse
 import json
 from pathlib import Path
 
-from rlcore.stage.frame import stage_errors
 from rlcore.config import Config, load_config, read_yaml
 from rlcore.pipeline_keys import check_pipeline_keys
+from rlcore.stage.frame import stage_errors
 
 PARAMS = tuple(Config.model_fields)  # the whole file
 

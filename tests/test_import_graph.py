@@ -82,7 +82,7 @@ FLOORS = [
     ("foundation", ["rlcore", "rlcore.errors", "rlcore.interrupt", "rlcore.registry", "rlcore.names", "rlcore.cache",
                     "rlcore.import_index", "rlcore.heap", "rlcore.protocol", "rlcore.inputs"]),
     ("settings: the typed params and what reads whole params files", ["rlcore.config", "rlcore.pipeline_run",
-                                                                       "rlcore.recipes"]),
+                                                                       "rlcore.recipes", "rlcore.pipeline_keys"]),
     ("tensor math and data", ["rlcore.algos", "rlcore.data", "rlcore.viewer"]),
     ("rewards", ["rlcore.rewards"]),
     ("CPU kernels, models, generation engines and the agent loop", ["rlcore.kernels", "rlcore.engine",

@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 
 from rlcore.config import Config, apply_overrides, load_config, parse_config, read_yaml
-from rlcore.stage.frame import check_engine_installed
 from rlcore.errors import ConfigError
 from rlcore.kernels import pin
+from rlcore.stage.frame import check_engine_installed
 
 DEFAULT_PARAMS = "params.yaml"
 
