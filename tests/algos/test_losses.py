@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 from numpy.testing import assert_allclose
 
+from rlcore.algos import losses
 from rlcore.algos.aggregation import LOSS_AGG_MODES, AggScale, agg_loss
 from rlcore.algos.entropy import entropy_from_logits
 from rlcore.algos.kl import KL_ESTIMATORS, kl_penalty
-from rlcore.algos.losses import POLICY_LOSSES, policy_loss
+from rlcore.algos.losses import POLICY_LOSSES, policy_loss, register_policy_loss
 from rlcore.algos.masked import masked_mean, masked_var, masked_whiten
 from rlcore.algos.value_loss import value_loss
 from rlcore.config import PolicyLossConfig
@@ -351,6 +353,20 @@ def test_registries_refuse_duplicates_and_list_names():
         call("clip_cov", old, new, adv, mask, clip_cov_rati=0.1)
     with pytest.raises(TypeError, match="clip_ratio_c"):  # a real option, but not one cispo takes
         call("cispo", old, new, adv, mask, clip_ratio_c=3.0)
+
+
+def test_a_loss_must_take_its_inputs_first_and_positional_only():
+    """Its keywords are its options (read from ``actor.loss``): the inputs must not be one of them."""
+    with pytest.raises(TypeError, match="positional-only"):
+        register_policy_loss("inputs_by_keyword")(lambda *, inputs, clip_ratio_low=0.2: None)
+    assert "inputs_by_keyword" not in POLICY_LOSSES
+
+
+def test_the_module_docstring_counts_and_names_every_registered_loss():
+    """The module docstring is where a reader finds the list of losses (it once said 16 with 14 registered)."""
+    intro = losses.__doc__.split("\n\n")[0]
+    assert f"the {len(POLICY_LOSSES)} ways" in intro
+    assert set(re.findall(r"``(\w+)``", intro)) - {"POLICY_LOSSES"} == set(POLICY_LOSSES.names())
 
 
 def test_all_spec_names_registered():
