@@ -30,7 +30,7 @@ STAGES = list(SCRIPTS)
 CONFIG_STAGES = [name for name in STAGES if SCRIPTS[name] != "track"]  # the stages that read params.yaml
 INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards", "--tools",
                "--train", "--test"}
-OUTPUT_FLAGS = {"--out", "--out-dir", "--samples", "--rollouts", "--manifest"}  # declared under outs
+OUTPUT_FLAGS = {"--out", "--out-dir", "--samples", "--problems", "--rollouts", "--manifest"}  # declared under outs
 NON_PATH_FLAGS = {"--round", "--name"}
 # check_params reads dvc.yaml itself, which DVC refuses as a dependency (a change to it changes the stages anyway)
 PIPELINE_FLAGS = {"--pipeline": "dvc.yaml"}

@@ -23,8 +23,10 @@ from rlcore.workers.rollout import RolloutWorker
 
 
 def evaluate_model(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, prompts, name: str,
-                   scorer: RewardScorer, reward_model: RewardModelGroup | None = None) -> tuple[dict, list[dict]]:
-    """Metrics ``{name}/greedy_pass@1``, ``{name}/pass@k``, ... and a sample table for the model ``group`` holds."""
+                   scorer: RewardScorer, reward_model: RewardModelGroup | None = None
+                   ) -> tuple[dict, list[dict], list[int]]:
+    """Metrics ``{name}/greedy_pass@1``, ``{name}/pass@k``, ..., a sample table, and whether the greedy response to
+    each prompt is correct (1 or 0, in the prompts' order), for the model ``group`` holds."""
     e = cfg.evaluate
     greedy, gen = sample_rewards(cfg, group, tokenizer, prompts, scorer=scorer, n=1, temperature=1.0,
                                  greedy=True, seed=cfg.seed, desc=f"eval {name} greedy", reward_model=reward_model)
@@ -48,18 +50,21 @@ def evaluate_model(cfg: Config, group: WorkerGroup[RolloutWorker], tokenizer, pr
     table = [{"model": name, "question": prompts["question"][i], "ground_truth": prompts["ground_truth"][i],
               "greedy_response": texts[i], "reward": float(greedy.total[i]), "correct": bool(greedy.acc[i] >= 1.0)}
              for i in range(min(e.table_rows, len(texts)))]
-    return metrics, table
+    return metrics, table, [int(a >= 1.0) for a in greedy.acc]
 
 
-def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: str) -> tuple[dict, list[dict]]:
-    """Evaluate each named model folder on ``data_path``; also the gain of the last over the first. One group of
+def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: str
+                 ) -> tuple[dict, list[dict], dict[str, list[int]]]:
+    """Evaluate each named model folder on ``data_path``; also the gain of the last over the first, and each model's
+    greedy correctness per test problem (``{name: [1 or 0, ...]}`` in the test split's order: what a paired
+    comparison of two runs on the same problems needs, rlcore.compare.stats). One group of
     rollout ranks serves every model: each after the first is loaded into the same processes
     (:meth:`RolloutWorker.load_model`; the same numbers as a group of its own, ~9 CPU-seconds of start-up less per
     rank)."""
     df = read_reward_rows(data_path, cfg.reward)
     scorer = reward_scorer(cfg.reward, df, data_path)
     prompts = prompt_batch(df, tokenizer, cfg.task.max_prompt_length, data_path, tool_schemas(cfg.rollout.agent))
-    metrics, table = {"test/n_prompts": len(prompts)}, []
+    metrics, table, problems = {"test/n_prompts": len(prompts)}, [], {}
     with start_pool(cfg) as pool:
         rm = start_reward_model(cfg, pool, share=2)
         group = None
@@ -69,7 +74,7 @@ def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: s
                     group = rollout_worker_group(cfg, pool, path, share=1 + colocated(cfg))
                 else:
                     group.call(RolloutWorker.load_model, model_spec(cfg, path))
-                m, t = evaluate_model(cfg, group, tokenizer, prompts, name, scorer, rm)
+                m, t, problems[name] = evaluate_model(cfg, group, tokenizer, prompts, name, scorer, rm)
                 metrics.update(m)
                 table += t
         finally:
@@ -79,4 +84,4 @@ def run_evaluate(cfg: Config, *, models: dict[str, str], tokenizer, data_path: s
                 rm.shutdown()
     first, last = list(models)[0], list(models)[-1]
     metrics["gain/greedy_pass@1"] = metrics[f"{last}/greedy_pass@1"] - metrics[f"{first}/greedy_pass@1"]
-    return metrics, table
+    return metrics, table, problems
