@@ -200,6 +200,10 @@ def test_compare_runs_each_cell_as_an_experiment_one_parent_row_each_in_the_mlfl
     assert ok["metrics"]["pass_at_k"] == exp_eval["final/pass@2"]
     assert ok["metrics"]["reward"] == exp_r2["ppo/reward_last10"]
     assert [p[0] for p in ok["curve"]] == [0, 1, 2, 3]  # r1's initial value, its 2 steps, r2's 1 step
+    for model in ("sft", "final"):  # the per-problem results, committed with the experiment
+        marks = ok["problems"][model]
+        assert len(marks) == exp_eval["test/n_prompts"]
+        assert sum(marks) / len(marks) == pytest.approx(exp_eval[f"{model}/greedy_pass@1"])
     shown = run(["dvc", "exp", "show", "--json"], root, env)
     assert ok["experiment"] in shown and failed["experiment"] not in shown
     page = (root / "docs/results/compare-tiny.md").read_text()

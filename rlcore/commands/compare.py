@@ -10,7 +10,8 @@ from pathlib import Path
 
 from rlcore.errors import ConfigError
 
-HELP = "run a grid of params values (x seeds) as DVC experiments and write a report: mean ± std per value, curves"
+HELP = ("run a grid of params values (x seeds) as DVC experiments and write a report: means with confidence intervals, "
+        "paired differences against a baseline with Holm's correction, the seeds a difference needs, curves")
 EXAMPLE = ("rlcore compare --name estimators --grid algorithm.adv_estimator=grpo,rloo,opo --grid seed=1,2,3 "
            "--set ppo.rounds.r1.steps=200")
 
@@ -31,6 +32,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerun", action="store_true",
                    help="run cells again whose experiment exists already (default: read them back)")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their experiment names, run nothing")
+    p.add_argument("--baseline", default=None, metavar="GROUP",
+                   help="the group every other is compared with, by its label (algorithm.adv_estimator=grpo) or its "
+                        "values (grpo) (default: the group that runs params.yaml's own values, with --set)")
+    p.add_argument("--alpha", type=float, default=0.05,
+                   help="significance level of the tests, after Holm's correction; the intervals are 1 - alpha "
+                        "(default: 0.05)")
+    p.add_argument("--from-results", default=None, metavar="FILE.json",
+                   help="run nothing: write the report again from a comparison's stored results (its results.json, "
+                        "or the copy under docs/results/data/), e.g. with another --baseline or --alpha")
 
 
 def default_name(grid: dict[str, list[str]], seed_key: str) -> str:
@@ -41,8 +51,20 @@ def default_name(grid: dict[str, list[str]], seed_key: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from rlcore.commands.common import parse_overrides
     from rlcore.compare.grid import CompareSpec, check_cells, grid_cells, parse_grid
+    from rlcore.compare.publish import report_from_results
     from rlcore.compare.run import run_compare
 
+    if not 0 < args.alpha < 1:
+        raise ConfigError(f"--alpha {args.alpha}: expected a level between 0 and 1, e.g. 0.05")
+    root = Path.cwd()
+    if args.from_results:
+        if args.grid or args.overrides:
+            raise ConfigError("--from-results writes a stored comparison's report; it takes no --grid or --set")
+        data = report_from_results(Path(args.from_results), out_dir=Path(args.out) if args.out else None,
+                                   docs_dir=Path(args.docs_dir) if args.docs_dir else None,
+                                   params_file=root / "params.yaml", baseline=args.baseline, alpha=args.alpha)
+        print(f"{data['name']}: report written from {args.from_results}")
+        return 0
     grid = parse_grid(args.grid)
     parse_overrides(args.overrides)  # the same KEY=VALUE checks as every command's --set
     fixed = {k.strip(): v.strip() for k, v in (item.split("=", 1) for item in args.overrides)}
@@ -53,7 +75,6 @@ def run(args: argparse.Namespace) -> int:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ConfigError(f"--name {name!r}: letters, digits, '.', '_' and '-' only (it names experiments and files)")
     spec = CompareSpec(name=name, grid=grid, fixed=fixed, seed_key=args.seed_key, rerun=args.rerun)
-    root = Path.cwd()
     params = root / "params.yaml"
     if not params.is_file():
         raise ConfigError(f"{params}: params file not found (run rlcore compare at the repository's root)")
@@ -69,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else root / "compare" / name
     data = run_compare(spec, root=root, params_file=params, out_dir=out,
                        docs_dir=Path(args.docs_dir) if args.docs_dir else None,
-                       command="rlcore compare " + shlex.join(words))
+                       command="rlcore compare " + shlex.join(words), baseline=args.baseline, alpha=args.alpha)
     failed = sum(1 for c in data["cells"] if c["error"])
     print(f"{out / 'report.md'}: {len(data['cells']) - failed} cell(s) finished, {failed} failed")
     return 0

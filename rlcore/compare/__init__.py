@@ -11,10 +11,14 @@ baseline is read back, not run again (a comparison stopped half way goes on wher
 again). ``dvc exp show`` lists the cells' experiments under their names.
 
 Each cell's results come from its experiment commit (``git show <rev>:<path>``, the paths from ``dvc.yaml``):
-the evaluate stage's metrics (held-out greedy pass@1 gain, sampled pass@k), the final round's metrics (the mean
-reward of its last 10 steps) and every round's plot CSV (seconds per step, the held-out greedy pass@1 curve).
-The report groups the cells by the values of the grid's other keys and gives, per group, the mean and sample
-standard deviation over its seeds, a PNG of the held-out accuracy over RL steps (the mean over seeds with a
-band of one standard deviation), a markdown page, and the raw numbers as JSON; it is logged to MLflow as a run
-of its own (tag ``rlcore.stage`` = ``compare``) and the page and PNG are copied to ``docs/results/``.
+the evaluate stage's metrics (held-out greedy pass@1 gain, sampled pass@k) and per-problem results (where the run
+wrote them), the final round's metrics (the mean reward of its last 10 steps) and every round's plot CSV (seconds
+per step, the held-out greedy pass@1 curve). The report (:mod:`rlcore.compare.publish`) groups the cells by the
+values of the grid's other keys and gives, per group, the mean over its seeds with a confidence interval, and each
+group's gain against a baseline group's, paired by seed: a t test over the seeds with Holm's correction for the
+number of groups, and the seeds a difference of that size would need (:mod:`rlcore.compare.stats`); a PNG of the
+held-out accuracy over RL steps (the mean over seeds with a band of one standard deviation), a markdown page, and
+the raw numbers as JSON. It is logged to MLflow as a run of its own (tag ``rlcore.stage`` = ``compare``) and the
+page, the PNG and the JSON are copied to ``docs/results/``; ``--from-results`` writes the report again from the
+JSON, running nothing.
 """

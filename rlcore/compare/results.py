@@ -1,11 +1,12 @@
 """One cell's results, read from its experiment commit: where the pipeline writes them (:class:`PipelinePaths`, from
-``dvc.yaml``) and the metrics and curves a report compares."""
+``dvc.yaml``) and the metrics, curves and per-problem results a report compares."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ class PipelinePaths:
     eval_metrics: str
     round_metrics: str
     round_plots: str
+    eval_problems: str | None = None
+    """The evaluate stage's per-problem results (its ``--problems`` file); None in a pipeline without them."""
 
     @classmethod
     def from_dvc_yaml(cls, path: Path) -> PipelinePaths:
@@ -30,9 +33,11 @@ class PipelinePaths:
         try:
             stages = yaml.safe_load(path.read_text())["stages"]
             ppo = stages["ppo"]["do"]
+            problems = re.search(r"--problems\s+(\S+)", stages["evaluate"]["cmd"])
             return cls(eval_metrics=_first(stages["evaluate"]["metrics"]),
                        round_metrics=_first(ppo["metrics"]).replace("${key}", "{round}"),
-                       round_plots=_first(ppo["plots"]).replace("${key}", "{round}"))
+                       round_plots=_first(ppo["plots"]).replace("${key}", "{round}"),
+                       eval_problems=problems.group(1) if problems else None)
         except (OSError, KeyError, TypeError, IndexError, yaml.YAMLError) as err:
             raise UserError(f"{path}: expected an evaluate stage with metrics and a ppo stage (foreach over the "
                             f"rounds) with metrics and plots ({type(err).__name__}: {err})") from None
@@ -62,6 +67,8 @@ class CellResult:
     error: str | None = None
     """The failure: exit code and the last lines of the cell's output."""
     log: str | None = None
+    problems: dict[str, list[int]] | None = None
+    """Greedy correctness (1/0) per test problem of the ``sft`` and ``final`` models, where the run stored it."""
 
     @property
     def ok(self) -> bool:
@@ -100,3 +107,15 @@ def cell_metrics(read: Any, paths: PipelinePaths, cfg: Config) -> tuple[dict[str
     if steps:
         metrics["s_per_step"] = sum(steps) / len(steps)
     return metrics, curve
+
+
+def cell_problems(read: Any, paths: PipelinePaths) -> dict[str, list[int]] | None:
+    """The evaluate stage's per-problem results, ``{"sft": [1, 0, ...], "final": [...]}`` in the test split's order,
+    from ``read(path) -> text``; None where the pipeline or the run (one from before they were written) has none."""
+    if paths.eval_problems is None:
+        return None
+    try:
+        rows = list(csv.DictReader(io.StringIO(read(paths.eval_problems))))
+    except FileNotFoundError:
+        return None
+    return {name: [int(r[name]) for r in rows] for name in ("sft", "final")}

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import datetime
 import json
-import shutil
+import os
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-
 from rlcore.compare.grid import Cell, CompareSpec, cell_config, check_keys, grid_cells
-from rlcore.compare.report import Group, plot_curves, render_markdown, summarize
+from rlcore.compare.publish import write_report
+from rlcore.compare.report import Group
 from rlcore.compare.repository import Repository, tail
-from rlcore.compare.results import CellResult, PipelinePaths, cell_metrics
+from rlcore.compare.results import CellResult, PipelinePaths, cell_metrics, cell_problems
 from rlcore.config import Config, ConfigError, parse_config, read_yaml
 from rlcore.tracking import open_run
 
@@ -64,16 +65,18 @@ def _one_cell(repo: Repository, spec: CompareSpec, cell: Cell, base: dict[str, A
     result.rev = existing[name]
     try:
         result.metrics, result.curve = cell_metrics(lambda p: repo.read(existing[name], p), paths, cfg)
+        result.problems = cell_problems(lambda p: repo.read(existing[name], p), paths)
     except (FileNotFoundError, KeyError, ValueError) as err:
         result.error = f"its results are incomplete: {err}"
     return result
 
 
 def run_compare(spec: CompareSpec, *, root: Path, params_file: Path, out_dir: Path, docs_dir: Path | None,
-                command: str) -> dict[str, Any]:
+                command: str, baseline: str | None = None, alpha: float = 0.05) -> dict[str, Any]:
     """Run the grid (:func:`run_cells`), then write the report into ``out_dir`` (``report.md``, ``<name>.png``,
-    ``results.json``, ``logs/``), log it to MLflow and copy the page and the PNG into ``docs_dir``. Returns the
-    report's data (``results.json``)."""
+    ``results.json``, ``logs/``; :func:`rlcore.compare.publish.write_report`, against the ``baseline`` group at
+    level ``alpha``), log it to MLflow and copy the page, the PNG and the data into ``docs_dir``. Returns the
+    comparison's data."""
     base = read_yaml(params_file.read_text()) or {}
     check_keys(base, [*spec.grid, *spec.fixed])
     baseline_cfg = parse_config(base, str(params_file))
@@ -85,30 +88,18 @@ def run_compare(spec: CompareSpec, *, root: Path, params_file: Path, out_dir: Pa
     start = time.monotonic()
     results = run_cells(repo, spec, cells, base, paths, out_dir / "logs")
     wall = time.monotonic() - start
-    group_keys = tuple(k for k in spec.grid if k != spec.seed_key)
-    groups = summarize(results, group_keys)
     ran = [r.wall_s for r in results if r.wall_s is not None and r.ok]
-    header = {"command": f"`{command}`", "baseline": f"git commit {commit[:10]} (params.yaml, with --set: "
-              f"{', '.join(f'{k}={v}' for k, v in spec.fixed.items()) or 'none'})",
+    header = {"command": f"`{command}`", "params": f"params.yaml of git commit {commit[:10]}, with --set: "
+              f"{', '.join(f'{k}={v}' for k, v in spec.fixed.items()) or 'none'}",
               "grid": ", ".join(f"`{k}` = {', '.join(v)}" for k, v in spec.grid.items()),
               "cells": f"{len(results)} ({sum(r.ok for r in results)} finished, {sum(not r.ok for r in results)} failed)",
               "time": f"{wall:.0f} s for this run" + (_cell_times(ran) if ran else ""),
-              "experiments": f"`dvc exp show` lists them as {spec.name}-<hash>"}
-    png = plot_curves(groups, out_dir / f"{spec.name}.png", f"rlcore compare {spec.name}")
-    k = baseline_cfg.evaluate.k
-    page = render_markdown(spec.name, groups, header=header, png=png.name, k=k)
-    (out_dir / "report.md").write_text(page)
+              "experiments": f"`dvc exp show` lists them as {spec.name}-<hash>",
+              "measured": f"{datetime.date.today().isoformat()}, on a machine of {os.cpu_count()} CPUs"}
     data = {"name": spec.name, "command": command, "baseline": commit, "grid": spec.grid, "fixed": spec.fixed,
-            "seed_key": spec.seed_key, "wall_s": wall, "cells": [asdict(r) for r in results],
-            "groups": [{"label": g.label, "ok": g.ok, "n": len(g.cells),
-                        "stats": {key: None if s is None else asdict(s) for key, s in g.stats.items()},
-                        "curve": g.curve} for g in groups]}
-    (out_dir / "results.json").write_text(json.dumps(data, indent=1))
-    if docs_dir is not None:
-        docs_dir.mkdir(parents=True, exist_ok=True)
-        docs_png = docs_dir / f"compare-{spec.name}.png"
-        shutil.copyfile(png, docs_png)
-        (docs_dir / f"compare-{spec.name}.md").write_text(page.replace(f"]({png.name})", f"]({docs_png.name})"))
+            "seed_key": spec.seed_key, "wall_s": wall, "k": baseline_cfg.evaluate.k, "header": header,
+            "cells": [asdict(r) for r in results]}
+    groups, _ = write_report(data, out_dir=out_dir, docs_dir=docs_dir, params=base, baseline=baseline, alpha=alpha)
     _log_to_mlflow(baseline_cfg, spec, root, out_dir, groups, commit)
     return data
 
@@ -131,4 +122,5 @@ def _log_to_mlflow(cfg: Config, spec: CompareSpec, root: Path, out_dir: Path, gr
             label = "".join(ch if ch.isalnum() or ch in "._-/ " else "_" for ch in g.label)
             tracker.log_metrics({f"{key}_mean/{label}": s.mean for key, s in g.stats.items() if s is not None})
         for name in ("report.md", f"{spec.name}.png", "results.json"):
-            tracker.log_artifact(out_dir / name)
+            if (out_dir / name).is_file():  # (no PNG when no cell finished)
+                tracker.log_artifact(out_dir / name)
