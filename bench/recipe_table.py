@@ -1,11 +1,15 @@
-"""The recipes' results table for docs/results/recipes.md, from what ``bench.recipe_seeds --out FILE.json`` wrote.
+"""The recipes' results tables for docs/results/recipes.md, from what ``bench.recipe_seeds --out FILE.json`` wrote.
 
-    .venv/bin/python -m bench.recipe_table --results runs/results.json > table.md
+    .venv/bin/python -m bench.recipe_table --results docs/results/data/recipes.json > tables.md
 
-One row per recipe in examples/ (alphabetical): the held-out greedy pass@1 of the SFT model and after RL as the mean
-and range over the seeds, each seed's gain and their mean, the median minutes per seed (where the rows kept them),
-and when and where it was measured (a row's ``measured`` field; ``--measured`` for rows without one); a recipe not
-in the file says so.
+The first table has one row per recipe in examples/ (alphabetical): the held-out greedy pass@1 of the SFT model and
+after RL as the mean and range over the seeds, each seed's gain, the mean gain with its 95% confidence interval
+(Student's t over the seeds: a seed's gain holds both the training's randomness and the test split's sampling), the
+median minutes per seed (where the rows kept them), and when and where it was measured (a row's ``measured`` field;
+``--measured`` for rows without one); a recipe not in the file says so. The second compares each recipe's gain with
+``grpo``'s (the default recipe), seed by seed, as ``rlcore compare`` compares its groups (a paired t test over the
+seeds, Holm's correction over the recipes, the seeds 80% power needs; rlcore.compare.report): only the recipes on
+``grpo``'s task (the same test problems for a seed) measured on ``grpo``'s machine and kernels.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ import json
 import statistics
 from pathlib import Path
 
+from rlcore.compare.report import Group, against_baseline, baseline_section, format_stat, summarize
+from rlcore.compare.results import CellResult
+from rlcore.compare.stats import t_interval
+from rlcore.recipes import compose
+
 REPO = Path(__file__).resolve().parents[1]
+BASELINE = "grpo"
 
 
 def spread(values: list[float]) -> str:
@@ -23,25 +33,66 @@ def spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
-def table(results: dict[str, list[dict]], measured: str = "") -> str:
-    lines = ["| recipe | SFT greedy pass@1 | after RL | gain, each seed | mean gain | minutes per seed | measured |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+def recipe_rows(results: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Each recipe of examples/ (alphabetical, ``quick`` left out) and its rows in ``results`` (a run may carry
+    ``--set`` values of its machine's own, the two-node cluster's address: ``two-node --set ...``)."""
+    out = {}
     for path in sorted((REPO / "examples").glob("*.yaml")):
-        if path.stem == "quick":
-            continue
-        # (a run may carry --set values of its machine's own: the two-node cluster's address)
-        rows = next((v for k, v in results.items() if k == path.stem or k.startswith(path.stem + " --set")), [])
+        if path.stem != "quick":
+            out[path.stem] = next((v for k, v in results.items()
+                                   if k == path.stem or k.startswith(path.stem + " --set")), [])
+    return out
+
+
+def table(results: dict[str, list[dict]], measured: str = "") -> str:
+    lines = ["| recipe | SFT greedy pass@1 | after RL | gain, each seed | mean gain [95% CI] | minutes per seed | "
+             "measured |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, rows in recipe_rows(results).items():
         if not rows:
-            lines.append(f"| `{path.stem}` | not measured | | | | | |")
+            lines.append(f"| `{name}` | not measured | | | | | |")
             continue
         gains = [r["gain"] for r in rows]
         seeds = " / ".join(f"{g:+.3f}" for g in gains)
         timed = [r["minutes"] for r in rows if "minutes" in r]  # (rows measured before the field was kept have none)
         minutes = f"{statistics.median(timed):.0f}" if timed else "not kept"
-        lines.append(f"| `{path.stem}` (seeds {', '.join(str(r['seed']) for r in rows)}) | "
+        lines.append(f"| `{name}` (seeds {', '.join(str(r['seed']) for r in rows)}) | "
                      f"{spread([r['sft'] for r in rows])} | {spread([r['final'] for r in rows])} | {seeds} | "
-                     f"**{statistics.mean(gains):+.3f}** | {minutes} | {rows[0].get('measured', measured)} |")
+                     f"**{format_stat(t_interval(gains), signed=True)}** | {minutes} | "
+                     f"{rows[0].get('measured', measured)} |")
     return "\n".join(lines)
+
+
+def machine(measured: str) -> tuple[str, bool]:
+    """The CPU a row names (the ``measured`` field's second part: ``2026-11-27, 2-core AMD EPYC (AVX2), portable
+    kernels``) and whether it ran each library's native kernels, whose results differ between CPU models."""
+    parts = [p.strip() for p in measured.split(",")]
+    return (parts[1] if len(parts) > 1 else measured), "native kernels" in measured
+
+
+def against_grpo(results: dict[str, list[dict]], alpha: float = 0.05) -> list[str]:
+    """The section comparing each recipe's gain with ``grpo``'s, paired by seed, and the recipes left out."""
+    rows = recipe_rows(results)
+    # the task's settings but its preference pairs (a reward model's data), which leave the test problems alone
+    task = compose([REPO / "examples" / f"{BASELINE}.yaml"])[0].task.model_dump(exclude={"pairs"})
+    where = machine(rows[BASELINE][0].get("measured", ""))
+    paired: list[str] = []
+    left_out: list[str] = []
+    for name, runs in rows.items():
+        if not runs or name == BASELINE:
+            continue
+        if compose([REPO / "examples" / f"{name}.yaml"])[0].task.model_dump(exclude={"pairs"}) != task:
+            left_out.append(f"`{name}` (another task)")
+        elif machine(runs[0].get("measured", "")) != where:
+            left_out.append(f"`{name}` (measured on {machine(runs[0]['measured'])[0]})")
+        else:
+            paired.append(name)
+    cells = [CellResult(name, {"seed": str(r["seed"]), "recipe": name}, "", metrics={"gain": r["gain"]})
+             for name in (BASELINE, *paired) for r in rows[name]]
+    groups: list[Group] = summarize(cells, ("recipe",))
+    for g in groups:
+        g.label = g.label.removeprefix("recipe=")
+    versus = against_baseline(groups, BASELINE, "seed", alpha=alpha, chosen="the default recipe")
+    return [*baseline_section(versus, "recipe"), "", "Not compared with `grpo`: " + ", ".join(left_out) + "."]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results", required=True)
     ap.add_argument("--measured", default="", help="the measured column of rows without their own")
     args = ap.parse_args(argv)
-    print(table(json.loads(Path(args.results).read_text()), args.measured))
+    results = json.loads(Path(args.results).read_text())
+    print(table(results, args.measured) + "\n\n" + "\n".join(against_grpo(results)))
 
 
 if __name__ == "__main__":

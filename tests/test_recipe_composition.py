@@ -4,6 +4,7 @@ stack by what they change. (The recipes run through DVC in tests/test_recipes.py
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -169,9 +170,29 @@ def test_the_recipes_table_gives_each_recipe_its_spread_and_says_which_are_not_m
     untimed = {k: v for k, v in rows[0].items() if k != "minutes"}
     out = table({"dapo": rows, "rlhf": [{**untimed, "measured": "then"}]}, measured="now").splitlines()
     dapo = next(line for line in out if line.startswith("| `dapo`"))
-    # mean (min-max) of the SFT and after-RL columns, each seed's gain, the mean gain, the median minutes
+    # mean (min-max) of the SFT and after-RL columns, each seed's gain, the mean gain with its 95% interval
+    # (0.1875 ± t(0.975, 1) sd / sqrt(2) = 0.1875 ± 12.7062 * 0.0625), the median minutes
     assert dapo == ("| `dapo` (seeds 1, 2) | 0.375 (0.250-0.500) | 0.562 (0.375-0.750) | +0.250 / +0.125 | "
-                    "**+0.188** | 5 | now |")
+                    "**+0.188 [-0.607, +0.982]** | 5 | now |")
     assert next(line for line in out if line.startswith("| `rlhf`")).endswith("| not kept | then |")
     assert next(line for line in out if line.startswith("| `grpo`")).startswith("| `grpo` | not measured |")
     assert not any(line.startswith("| `quick`") for line in out)
+
+
+def test_the_recipes_are_compared_with_grpo_seed_by_seed_where_they_share_its_task_and_machine():
+    """rloo - grpo: 0.25, 0, 0.25 (mean 1/6, sd 0.1443, t = 2 with 2 degrees of freedom: p = 1 - 2 / sqrt(6));
+    gsm8k has another task, lora another machine: both left out, so Holm's correction is over one test."""
+    from bench.recipe_table import against_grpo
+    here = "2026-11-27, 2-core AMD EPYC (AVX2), portable kernels"
+    there = "2026-11-26, 2-core Intel Xeon, native kernels"
+
+    def rows(gains, measured=here):
+        return [{"seed": s, "sft": 0.5, "final": 0.5 + g, "gain": g, "measured": measured}
+                for s, g in enumerate(gains, 1)]
+
+    out = "\n".join(against_grpo({"grpo": rows([0.25, 0.125, 0.25]), "rloo": rows([0.5, 0.125, 0.5]),
+                                   "gsm8k": rows([0.1, 0.1, 0.1]), "lora": rows([0.2, 0.2, 0.2], there)}))
+    assert "## Against `grpo`" in out and "adjusted for the 1 test by" in out
+    p = f"{1 - 2 / math.sqrt(6):.3f}"
+    assert f"| rloo | 3 | +0.167 [-0.192, +0.525] | {p} | {p} | no |" in out
+    assert out.endswith("Not compared with `grpo`: `gsm8k` (another task), `lora` (measured on 2-core Intel Xeon).")

@@ -193,26 +193,27 @@ def render_markdown(name: str, groups: list[Group], *, header: dict[str, str], p
     return "\n".join(lines) + "\n"
 
 
-def baseline_section(b: Baseline) -> list[str]:
-    """The page's section on the differences against the baseline: what the numbers are, the table, and which
-    differences are significant."""
+def baseline_section(b: Baseline, what: str = "group") -> list[str]:
+    """The page's section on the differences against the baseline (each ``what``: a group, a recipe): what the
+    numbers are, the table, and which differences are significant."""
     tested = sum(v.p_holm is not None for v in b.rows)
     share = any(v.test_share is not None for v in b.rows)
     lines = [f"## Against `{b.label}`", "",
-             f"The baseline is `{b.label}` ({b.chosen}). Each other group's gain minus the baseline's, seed by seed "
-             "(one seed gives both the same data and test problems, and the same SFT model where the grid changes "
-             f"only later stages), as the mean difference with its {1 - b.alpha:.0%} confidence interval. p: the "
+             f"The baseline is `{b.label}` ({b.chosen}). Each other {what}'s gain minus the baseline's, seed by seed "
+             "(a seed gives both the same data and test problems, and the same SFT model where they differ only in "
+             f"later stages), as the mean difference with its {1 - b.alpha:.0%} confidence interval. p: the "
              "two-sided paired t test over those seeds. p (Holm): the p-values adjusted for the "
-             f"{tested} tests by Holm's step-down method, which keeps the chance of any false \"significant\" among "
-             f"them at most {b.alpha:g}; significant: p (Holm) below {b.alpha:g}. Seeds for {b.power:.0%} power: "
-             f"how many seeds a paired t test needs to find a true difference of the observed size {b.power:.0%} of "
-             f"the time at the level Holm's method asks of the smallest p-value ({b.alpha:g} / {tested}), if the "
-             "spread between seeds is the observed one: an estimate, since a few seeds measure a spread roughly."]
+             f"{tested} test{'s' if tested != 1 else ''} by Holm's step-down method, which keeps the chance of any "
+             f"false \"significant\" among them at most {b.alpha:g}; significant: p (Holm) below {b.alpha:g}. "
+             f"Seeds for {b.power:.0%} power: how many seeds a paired t test needs to find a true difference of the "
+             f"observed size {b.power:.0%} of the time at the level Holm's method asks of the smallest p-value "
+             f"({b.alpha:g} / {tested}), if the spread between seeds is the observed one: an estimate, since a few "
+             "seeds measure a spread roughly."]
     if share:
         lines[-1] += (" Test split's share: the part of the difference's variance between seeds that the test "
                       "split's sampling explains (from the cells' per-problem results): near 1, a bigger test split "
                       "narrows the interval as well as more seeds would; near 0, only more seeds do.")
-    cols = ["group", "seeds", "gain minus the baseline's", "p", "p (Holm)", f"significant at {b.alpha:g}",
+    cols = [what, "seeds", "gain minus the baseline's", "p", "p (Holm)", f"significant at {b.alpha:g}",
             f"seeds for {b.power:.0%} power", *(["test split's share"] if share else [])]
     lines += ["", "| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
     for v in b.rows:
