@@ -64,7 +64,7 @@ def test_seeds_needed_matches_published_power_tables():
 def test_t_interval_covers_at_its_level_with_three_seeds_where_a_seed_bootstrap_does_not():
     """4000 synthetic comparisons of 3 seeds (differences normal around 0.01, sd 0.02, fixed seed): the 95% t
     interval holds the true difference in 95% of them (binomial sd 0.0034); a percentile bootstrap over the same
-    3 seeds in about 76%, which is why the report's tests are t tests over seeds."""
+    3 seeds in about 75%, which is why the report's tests are t tests over seeds."""
     rng = np.random.default_rng(0)
     d = rng.normal(0.01, 0.02, size=(4000, 3))
     covered = [(s.low <= 0.01 <= s.high) for s in (t_interval(row) for row in d)]

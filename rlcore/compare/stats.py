@@ -6,7 +6,7 @@ noise a reader cares about: the training's randomness (initialisation, sampling)
 problems happen to be in it), so the spread of those figures over seeds is the whole error, and Student's t
 turns it into intervals and tests that are exact for normal errors at any number of seeds. A bootstrap that
 resamples seeds cannot do that with the three or so seeds a CPU comparison has: its spread is (n - 1) / n of the
-sample's and 3 seeds have only 10 distinct resamples, so its 95% intervals cover the true difference about 76% of
+sample's and 3 seeds have only 10 distinct resamples, so its 95% intervals cover the true difference about 75% of
 the time (tests/test_compare_stats.py measures it beside the t interval's 95%); resampling each resampled seed's
 test problems as well counts the test split's noise twice and still falls short where the training's noise
 dominates. Per-problem results, where a run stored them, say how much of the spread between seeds the test split's
