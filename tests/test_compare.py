@@ -290,6 +290,13 @@ def test_rerun_removes_the_earlier_experiments_first(tmp_path):
 # ------------------------------------------------------------------ the baseline, and a report from stored results
 
 
+def test_a_grid_without_seeds_gives_each_difference_without_a_test():
+    cells = [result({"alg": a}, g, 0, 0, 0, []) for a, g in (("grpo", 0.25), ("rloo", 0.5))]
+    b = against_baseline(summarize(cells, ("alg",)), "alg=grpo", "seed")
+    (rloo,) = b.rows
+    assert rloo.difference.interval.mean == 0.25 and rloo.difference.p is None and b.significant() == []
+
+
 def test_the_default_baseline_is_the_group_that_runs_the_params_own_values():
     base = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())  # algorithm.adv_estimator: grpo, vanilla loss
     cells = [result({"seed": "1", "algorithm.adv_estimator": a}, 0.1, 0, 0, 0, []) for a in ("rloo", "grpo")]

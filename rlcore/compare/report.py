@@ -28,8 +28,8 @@ class Group:
         return sum(c.ok for c in self.cells)
 
     def by_seed(self, key: str, seed_key: str) -> dict[str, CellResult]:
-        """The successful cells that have metric ``key``, by their seed."""
-        return {c.values[seed_key]: c for c in self.cells if c.ok and key in c.metrics}
+        """The successful cells that have metric ``key``, by their seed (``""`` in a grid without seeds)."""
+        return {c.values.get(seed_key, ""): c for c in self.cells if c.ok and key in c.metrics}
 
 
 def summarize(results: list[CellResult], group_keys: tuple[str, ...], level: float = 0.95) -> list[Group]:
