@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rlcore.compare.grid import Cell, CompareSpec, check_keys, grid_cells, parse_grid
-from rlcore.compare.publish import choose_baseline, default_baseline
+from rlcore.compare.publish import choose_baseline, default_baseline, grid_labels
 from rlcore.compare.report import against_baseline, plot_curves, render_markdown, summarize
 from rlcore.compare.results import CellResult, PipelinePaths, cell_metrics, cell_problems
 from rlcore.compare.run import run_cells
@@ -304,10 +304,13 @@ def test_the_default_baseline_is_the_group_that_runs_the_params_own_values():
     assert default_baseline(groups, ("algorithm.adv_estimator",), base, {})[0] == "algorithm.adv_estimator=grpo"
     label, why = default_baseline(groups, ("algorithm.adv_estimator",), base, {"algorithm.adv_estimator": "opo"})
     assert label == "algorithm.adv_estimator=rloo" and why.startswith("the first group: none runs")
-    assert choose_baseline(groups, "rloo") == choose_baseline(groups, "algorithm.adv_estimator=rloo")
+    labels = grid_labels({"seed": ["1", "2"], "algorithm.adv_estimator": ["rloo", "grpo"]}, "seed")
+    assert labels == [g.label for g in groups]
+    assert choose_baseline(labels, "rloo") == choose_baseline(labels, "algorithm.adv_estimator=rloo")
     with pytest.raises(ConfigError, match="--baseline 'gae': no such group; expected one of "
                                           "'algorithm.adv_estimator=rloo', 'algorithm.adv_estimator=grpo'"):
-        choose_baseline(groups, "gae")
+        choose_baseline(labels, "gae")
+    assert choose_baseline(grid_labels({"a": ["x", "y"], "b": ["1", "2"]}, "seed"), "y,2") == "a=y b=2"
 
 
 def test_rlcore_compare_writes_the_report_again_from_stored_results(tmp_path):
@@ -330,6 +333,10 @@ def test_rlcore_compare_writes_the_report_again_from_stored_results(tmp_path):
     written = json.loads((tmp_path / "docs/data/compare-hand.json").read_text())
     assert written["baseline_group"] == "alg=rloo" and written["cells"] == data["cells"]
     assert (tmp_path / "compare/hand/report.md").read_text() == page
+    typo = subprocess.run([sys.executable, "-m", "rlcore", "compare", "--grid", "seed=1,2", "--grid",
+                           "algorithm.adv_estimator=grpo,rloo", "--baseline", "gae"], cwd=tmp_path, capture_output=True,
+                          text=True)  # stopped before anything runs (this folder is no DVC repository)
+    assert typo.returncode == 2 and "--baseline 'gae': no such group" in typo.stderr
     stored.write_text(json.dumps({"name": "x"}))
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 2 and "not a comparison's results.json (no grid, fixed" in proc.stderr

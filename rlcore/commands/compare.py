@@ -51,7 +51,7 @@ def default_name(grid: dict[str, list[str]], seed_key: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from rlcore.commands.common import parse_overrides
     from rlcore.compare.grid import CompareSpec, check_cells, grid_cells, parse_grid
-    from rlcore.compare.publish import report_from_results
+    from rlcore.compare.publish import choose_baseline, grid_labels, report_from_results
     from rlcore.compare.run import run_compare
 
     if not 0 < args.alpha < 1:
@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise ConfigError(f"--name {name!r}: letters, digits, '.', '_' and '-' only (it names experiments and files)")
     spec = CompareSpec(name=name, grid=grid, fixed=fixed, seed_key=args.seed_key, rerun=args.rerun)
+    if args.baseline is not None:  # a typo stops the comparison now, not after hours of cells
+        choose_baseline(grid_labels(grid, args.seed_key), args.baseline)
     params = root / "params.yaml"
     if not params.is_file():
         raise ConfigError(f"{params}: params file not found (run rlcore compare at the repository's root)")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from dataclasses import asdict
@@ -35,15 +36,22 @@ def default_baseline(groups: list[Group], group_keys: tuple[str, ...], params: d
     return groups[0].label, "the first group: none runs the params' own values; another with --baseline"
 
 
-def choose_baseline(groups: list[Group], requested: str) -> str:
-    """The group ``requested`` names: its label (``algorithm.adv_estimator=grpo``) or its values (``grpo``; with
-    several keys, space or comma separated); a ConfigError listing the groups otherwise."""
-    for g in groups:
-        values = [part.split("=", 1)[-1] for part in g.label.split(" ")]
-        if requested in (g.label, " ".join(values), ",".join(values)):
-            return g.label
-    raise ConfigError(f"--baseline {requested!r}: no such group; expected one of "
-                      + ", ".join(repr(g.label) for g in groups))
+def choose_baseline(labels: list[str], requested: str) -> str:
+    """The group label ``requested`` names: the label itself (``algorithm.adv_estimator=grpo``) or its values
+    (``grpo``; with several keys, space or comma separated); a ConfigError listing the labels otherwise."""
+    for label in labels:
+        values = [part.split("=", 1)[-1] for part in label.split(" ")]
+        if requested in (label, " ".join(values), ",".join(values)):
+            return label
+    raise ConfigError(f"--baseline {requested!r}: no such group; expected one of " + ", ".join(map(repr, labels)))
+
+
+def grid_labels(grid: dict[str, list[str]], seed_key: str) -> list[str]:
+    """The labels of the groups a grid makes (every combination of its non-seed keys' values), so that a
+    ``--baseline`` is checked before the grid runs."""
+    keys = [k for k in grid if k != seed_key]
+    return [" ".join(f"{k}={v}" for k, v in zip(keys, combo)) or "all cells"
+            for combo in itertools.product(*(grid[k] for k in keys))]
 
 
 def write_report(data: dict[str, Any], *, out_dir: Path, docs_dir: Path | None, params: dict[str, Any],
@@ -59,7 +67,7 @@ def write_report(data: dict[str, Any], *, out_dir: Path, docs_dir: Path | None, 
     groups = summarize(results, group_keys, 1 - alpha)
     label, chosen = default_baseline(groups, group_keys, params, data["fixed"])
     if baseline is not None:
-        label, chosen = choose_baseline(groups, baseline), "chosen with --baseline"
+        label, chosen = choose_baseline([g.label for g in groups], baseline), "chosen with --baseline"
     versus = against_baseline(groups, label, seed_key, alpha=alpha, power=power, chosen=chosen)
     out_dir.mkdir(parents=True, exist_ok=True)
     png = None
