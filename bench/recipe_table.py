@@ -78,9 +78,11 @@ def against_grpo(results: dict[str, list[dict]], alpha: float = 0.05) -> list[st
     paired: list[str] = []
     left_out: list[str] = []
     for name, runs in rows.items():
-        if not runs or name == BASELINE:
+        if name == BASELINE:
             continue
-        if compose([REPO / "examples" / f"{name}.yaml"])[0].task.model_dump(exclude={"pairs"}) != task:
+        if not runs:
+            left_out.append(f"`{name}` (not measured)")
+        elif compose([REPO / "examples" / f"{name}.yaml"])[0].task.model_dump(exclude={"pairs"}) != task:
             left_out.append(f"`{name}` (another task)")
         elif machine(runs[0].get("measured", "")) != where:
             left_out.append(f"`{name}` (measured on {machine(runs[0]['measured'])[0]})")
