@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from rlcore.compare.grid import Cell, CompareSpec, check_keys, grid_cells, parse_grid
-from rlcore.compare.publish import choose_baseline, default_baseline, grid_labels
+from rlcore.compare.publish import (choose_baseline, current_key, default_baseline, grid_labels,
+                                   report_from_results)
 from rlcore.compare.report import against_baseline, plot_curves, render_markdown, summarize
 from rlcore.compare.results import CellResult, PipelinePaths, cell_metrics, cell_problems
 from rlcore.compare.run import run_cells
@@ -311,6 +312,23 @@ def test_the_default_baseline_is_the_group_that_runs_the_params_own_values():
                                           "'algorithm.adv_estimator=rloo', 'algorithm.adv_estimator=grpo'"):
         choose_baseline(labels, "gae")
     assert choose_baseline(grid_labels({"a": ["x", "y"], "b": ["1", "2"]}, "seed"), "y,2") == "a=y b=2"
+
+
+@pytest.mark.parametrize("name", ["estimators", "policy-losses"])
+def test_the_committed_comparison_pages_are_what_their_stored_results_write(name, tmp_path, monkeypatch):
+    """docs/results/compare-<name>.md and its data, written again by `rlcore compare --from-results` from the
+    data as its header says, are the committed files: the policy-loss grid names its key the way rlcore did when it
+    ran (actor.policy_loss, today actor.loss.name), and its default baseline is still vanilla, the params' own."""
+    monkeypatch.chdir(REPO_ROOT)
+    stored = Path("docs/results/data") / f"compare-{name}.json"
+    shutil.copy(REPO_ROOT / "docs/results" / f"compare-{name}.png", tmp_path)
+    report_from_results(stored, out_dir=tmp_path / "out", docs_dir=tmp_path, params_file=REPO_ROOT / "params.yaml",
+                        baseline=None, alpha=0.05)
+    page = f"compare-{name}.md"
+    assert (tmp_path / page).read_text() == (REPO_ROOT / "docs/results" / page).read_text()
+    assert (tmp_path / "data" / stored.name).read_text() == (REPO_ROOT / stored).read_text()
+    assert [current_key(k) for k in ("actor.policy_loss", "actor.bypass.rollout_is", "actor.clip_ratio", "actor.lr")] \
+        == ["actor.loss.name", "actor.loss.bypass_is", "actor.loss.clip_ratio", "actor.lr"]
 
 
 def test_rlcore_compare_writes_the_report_again_from_stored_results(tmp_path):

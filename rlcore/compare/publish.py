@@ -12,7 +12,8 @@ from typing import Any
 
 from rlcore.compare.report import Baseline, Group, against_baseline, plot_curves, render_markdown, summarize
 from rlcore.compare.results import CellResult
-from rlcore.config import ConfigError, apply_overrides, flatten, parse_config, read_yaml
+from rlcore.config import (MOVED_FROM_BYPASS, MOVED_TO_LOSS, ConfigError, apply_overrides, flatten, parse_config,
+                           read_yaml)
 
 
 def cell_from_dict(d: dict[str, Any]) -> CellResult:
@@ -23,15 +24,28 @@ def cell_from_dict(d: dict[str, Any]) -> CellResult:
     return cell
 
 
+def current_key(key: str) -> str:
+    """A params key as this rlcore names it: stored results of a comparison run before the actor's loss keys moved
+    into ``actor.loss`` name them the old way (``actor.policy_loss`` is ``actor.loss.name`` now)."""
+    section, _, rest = key.partition(".")
+    first, _, inner = rest.partition(".")
+    if section != "actor" or first not in MOVED_TO_LOSS:
+        return key
+    if first == "bypass":
+        return f"actor.loss.{MOVED_FROM_BYPASS.get(inner, inner)}"
+    return f"actor.loss.{MOVED_TO_LOSS[first]}"
+
+
 def default_baseline(groups: list[Group], group_keys: tuple[str, ...], params: dict[str, Any],
                      fixed: dict[str, str]) -> tuple[str, str]:
     """The group that runs the params' own values (params.yaml with the ``--set`` overrides), and how it was
-    chosen; the first group when none does."""
-    overrides = {k: read_yaml(v) for k, v in fixed.items()}
+    chosen; the first group when none does. Keys a stored comparison names the old way are read as today's."""
+    overrides = {current_key(k): read_yaml(v) for k, v in fixed.items()}
     values = flatten(parse_config(apply_overrides(json.loads(json.dumps(params)), overrides)).model_dump(mode="json"))
     for g in groups:
         cell = g.cells[0].values
-        if group_keys and all(k in values and read_yaml(cell[k]) == values[k] for k in group_keys):
+        if group_keys and all(current_key(k) in values and read_yaml(cell[k]) == values[current_key(k)]
+                              for k in group_keys):
             return g.label, "the params' own values, the default; another with --baseline"
     return groups[0].label, "the first group: none runs the params' own values; another with --baseline"
 
