@@ -32,6 +32,8 @@ from pathlib import Path
 import yaml
 
 from bench.sections import sections
+from rlcore.compare.report import format_stat
+from rlcore.compare.stats import t_interval
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs" / "results" / "data"
@@ -99,19 +101,23 @@ def over_seeds(recipe: str) -> Callable[[], str]:
 
 
 def recipes_summary() -> str:
-    """One row per recipe in examples/ (the default first): means over the seeds and each seed's gain."""
+    """One row per recipe in examples/ (the default first): means over the seeds, the mean gain's 95% confidence
+    interval and each seed's gain."""
     data = _recipes()
     names = sorted((p.stem for p in (REPO / "examples").glob("*.yaml") if p.stem != "quick"),
                    key=lambda n: (n != "grpo", n))
-    lines = ["| recipe | greedy pass@1, SFT -> after RL | gain (each seed) | measured |", "| --- | --- | --- | --- |"]
+    lines = ["| recipe | greedy pass@1, SFT -> after RL | gain [95% CI] (each seed) | measured |",
+             "| --- | --- | --- | --- |"]
     for name in names:
         rows = data.get(name)
         if not rows:
             lines.append(f"| `{name}` | not measured | | |")
             continue
-        gains = " / ".join(f"{r['gain']:+.3f}" for r in rows)
-        sft, final, gain = (statistics.mean(r[k] for r in rows) for k in ("sft", "final", "gain"))
-        lines.append(f"| `{name}` | {sft:.3f} -> {final:.3f} | **{gain:+.3f}** ({gains}) | {_where(rows)} |")
+        gains = [r["gain"] for r in rows]
+        each = " / ".join(f"{g:+.3f}" for g in gains)
+        sft, final = (statistics.mean(r[k] for r in rows) for k in ("sft", "final"))
+        gain = format_stat(t_interval(gains), signed=True)  # Student's t over the seeds, as recipes.md gives it
+        lines.append(f"| `{name}` | {sft:.3f} -> {final:.3f} | **{gain}** ({each}) | {_where(rows)} |")
     return "\n".join(lines)
 
 
