@@ -9,7 +9,9 @@ median minutes per seed (where the rows kept them), and when and where it was me
 ``--measured`` for rows without one); a recipe not in the file says so. The second compares each recipe's gain with
 ``grpo``'s (the default recipe), seed by seed, as ``rlcore compare`` compares its groups (a paired t test over the
 seeds, Holm's correction over the recipes, the seeds 80% power needs; rlcore.compare.report): only the recipes on
-``grpo``'s task (the same test problems for a seed) measured on ``grpo``'s machine and kernels.
+``grpo``'s task (the same test problems for a seed) measured on the same machine with the same kernels as a set of
+``grpo``'s rows. Those are ``grpo``'s own and any kept under ``grpo_<why>`` (``grpo``'s rows from before a change of
+the kernels' arithmetic), so each recipe is paired with the default recipe as it ran beside it.
 """
 
 from __future__ import annotations
@@ -62,20 +64,23 @@ def table(results: dict[str, list[dict]], measured: str = "") -> str:
     return "\n".join(lines)
 
 
-def machine(measured: str) -> tuple[str, bool]:
-    """The CPU a row names (the ``measured`` field's second part: ``2026-11-27, 2-core AMD EPYC (AVX2), portable
-    kernels``) and whether it ran each library's native kernels, whose results differ between CPU models."""
+def machine(measured: str) -> tuple[str, str]:
+    """Where a row ran: the CPU and the kernels its ``measured`` field names (its second and third parts:
+    ``2026-11-28, 2-core Intel Xeon (AVX-512), portable kernels (rlcore's own products)``). Rows differing in either
+    ran other arithmetic, so their seeds' SFT models and rounds are other floats and do not pair."""
     parts = [p.strip() for p in measured.split(",")]
-    return (parts[1] if len(parts) > 1 else measured), "native kernels" in measured
+    return (parts[1] if len(parts) > 1 else measured), (parts[2] if len(parts) > 2 else "")
 
 
 def against_grpo(results: dict[str, list[dict]], alpha: float = 0.05) -> list[str]:
-    """The section comparing each recipe's gain with ``grpo``'s, paired by seed, and the recipes left out."""
+    """The sections comparing each recipe's gain with ``grpo``'s, paired by seed (one section for each set of
+    ``grpo``'s rows some recipe ran beside), and the recipes left out."""
     rows = recipe_rows(results)
     # the task's settings but its preference pairs (a reward model's data), which leave the test problems alone
     task = compose([REPO / "examples" / f"{BASELINE}.yaml"])[0].task.model_dump(exclude={"pairs"})
-    where = machine(rows[BASELINE][0].get("measured", ""))
-    paired: list[str] = []
+    baselines = {machine(runs[0].get("measured", "")): name for name, runs in results.items()
+                 if runs and (name == BASELINE or name.startswith(BASELINE + "_"))}
+    paired: dict[str, list[str]] = {}
     left_out: list[str] = []
     for name, runs in rows.items():
         if name == BASELINE:
@@ -84,17 +89,27 @@ def against_grpo(results: dict[str, list[dict]], alpha: float = 0.05) -> list[st
             left_out.append(f"`{name}` (not measured)")
         elif compose([REPO / "examples" / f"{name}.yaml"])[0].task.model_dump(exclude={"pairs"}) != task:
             left_out.append(f"`{name}` (another task)")
-        elif machine(runs[0].get("measured", "")) != where:
-            left_out.append(f"`{name}` (measured on {machine(runs[0]['measured'])[0]})")
+        elif (where := machine(runs[0].get("measured", ""))) not in baselines:
+            left_out.append(f"`{name}` (no `grpo` rows on {' with '.join(p for p in where if p)})")
         else:
-            paired.append(name)
+            paired.setdefault(baselines[where], []).append(name)
+    lines: list[str] = []
+    for base in sorted(paired, key=lambda b: (b != BASELINE, b)):
+        lines += [*_paired_section(results[base], base, paired[base], rows, alpha), ""]
+    return [*lines, "Not compared with `grpo`: " + ", ".join(left_out) + "."]
+
+
+def _paired_section(base_rows: list[dict], base: str, names: list[str], rows: dict[str, list[dict]],
+                    alpha: float) -> list[str]:
+    """One baseline's section: ``names``' gains against the ``grpo`` rows ``base`` holds, seed by seed."""
     cells = [CellResult(name, {"seed": str(r["seed"]), "recipe": name}, "", metrics={"gain": r["gain"]})
-             for name in (BASELINE, *paired) for r in rows[name]]
+             for name, runs in ((base, base_rows), *((n, rows[n]) for n in names)) for r in runs]
     groups: list[Group] = summarize(cells, ("recipe",))
     for g in groups:
         g.label = g.label.removeprefix("recipe=")
-    versus = against_baseline(groups, BASELINE, "seed", alpha=alpha, chosen="the default recipe")
-    return [*baseline_section(versus, "recipe"), "", "Not compared with `grpo`: " + ", ".join(left_out) + "."]
+    where = ", ".join(p for p in machine(base_rows[0].get("measured", "")) if p)
+    chosen = "the default recipe" + ("" if base == BASELINE else f": `grpo`'s rows measured on {where}")
+    return baseline_section(against_baseline(groups, base, "seed", alpha=alpha, chosen=chosen), "recipe")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -197,6 +197,27 @@ def test_the_recipes_are_compared_with_grpo_seed_by_seed_where_they_share_its_ta
     p = f"{1 - 2 / math.sqrt(6):.3f}"
     assert f"| rloo | 3 | +0.167 [-0.192, +0.525] | {p} | {p} | no |" in out
     left_out = out.rsplit("Not compared with `grpo`: ", 1)[1]
-    assert {"`gsm8k` (another task)", "`lora` (measured on 2-core Intel Xeon)", "`dapo` (not measured)"} <= \
-        set(left_out.removesuffix(".").split(", ")), left_out
+    assert {"`gsm8k` (another task)", "`lora` (no `grpo` rows on 2-core Intel Xeon with native kernels)",
+            "`dapo` (not measured)"} <= set(left_out.removesuffix(".").split(", ")), left_out
     assert "`rloo`" not in left_out
+
+
+def test_a_recipe_measured_with_other_kernels_is_paired_with_grpo_s_rows_of_those_kernels():
+    """grpo's rows from before a change of the kernels' arithmetic, kept as grpo_<why>, pair the recipes measured
+    beside them; today's grpo rows pair today's. rloo - old grpo: 0.25, 0, 0.25 (p = 1 - 2 / sqrt(6), as above);
+    dapo - grpo: 0.1, 0.1, 0.1 exactly (no spread: the interval is the point)."""
+    from bench.recipe_table import against_grpo
+    old = "2026-11-27, 2-core AMD EPYC (AVX2), portable kernels of then"
+    new = "2026-11-28, 2-core AMD EPYC (AVX2), portable kernels of now"
+
+    def rows(gains, measured):
+        return [{"seed": s, "sft": 0.5, "final": 0.5 + g, "gain": g, "measured": measured}
+                for s, g in enumerate(gains, 1)]
+
+    out = "\n".join(against_grpo({"grpo": rows([0.1, 0.2, 0.3], new), "grpo_then": rows([0.25, 0.125, 0.25], old),
+                                   "rloo": rows([0.5, 0.125, 0.5], old), "dapo": rows([0.2, 0.3, 0.4], new)}))
+    today, then = out.split("## Against `grpo_then`")
+    assert "## Against `grpo`" in today and "| dapo | 3 | +0.100" in today and "rloo" not in today
+    p = f"{1 - 2 / math.sqrt(6):.3f}"
+    assert f"| rloo | 3 | +0.167 [-0.192, +0.525] | {p} | {p} | no |" in then and "dapo |" not in then
+    assert "measured on 2-core AMD EPYC (AVX2), portable kernels of then" in then
