@@ -10,10 +10,12 @@ registry's names, so a new entry cannot be forgotten on either side.
 from __future__ import annotations
 
 # rlcore.algos.advantage.ESTIMATORS
-ADV_ESTIMATORS = ("gae", "gdpo", "gpg", "grpo", "grpo_passk", "opo", "optimal_token_baseline", "reinforce_plus_plus",
-                  "reinforce_plus_plus_baseline", "remax", "rloo", "tir_optimal_token_baseline")
+ADV_ESTIMATORS = ("distill", "gae", "gdpo", "gpg", "grpo", "grpo_passk", "opo", "optimal_token_baseline",
+                  "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "tir_optimal_token_baseline")
 # those of them that need a greedy response per prompt as the baseline (``Estimator.needs_greedy_baseline``)
 GREEDY_BASELINE_ESTIMATORS = ("remax",)
+# those of them that read a teacher's log-probs (``Estimator.needs_teacher``: on-policy distillation)
+TEACHER_ESTIMATORS = ("distill",)
 # rlcore.algos.losses.POLICY_LOSSES, and those of them whose old policy is the rollout's (``PolicyLoss.old_is_behaviour``)
 POLICY_LOSSES = ("bypass_mode", "cispo", "clip_cov", "dppo_kl", "dppo_tv", "dro", "geo_mean", "gpg", "gspo", "kl_cov",
                  "luspo", "sapo", "vanilla", "vespo")

@@ -40,6 +40,11 @@ def test_greedy_baseline_estimators_are_those_whose_entry_needs_one():
                                                         if ESTIMATORS.get(n).needs_greedy_baseline]
 
 
+def test_teacher_estimators_are_those_whose_entry_needs_a_teacher():
+    assert names.TEACHER_ESTIMATORS and sorted(names.TEACHER_ESTIMATORS) == [
+        n for n in ESTIMATORS.names() if ESTIMATORS.get(n).needs_teacher]
+
+
 def test_rejection_options_equal_the_loss_module_s():
     from rlcore.algos.off_policy import REJECTION_OPTIONS
 

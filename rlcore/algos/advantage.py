@@ -20,10 +20,11 @@ std 1 (so its advantage is ``s / (1 + eps)`` for GRPO, not 0).
 Estimators live in the ``ESTIMATORS`` registry as :class:`Estimator` entries that declare what
 they need: the data inputs beyond rewards and mask (``index`` for group baselines, ``values``
 from a critic, ``reward_baselines`` from a greedy rollout, ``reward_components`` for per-reward
-normalisation, ``old_log_probs`` and ``sum_pi_squared`` from a log-prob forward) and the options
-they take (read by name from :class:`AdvantageOptions`). The trainer asks the entry (``needs_critic``,
-``needs_greedy_baseline``) instead of keeping lists of names, and :func:`compute_advantage`
-passes each estimator exactly what it declares: an unexpected keyword is an error naming it.
+normalisation, ``old_log_probs`` and ``sum_pi_squared`` from a log-prob forward, ``teacher_log_probs`` from a
+teacher's) and the options they take (read by name from :class:`AdvantageOptions`). The trainer asks the entry
+(``needs_critic``, ``needs_greedy_baseline``, ``needs_teacher``) instead of keeping lists of names, and
+:func:`compute_advantage` passes each estimator exactly what it declares: an unexpected keyword is an error naming
+it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ AdvantageFn = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
 # What an estimator may need beyond token_level_rewards and response_mask.
 DATA_INPUTS = frozenset({"index", "values", "reward_baselines", "reward_components", "old_log_probs",
-                         "sum_pi_squared"})
+                         "sum_pi_squared", "teacher_log_probs"})
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class AdvantageOptions:
     handle_zero_tail: bool = True
     """(tir_)optimal_token_baseline: the longest response of a group, where it runs past every other one,
     gets baseline 0 there (verl's default)."""
+    distill_reward_weight: float = 0.0
+    """distill: weight of the task reward's GRPO advantage added to the teacher's per-token signal (0: the teacher's
+    signal alone)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,12 @@ class Estimator:
         """It reads ``sum_pi_squared``: the trainer runs a log-prob forward that also returns each token's
         ``sum_v pi(v)^2`` before the advantages (the update's own forward comes too late)."""
         return "sum_pi_squared" in self.inputs
+
+    @property
+    def needs_teacher(self) -> bool:
+        """It reads ``teacher_log_probs``: the trainer runs a teacher's worker group and its log-prob forward on each
+        batch before the advantages."""
+        return "teacher_log_probs" in self.inputs
 
     @property
     def reads_old_log_probs(self) -> bool:
@@ -639,6 +649,45 @@ def tir_optimal_token_baseline_advantage(
 # ------------------------------------------------------------------------- dispatcher
 
 
+@register_estimator("distill", needs=("index", "old_log_probs", "teacher_log_probs"))
+def distill_advantage(
+    *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence, old_log_probs: torch.Tensor,
+    teacher_log_probs: torch.Tensor, distill_reward_weight: float = 0.0, norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> "tuple[torch.Tensor, torch.Tensor]":
+    """On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649; Thinking Machines' on-policy distillation
+    and NeMo-RL's ``opd``): each token the student sampled is scored by a teacher, and the per-token reverse KL
+    estimate ``log pi_student - log pi_teacher`` of that token, negated, is its advantage, with no discount (each
+    token's own; the policy gradient of these advantages lowers KL(student || teacher) on the student's own
+    samples). With ``distill_reward_weight`` w > 0 the task reward's GRPO advantage, times w, is added to every
+    token: ``A_t = (log pi_teacher(y_t) - log pi_student(y_t)) + w * A_grpo``.
+
+    Args:
+        token_level_rewards: ``[batch, response_len]``; ``s_i`` is the row sum (the task reward, for w > 0).
+        response_mask: ``[batch, response_len]``; 1 = valid response token.
+        index: ``[batch]`` prompt ids defining the groups of the reward's advantage.
+        old_log_probs: ``[batch, response_len]`` the student's log-probs of its sampled tokens (the policy that
+            sampled them, or the proximal policy of a stale batch).
+        teacher_log_probs: ``[batch, response_len]`` the teacher's log-probs of the same tokens.
+        distill_reward_weight: w above; 0 = the teacher's signal alone.
+        norm_adv_by_std_in_grpo: Divide the reward's advantage by the group std (GRPO) or not (Dr. GRPO).
+        epsilon: Added to the std.
+
+    Returns:
+        ``(advantages, returns)`` (the same tensor), ``[batch, response_len]``, 0 on masked tokens.
+    """
+    mask = _float_mask(response_mask, token_level_rewards)
+    if old_log_probs.shape != mask.shape or teacher_log_probs.shape != mask.shape:
+        raise ValueError(f"old_log_probs {tuple(old_log_probs.shape)} and teacher_log_probs "
+                         f"{tuple(teacher_log_probs.shape)} must be the rewards' shape {tuple(mask.shape)}")
+    adv = _zero_masked((teacher_log_probs - old_log_probs).to(mask.dtype) * mask, mask)
+    if distill_reward_weight:
+        reward_adv, _ = grpo_advantage(token_level_rewards=token_level_rewards, response_mask=response_mask,
+                                       index=index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, epsilon=epsilon)
+        adv = adv + distill_reward_weight * reward_adv
+    return adv, adv
+
+
 def compute_advantage(
     estimator: str, *, token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **inputs_and_options: Any,
 ) -> "tuple[torch.Tensor, torch.Tensor]":
@@ -648,14 +697,15 @@ def compute_advantage(
     Args:
         estimator: A name in ``ESTIMATORS`` (``gae``, ``grpo``, ``grpo_passk``, ``rloo``,
             ``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``, ``remax``, ``opo``,
-            ``gpg``, ``gdpo``, ``optimal_token_baseline``, ``tir_optimal_token_baseline``).
+            ``gpg``, ``gdpo``, ``optimal_token_baseline``, ``tir_optimal_token_baseline``, ``distill``).
         token_level_rewards: ``[batch, response_len]`` float rewards on response tokens.
         response_mask: ``[batch, response_len]`` 0/1 mask; 1 = valid response token.
         **inputs_and_options: Exactly the data inputs the estimator declares (``index``: ``[batch]``
             prompt ids, a numpy array or list of str/int; ``values``: ``[batch, response_len]`` critic
             values; ``reward_baselines``: ``[batch]`` greedy rewards; ``reward_components``:
             ``[batch, n_components]`` sequence scores; ``old_log_probs`` and ``sum_pi_squared``:
-            ``[batch, response_len]`` from a log-prob forward) and any of the options it takes
+            ``[batch, response_len]`` from a log-prob forward; ``teacher_log_probs``: ``[batch, response_len]`` from a
+            teacher's) and any of the options it takes
             (``AdvantageOptions`` fields, e.g. ``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``).
 
     Returns:

@@ -94,6 +94,16 @@ def grpo(rewards, mask, index, norm_by_std=True, eps=1e-6):
     return a, a
 
 
+def distill(rewards, mask, index, student, teacher, reward_weight=0.0, norm_by_std=True, eps=1e-6):
+    """Each valid token's advantage: the teacher's log-prob of it minus the student's, plus the reward's GRPO advantage
+    times ``reward_weight``."""
+    m, s, t = to_rows(mask), to_rows(student), to_rows(teacher)
+    outcome, _ = grpo(rewards, mask, index, norm_by_std, eps)
+    a = [[(t[i][j] - s[i][j] + reward_weight * outcome[i][j]) if m[i][j] else 0.0 for j in range(len(m[i]))]
+         for i in range(len(m))]
+    return a, a
+
+
 def grpo_passk(rewards, mask, index, norm_by_std=True, eps=1e-6):
     r, m = to_rows(rewards), to_rows(mask)
     scores = [sum(row) for row in r]

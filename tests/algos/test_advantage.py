@@ -45,17 +45,20 @@ def policy_stats(mask, seed=0, vocab=5):
 
 
 def run_declared(estimator, rewards, mask, *, index=None, values=None, reward_baselines=None,
-                 reward_components=None, old_log_probs=None, sum_pi_squared=None, **options):
+                 reward_components=None, old_log_probs=None, sum_pi_squared=None, teacher_log_probs=None, **options):
     """As the trainer calls an estimator: exactly the inputs and options it declares (policy statistics drawn
-    from ``policy_stats`` and the row sums as the one reward component when not given)."""
+    from ``policy_stats``, a teacher's from another draw of it, and the row sums as the one reward component when
+    not given)."""
     entry = ESTIMATORS.get(estimator)
     if old_log_probs is None:
         old_log_probs, sum_pi_squared = policy_stats(mask)
+    if teacher_log_probs is None:
+        teacher_log_probs, _ = policy_stats(mask, seed=1)
     if reward_components is None:
         reward_components = rewards.sum(-1, keepdim=True)
     available = {"index": index, "values": values, "reward_baselines": reward_baselines,
                  "reward_components": reward_components, "old_log_probs": old_log_probs,
-                 "sum_pi_squared": sum_pi_squared}
+                 "sum_pi_squared": sum_pi_squared, "teacher_log_probs": teacher_log_probs}
     inputs = {k: available[k] for k in entry.inputs}
     return run(estimator, rewards, mask, **inputs, **options_from(AdvantageOptions(**options), entry.options))
 
@@ -250,11 +253,13 @@ def test_each_estimator_declares_what_it_needs():
                      "reinforce_plus_plus": [], "reinforce_plus_plus_baseline": ["index"],
                      "remax": ["reward_baselines"], "opo": ["index"], "gpg": ["index"],
                      "gdpo": ["index", "reward_components"], "optimal_token_baseline": otb,
-                     "tir_optimal_token_baseline": otb}
+                     "tir_optimal_token_baseline": otb, "distill": ["index", "old_log_probs", "teacher_log_probs"]}
     assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_critic] == ["gae"]
     assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_greedy_baseline] == ["remax"]
     assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_sum_pi_squared] == \
         ["optimal_token_baseline", "tir_optimal_token_baseline"]
+    assert [n for n in ESTIMATORS if ESTIMATORS.get(n).needs_teacher] == ["distill"]
+    assert sorted(ESTIMATORS.get("distill").options) == ["distill_reward_weight", "epsilon", "norm_adv_by_std_in_grpo"]
     assert sorted(ESTIMATORS.get("gdpo").options) == ["epsilon", "gdpo_batch_norm", "norm_adv_by_std_in_grpo",
                                                       "reward_weights"]
     assert sorted(ESTIMATORS.get("gae").options) == ["gamma", "lam"]
@@ -314,6 +319,8 @@ SEEDS = [0, 1, 2]
 
 
 def _reference(estimator, rewards, mask, values, index, baselines, gamma, lam, norm):
+    if estimator == "distill":
+        return ref.distill(rewards, mask, index, policy_stats(mask)[0], policy_stats(mask, seed=1)[0], 0.0, norm)
     if estimator == "gdpo":
         return ref.gdpo(rewards.sum(-1, keepdim=True), mask, index, norm_by_std=norm)
     if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline"):
@@ -342,7 +349,7 @@ def _reference(estimator, rewards, mask, values, index, baselines, gamma, lam, n
 # norm_adv_by_std_in_grpo only affects grpo / grpo_passk / gdpo
 CASES = [
     (e, n) for e in sorted(ESTIMATORS.names())
-    for n in ((True, False) if e in ("grpo", "grpo_passk", "gdpo") else (True,))
+    for n in ((True, False) if e in ("grpo", "grpo_passk", "gdpo", "distill") else (True,))
 ]
 
 
@@ -446,6 +453,31 @@ def test_gdpo_refuses_mismatched_components_and_weights():
 
 
 # ---------------------------------------------------------- optimal token baseline
+
+
+def test_distill_by_hand():
+    """The teacher's log-prob of each sampled token minus the student's, alone or with the reward's GRPO advantage
+    (here a group of 2 with rewards 1, 0: +-0.7071 with the unbiased std sqrt(1/2))."""
+    rewards, mask = outcome_rewards([1.0, 0.0], [2, 1], 2)
+    student = torch.tensor([[-0.5, -1.0], [-2.0, 9.0]], dtype=F64)  # 9.0: past the response (masked)
+    teacher = torch.tensor([[-0.25, -3.0], [-1.0, -9.0]], dtype=F64)
+    kw = {"index": ["q", "q"], "old_log_probs": student, "teacher_log_probs": teacher}
+    adv, ret = run("distill", rewards, mask, **kw)
+    assert_allclose(adv.numpy(), [[0.25, -2.0], [1.0, 0.0]], atol=1e-12)
+    assert torch.equal(adv, ret)
+    mixed, _ = run("distill", rewards, mask, distill_reward_weight=0.5, **kw)
+    g = 0.5 / (math.sqrt(0.5) + EPS)
+    assert_allclose(mixed.numpy(), [[0.25 + 0.5 * g, -2.0 + 0.5 * g], [1.0 - 0.5 * g, 0.0]], atol=1e-12)
+
+
+def test_distill_alone_ignores_the_reward():
+    rewards, mask, _, index, _ = ref.random_batch(seed=3)
+    student, _ = policy_stats(mask)
+    teacher, _ = policy_stats(mask, seed=4)
+    kw = {"index": index, "old_log_probs": student, "teacher_log_probs": teacher}
+    a, _ = run("distill", rewards, mask, **kw)
+    b, _ = run("distill", rewards * -7.0 + 3.0 * mask, mask, **kw)
+    assert torch.equal(a, b)
 
 
 def test_optimal_token_baseline_by_hand():
