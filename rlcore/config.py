@@ -571,7 +571,8 @@ class KLControlConfig(_Section):
 class AlgorithmConfig(_Section):
     adv_estimator: str = Field("grpo", description=(
         f"Advantage estimator from rlcore.algos.advantage.ESTIMATORS: {', '.join(names.ADV_ESTIMATORS)} (gae trains a "
-        "critic; the optimal token baselines add a log-prob forward per step for sum pi^2)."))
+        "critic; the optimal token baselines add a log-prob forward per step for sum pi^2; distill is on-policy "
+        "distillation from the teacher of the distill section)."))
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount factor."""
     lam: float = Field(1.0, ge=0, le=1)
@@ -601,6 +602,19 @@ class AlgorithmConfig(_Section):
     @classmethod
     def _known_kl(cls, v: str) -> str:
         return names.check_name("KL estimator", v, names.KL_ESTIMATORS)
+
+
+class DistillConfig(_Section):
+    teacher: str = Field("models/sft", min_length=1)
+    """algorithm.adv_estimator distill: the teacher, a local Hugging Face causal-LM folder with the student's tokenizer
+    (any model folder, or one another pipeline wrote, e.g. the default pipeline's models/ppo/r1 copied aside). A DVC
+    dependency of the PPO rounds (dvc.yaml), so it may not be a folder one of this pipeline's rounds writes
+    (models/ppo/<round>); read only by an estimator that takes a teacher."""
+    reward_weight: float = Field(0.0, ge=0, allow_inf_nan=False)
+    """algorithm.adv_estimator distill: weight of the task reward's GRPO advantage added to each token's teacher
+    signal (log pi_teacher - log pi_student of the token the student sampled); 0 = the teacher's signal alone."""
+    micro_batch_size: int = Field(256, ge=1)
+    """Sequences per teacher log-prob forward on one rank (the teacher's worker group sits beside the actor's)."""
 
 
 class OffPolicyConfig(_Section):
@@ -958,6 +972,7 @@ class Config(_Section):
     reward: RewardConfig = RewardConfig()
     score: ScoreConfig = ScoreConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    distill: DistillConfig = DistillConfig()
     actor: ActorConfig = ActorConfig()
     critic: CriticConfig = CriticConfig()
     rm: RMConfig = RMConfig()
@@ -999,6 +1014,8 @@ class Config(_Section):
                              f"async with ppo.async.max_staleness > 0)")
         if self.rollout.engine == "vllm":
             self._vllm_checks()
+        if self.algorithm.adv_estimator in names.TEACHER_ESTIMATORS:
+            self._distill_checks()
         if self.evaluate.final_round not in self.ppo.rounds:
             raise ValueError(
                 f"evaluate.final_round {self.evaluate.final_round!r} is not a key of ppo.rounds "
@@ -1021,6 +1038,16 @@ class Config(_Section):
                                  f"does not run (it runs {', '.join(map(str, names.VLLM_CPU_HEAD_DIMS))}): use "
                                  f"rollout.engine static or hf, or a model whose head_dim it runs (the built-in one: "
                                  f"model.tiny.num_heads 2, heads of 32)")
+
+    def _distill_checks(self) -> None:
+        """A teacher the rounds depend on (dvc.yaml) must not be one of their own outputs: DVC would refuse the cycle
+        with less to go on."""
+        teacher = Path(self.distill.teacher)
+        for name in self.ppo.rounds:
+            if teacher == Path("models/ppo") / name:
+                raise ValueError(f"distill.teacher {self.distill.teacher} is what round ppo.rounds.{name} writes, and "
+                                 "every round depends on the teacher: copy that model aside (e.g. cp -r "
+                                 f"{self.distill.teacher} models/teacher) or name this pipeline's rounds otherwise")
 
     def _separate_rm_cpus(self) -> float:
         rm = self.reward.model

@@ -1,7 +1,7 @@
 """ppo@<round>: one RL round (estimator, losses and KL from params.yaml) from the previous model.
 
-    python -m stages.ppo --round r1 --init models/sft --data data/scored/rl_train.parquet --rewards inputs/reward --tools inputs/tools \
-        --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv \
+    python -m stages.ppo --round r1 --init models/sft --teacher models/sft --data data/scored/rl_train.parquet \
+        --rewards inputs/reward --tools inputs/tools --out models/ppo/r1 --metrics metrics/ppo_r1.json --plots plots/ppo_r1.csv \
         --val-data data/processed/test.parquet --rollouts metrics/ppo_r1_rollouts.parquet
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from rlcore.stage.frame import REPO_ROOT, parser, require_file, stage_errors, write_json
 from rlcore.errors import ConfigError
+from rlcore.names import TEACHER_ESTIMATORS
 from rlcore.heap import long_lived, script
 from rlcore.stage.run import stage_run, stage_setup
 
 PARAMS = ("seed", "ray", "tracking", "model", "task.max_prompt_length", "task.max_response_length", "resources",
-          "rollout", "reward", "algorithm", "actor", "critic",
+          "rollout", "reward", "algorithm", "distill", "actor", "critic",
           "ppo", "checkpoint")
 
 
@@ -21,6 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__, rewards=True, tools=True)
     p.add_argument("--round", required=True)
     p.add_argument("--init", required=True)
+    p.add_argument("--teacher", default=None, help="distill.teacher, a dependency of the round (read only when the "
+                   "estimator takes a teacher; default: the params' own)")
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--plots", default=None)
@@ -46,6 +49,11 @@ def main(argv: list[str] | None = None) -> None:
         # the round's checkpoints depend on its own entry of ppo.rounds, not on rounds added or changed after it
         own = {**params, "ppo": {**params["ppo"], "rounds": {args.round: params["ppo"]["rounds"][args.round]}}}
         inputs = [args.data, args.init] + ([args.val_data] if args.val_data and cfg.ppo.val_every else [])
+        if args.teacher not in (None, cfg.distill.teacher):
+            raise ConfigError(f"--teacher {args.teacher} is not distill.teacher {cfg.distill.teacher}")
+        if cfg.algorithm.adv_estimator in TEACHER_ESTIMATORS:  # the teacher's weights shape every step
+            require_file(cfg.distill.teacher, "distill.teacher")
+            inputs.append(cfg.distill.teacher)
         checkpoints = stage_checkpoints(cfg, stage=f"ppo@{args.round}", save_every=cfg.ppo.save_every, params=own,
                                         root=REPO_ROOT, inputs=inputs)
         resume = checkpoints.resume()

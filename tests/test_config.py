@@ -354,6 +354,23 @@ def test_a_correction_with_proximal_log_probs_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("raw, needles", [
+    ({"algorithm": {"adv_estimator": "distill"}, "distill": {"teacher": "models/ppo/r1"}},
+     ("distill.teacher models/ppo/r1", "ppo.rounds.r1", "models/teacher")),
+    ({"distill": {"reward_weight": -1.0}}, ("distill.reward_weight", "-1.0")),
+])
+def test_distillation_settings_that_cannot_work_are_one_line(tmp_path, raw, needles):
+    with pytest.raises(ConfigError) as err:
+        load_config(write_params(tmp_path / "p.yaml", raw))
+    assert_one_line(str(err.value), *needles)
+
+
+def test_a_teacher_outside_the_rounds_is_accepted(tmp_path):
+    cfg = load_config(write_params(tmp_path / "p.yaml", {
+        "algorithm": {"adv_estimator": "distill"}, "distill": {"teacher": "models/teacher", "reward_weight": 0.5}}))
+    assert (cfg.distill.teacher, cfg.distill.reward_weight) == ("models/teacher", 0.5)
+
+
+@pytest.mark.parametrize("raw, needles", [
     ({"actor": {"loss": {"name": "bypass_mode"}, "recompute_log_prob": True}},
      ("actor.loss.name bypass_mode", "actor.recompute_log_prob: false")),
     ({"actor": {"loss": {"name": "bypass_mode"}, "recompute_log_prob": False, "off_policy": {"correction": "tis"}}},

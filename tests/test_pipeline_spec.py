@@ -28,7 +28,7 @@ SCRIPTS = {"check_params": "check_params", "task_file": "track", "reward_file": 
            "score": "score", "ppo": "ppo", "evaluate": "evaluate"}
 STAGES = list(SCRIPTS)
 CONFIG_STAGES = [name for name in STAGES if SCRIPTS[name] != "track"]  # the stages that read params.yaml
-INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards", "--tools",
+INPUT_FLAGS = {"--data", "--init", "--teacher", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards", "--tools",
                "--train", "--test"}
 OUTPUT_FLAGS = {"--out", "--out-dir", "--samples", "--problems", "--rollouts", "--manifest"}  # declared under outs
 NON_PATH_FLAGS = {"--round", "--name"}

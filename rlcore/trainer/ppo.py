@@ -26,6 +26,7 @@ from rlcore.trainer.loop.steps import Divergence, Done, StepLoop
 from rlcore.trainer.round.kept_samples import log_rollouts_page
 from rlcore.trainer.round.modes import round_on_pool
 from rlcore.trainer.round.seeds import round_seed
+from rlcore.trainer.round.teacher import check_teacher
 from rlcore.trainer.round.validation import Validation
 from rlcore.trainer.samples.scoring import reward_scorer
 from rlcore.viewer import RolloutsFile
@@ -54,6 +55,7 @@ def run_ppo_round(cfg: Config, *, round_name: str, init_dir: str, tokenizer, dat
     steps = cfg.ppo.rounds[round_name].steps
     prompts, tools = round_prompts(cfg, data_path, tokenizer)
     check_model(cfg, init_dir, "ppo")
+    check_teacher(cfg, init_dir)
     validation = Validation.read(cfg, val_path, tokenizer, tools, steps)
     log = StepLog(tracker, plot_csv)
     loop = round_loop(cfg, round_name, steps, log, tracker=tracker, checkpoints=checkpoints, resume=resume)

@@ -29,29 +29,18 @@ from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine import distributed, peak_memory, sync_check
 from rlcore.engine.lora import reference_weights
 from rlcore.engine.model import ModelSpec, load_policy, load_tokenizer, save_pretrained
-from rlcore.engine.sequence import SequenceModel, eval_mode, sequences
+from rlcore.engine.sequence import SequenceModel, sequences
 from rlcore.engine.weights import WeightsPayload, pack_state
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.rollout.base import EngineSpec
+from rlcore.workers.log_probs import LogProbSpec, response_log_probs
 from rlcore.workers.minibatch import MicroResult, minibatch_updates
 from rlcore.workers.optim import OptimSpec, clipped_step, make_optimizer, update_metrics
 from rlcore.workers.proximal import ProximalMeasures, ProximalSource, RolloutLogProbs
 from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_on, make_trainer_engine
 from rlcore.workers.state import TrainedModelState
-
-
-@dataclass(frozen=True)
-class LogProbSpec:
-    """A no-grad log-prob forward."""
-
-    micro_batch_size: int
-    """Rows per forward on a rank."""
-    temperature: float = 1.0
-    """Logits are divided by it (the rollout's sampling temperature, as in verl)."""
-    sum_pi_squared: bool = False
-    """Also return ``sum_pi_squared``, each position's ``sum_v pi(v)^2`` (the optimal token baselines read it)."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +117,7 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
 
     def probe_log_probs(self) -> torch.Tensor:
         """The actor's log-probs of the sync-check probe batch (a collective under fsdp)."""
-        return self._log_probs(self.actor, self.probe, LogProbSpec(len(self.probe)), with_entropy=False)["log_probs"]
+        return response_log_probs(self.actor, self.probe, LogProbSpec(len(self.probe)), self.device)["log_probs"]
 
     def _sync_rollout(self) -> None:
         """Give the engine the policy's weights (unless it reads the actor's own) and check that it now computes the
@@ -167,30 +156,12 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
                                        self.model_spec.dtype))]
 
     # -------------------------------------------------------------- log-probs
-    def _log_probs(self, model: SequenceModel, batch: Batch, spec: LogProbSpec, with_entropy: bool) -> Batch:
-        logps, extra = [], []
-        with torch.no_grad(), eval_mode(model.module):  # no dropout (LoRA's) outside the update
-            for part in batch.split(spec.micro_batch_size):
-                ids, mask = sequences(part)
-                args = (ids.to(self.device), mask.to(self.device), part["responses"].to(self.device))
-                if spec.sum_pi_squared:
-                    lp, more = model.response_log_probs_and_sum_pi_squared(*args, temperature=spec.temperature)
-                else:
-                    lp, more = model.response_log_probs(*args, temperature=spec.temperature, with_entropy=with_entropy)
-                logps.append(lp.cpu())
-                if more is not None:
-                    extra.append(more.cpu())
-        out = {"log_probs": torch.cat(logps)}
-        if extra:
-            out["sum_pi_squared" if spec.sum_pi_squared else "entropy"] = torch.cat(extra)
-        return Batch(out)
-
     @register(Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: Batch, spec: LogProbSpec) -> Batch:
         """``old_log_probs`` of the responses under the actor (a training forward; the update computes the
         entropy it logs itself), and ``sum_pi_squared`` with ``spec.sum_pi_squared``."""
         with peak_memory.phase(self.peaks, "old_log_prob", self.device):
-            out = self._log_probs(self.actor, batch, spec, with_entropy=False)
+            out = response_log_probs(self.actor, batch, spec, self.device)
         renamed = {"old_log_probs": out["log_probs"]}
         if spec.sum_pi_squared:
             renamed["sum_pi_squared"] = out["sum_pi_squared"]
@@ -204,11 +175,11 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
 
     def _ref_log_probs(self, batch: Batch, spec: LogProbSpec) -> Batch:
         if self.ref is not None:
-            return Batch({"ref_log_probs": self._log_probs(self.ref, batch, spec, with_entropy=False)["log_probs"]})
+            return Batch({"ref_log_probs": response_log_probs(self.ref, batch, spec, self.device)["log_probs"]})
         if not (self.with_ref and self.model_spec.lora.on):
             raise RuntimeError("compute_ref_log_prob: this worker group was started without a reference model")
         with reference_weights(self.actor.module):
-            return Batch({"ref_log_probs": self._log_probs(self.actor, batch, spec, with_entropy=False)["log_probs"]})
+            return Batch({"ref_log_probs": response_log_probs(self.actor, batch, spec, self.device)["log_probs"]})
 
     # ---------------------------------------------------------------- update
     def _actor_loss(self, part: Batch, spec: ActorUpdateSpec, scale: AggScale, first_minibatch: bool,

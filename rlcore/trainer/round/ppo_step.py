@@ -1,12 +1,12 @@
-"""One PPO-family update on a scored batch, as named steps: balance, old log-probs, reference, values,
+"""One PPO-family update on a scored batch, as named steps: balance, old log-probs, reference, teacher, values,
 advantages, critic update, actor update.
 
     ppo = PPOStep(cfg, worker_groups, seed=seed, reward_weights=weights)
     batch, metrics = ppo.train(batch, step, timings)
 
 What a step runs follows from the registries and the params: the estimator says whether it needs a critic, old
-log-probs or sum pi^2; ``algorithm.use_kl_in_reward`` whether the controller needs the reference log-probs (for
-the KL loss alone the update computes them on its ranks). Where the old (proximal) log-probs come from is chosen
+log-probs, sum pi^2 or a teacher's log-probs; ``algorithm.use_kl_in_reward`` whether the controller needs the
+reference log-probs (for the KL loss alone the update computes them on its ranks). Where the old (proximal) log-probs come from is chosen
 once, as a type (:func:`proximal_source`): the rollout's, a trainer forward here, or the update's own first
 forward; the importance weights, the rollout mismatch and the KL to the reference are measured against them in the
 actor update, each by one function (:mod:`rlcore.workers.proximal`). The workers hold the weights; the controller only moves
@@ -33,6 +33,7 @@ from rlcore.engine.sequence import SEQUENCE_KEYS
 from rlcore.protocol import Batch, Metrics
 from rlcore.registry import options_from
 from rlcore.trainer.loop.step_log import timer
+from rlcore.trainer.round.teacher import teacher_log_probs
 from rlcore.trainer.round.worker_groups import RoundWorkerGroups
 from rlcore.workers.actor import ActorRolloutRefWorker, ActorUpdateSpec, KLLossSpec, LogProbSpec
 from rlcore.workers.critic import CriticUpdateSpec, CriticWorker, ValuesSpec
@@ -47,7 +48,7 @@ CRITIC_UPDATE_KEYS = SEQUENCE_KEYS + ("values", "returns")
 # gives gdpo one component, the token rewards' sum (see PPOStep._estimator_input).
 ESTIMATOR_FIELDS = {"index": "uid", "values": "values", "reward_baselines": "reward_baselines",
                     "reward_components": "reward_components", "old_log_probs": "old_log_probs",
-                    "sum_pi_squared": "sum_pi_squared"}
+                    "sum_pi_squared": "sum_pi_squared", "teacher_log_probs": "teacher_log_probs"}
 
 
 def proximal_in_update(cfg: Config) -> bool:
@@ -118,6 +119,9 @@ class PPOStep:
         self.critic = worker_groups.critic if self.estimator.needs_critic else None
         if self.estimator.needs_critic and self.critic is None:
             raise ValueError(f"estimator {alg.adv_estimator!r} needs a critic worker group")
+        self.teacher = worker_groups.teacher if self.estimator.needs_teacher else None
+        if self.estimator.needs_teacher and self.teacher is None:
+            raise ValueError(f"estimator {alg.adv_estimator!r} needs a teacher worker group")
         k = alg.kl_ctrl
         self.kl_ctrl = make_kl_controller(k.type, **options_from(k, controller_options(k.type)))
         self.proximal = proximal_source(cfg) if proximal is None else proximal
@@ -127,7 +131,8 @@ class PPOStep:
         self.adv_options = AdvantageOptions(gamma=alg.gamma, lam=alg.lam,
                                             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
                                             gdpo_batch_norm=alg.gdpo_batch_norm, handle_zero_tail=alg.handle_zero_tail,
-                                            reward_weights=reward_weights)
+                                            reward_weights=reward_weights,
+                                            distill_reward_weight=cfg.distill.reward_weight)
         self.policy_version = 0  # actor updates so far: the version of the weights the next rollouts use
 
     def train(self, batch: Batch, step: int, t: Metrics,
@@ -139,6 +144,7 @@ class PPOStep:
         batch = self._balanced(batch, m, t)
         batch = self._old_log_probs(batch, t)
         batch = self._reference(batch, t)
+        batch = self._teacher(batch, m, t)
         batch = self._values(batch, t)
         with timer(t, "adv"):
             batch = self._advantages(batch, m)
@@ -176,6 +182,17 @@ class PPOStep:
         with timer(t, "ref"):
             return batch.union(self.actor.call(ActorRolloutRefWorker.compute_ref_log_prob,
                                                batch.only(*SEQUENCE_KEYS), self.log_prob_spec))
+
+    def _teacher(self, batch: Batch, m: Metrics, t: Metrics) -> Batch:
+        """``teacher_log_probs`` when the estimator reads them (on-policy distillation), and the student's reverse KL
+        to the teacher on its own samples: ``distill/reverse_kl``, the token mean of ``old - teacher`` log-probs."""
+        if self.teacher is None:
+            return batch
+        with timer(t, "teacher"):
+            batch = batch.union(teacher_log_probs(self.teacher, batch.only(*SEQUENCE_KEYS), self.cfg))
+        mask = batch["response_mask"].bool()
+        m["distill/reverse_kl"] = float((batch["old_log_probs"] - batch["teacher_log_probs"])[mask].mean())
+        return batch
 
     def _values(self, batch: Batch, t: Metrics) -> Batch:
         if self.critic is None:

@@ -1,6 +1,7 @@
 """The worker groups of a PPO round: the actor (with its rollout copy and reference), a critic when the estimator
-needs one, and the reward model of ``reward.model``; started together on one resource pool, stopped together. The
-actor's ranks also generate (:func:`trainer_generate`): a synchronous round's batches, every round's validation."""
+needs one, a distillation teacher when it reads one (:mod:`rlcore.trainer.round.teacher`), and the reward model of
+``reward.model``; started together on one resource pool, stopped together. The actor's ranks also generate
+(:func:`trainer_generate`): a synchronous round's batches, every round's validation."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from rlcore.protocol import Batch
 from rlcore.rollout import engine_spec
 from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.samples.generation import generate, generate_spec
+from rlcore.trainer.round.teacher import start_teacher, uses_teacher
 from rlcore.trainer.samples.reward_model import RewardModelGroup, colocated, start_reward_model
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.critic import CriticWorker
 from rlcore.workers.optim import OptimSpec
+from rlcore.workers.teacher import TeacherWorker
 
 
 def needs_reference(cfg: Config) -> bool:
@@ -28,18 +31,21 @@ def needs_reference(cfg: Config) -> bool:
 
 @dataclass
 class RoundWorkerGroups:
-    """The worker groups of a round: actor/rollout(/ref), and a critic when the estimator needs one."""
+    """The worker groups of a round: actor/rollout(/ref), a critic and a teacher when the estimator needs them."""
 
     actor: WorkerGroup[ActorRolloutRefWorker]
     critic: WorkerGroup[CriticWorker] | None = None
     reward_model: RewardModelGroup | None = None
+    teacher: WorkerGroup[TeacherWorker] | None = None
 
     @classmethod
     def start(cls, cfg: Config, pool: ResourcePool, init_dir: str) -> RoundWorkerGroups:
         """Start and initialise the groups ``cfg`` needs, from the model at ``init_dir`` (a critic from
-        ``init_dir/critic`` if a previous round saved one there; the reward model of ``reward.model``)."""
+        ``init_dir/critic`` if a previous round saved one there; the reward model of ``reward.model``; the teacher of
+        ``distill.teacher``)."""
         use_critic = ESTIMATORS.get(cfg.algorithm.adv_estimator).needs_critic
-        share = 1 + int(use_critic) + colocated(cfg)  # colocated groups split each bundle's CPUs
+        # colocated groups split each bundle's CPUs
+        share = 1 + int(use_critic) + int(uses_teacher(cfg)) + colocated(cfg)
         a, c, timeout = cfg.actor, cfg.critic, cfg.ray.timeout_s
         actor = WorkerGroup(ActorRolloutRefWorker, pool, name="actor", share=share, timeout_s=timeout,
                             model=model_spec(cfg, init_dir, "actor"), engine=engine_spec(cfg.rollout),
@@ -57,13 +63,14 @@ class RoundWorkerGroups:
                                             seed=cfg.seed)
                 groups.critic.call(CriticWorker.init_model)
             groups.reward_model = start_reward_model(cfg, pool, share=share)
+            groups.teacher = start_teacher(cfg, pool, share=share)
         except BaseException:
             groups.shutdown()
             raise
         return groups
 
     def shutdown(self) -> None:
-        for group in (self.actor, self.critic, self.reward_model):
+        for group in (self.actor, self.critic, self.reward_model, self.teacher):
             if group is not None:
                 group.shutdown()
 
