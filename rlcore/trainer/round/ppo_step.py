@@ -6,11 +6,12 @@ advantages, critic update, actor update.
 
 What a step runs follows from the registries and the params: the estimator says whether it needs a critic, old
 log-probs, sum pi^2 or a teacher's log-probs; ``algorithm.use_kl_in_reward`` whether the controller needs the
-reference log-probs (for the KL loss alone the update computes them on its ranks). Where the old (proximal) log-probs come from is chosen
-once, as a type (:func:`proximal_source`): the rollout's, a trainer forward here, or the update's own first
-forward; the importance weights, the rollout mismatch and the KL to the reference are measured against them in the
-actor update, each by one function (:mod:`rlcore.workers.proximal`). The workers hold the weights; the controller only moves
-:class:`~rlcore.protocol.Batch` records with typed specs and does the tensor math of rewards and advantages.
+reference log-probs (for the KL loss alone the update computes them on its ranks). Where the old (proximal) log-probs
+come from is chosen once, as a type (:func:`proximal_source`): the rollout's, a trainer forward here, or the update's
+own first forward; the importance weights, the rollout mismatch and the KL to the reference are measured against them
+in the actor update, each by one function (:mod:`rlcore.workers.proximal`). The workers hold the weights; the
+controller only moves :class:`~rlcore.protocol.Batch` records with typed specs and does the tensor math of rewards
+and advantages.
 """
 
 from __future__ import annotations
