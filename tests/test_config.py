@@ -353,12 +353,17 @@ def test_a_correction_with_proximal_log_probs_is_accepted(tmp_path):
         assert load_config(write_params(tmp_path / "p.yaml", raw)).actor.off_policy.correction != "none"
 
 
+ASYNC_ONE_RANK = {"mode": "async", "async": {"max_staleness": 1}}
+
+
 @pytest.mark.parametrize("raw, needles", [
     ({"algorithm": {"adv_estimator": "distill"}, "distill": {"teacher": "models/ppo/r1"}},
      ("distill.teacher models/ppo/r1", "ppo.rounds.r1", "models/teacher")),
     ({"distill": {"reward_weight": -1.0}}, ("distill.reward_weight", "-1.0")),
+    ({"ppo": {**ASYNC_ONE_RANK, "async": {"schedule": "latest"}}, "resources": {"n_workers": 1}},
+     ("ppo.async.schedule", "'latest'", "free", "fixed")),
 ])
-def test_distillation_settings_that_cannot_work_are_one_line(tmp_path, raw, needles):
+def test_distillation_and_async_schedule_settings_that_cannot_work_are_one_line(tmp_path, raw, needles):
     with pytest.raises(ConfigError) as err:
         load_config(write_params(tmp_path / "p.yaml", raw))
     assert_one_line(str(err.value), *needles)

@@ -6,11 +6,12 @@ versioned policy weights, and the generator actors themselves (started, watched,
   batches in arrival order. A batch travels through it pickled (:func:`BatchQueue.put`), so the queue actor
   holds bytes and never imports torch to read what it only passes on.
 * :class:`WeightVersions` (``rlcore.controller.weight_versions``, a module without torch) is a small actor
-  holding the newest published policy as ``(version, [ref])``: the trainer's rank 0 puts its unsharded weights
+  holding the published policies as ``(version, [ref])``: the trainer's rank 0 puts its unsharded weights
   into the object store once per update and the controller publishes the reference with the version. A
-  generator asks for anything newer than what it holds before each batch and loads the whole object: an object in
-  the store is immutable and complete once put, so a generator never sees a half-updated copy, and the old version
-  stays readable until nobody holds it.
+  generator asks for anything newer than what it holds before each batch (or, for a batch that names its version,
+  for exactly that one: ``ppo.async.schedule fixed``) and loads the whole object: an object in the store is
+  immutable and complete once put, so a generator never sees a half-updated copy, and an old version stays
+  readable while the actor keeps it.
 * :class:`GeneratorPool` starts ``rollout.n_workers`` generator actors on their own placement group (one
   bundle each), hands them work, notices a dead one as soon as Ray reports it, and restarts it in its bundle
   up to a limit; :meth:`GeneratorPool.shutdown` kills the actors, the queue and the version actor and removes
@@ -52,6 +53,8 @@ class WorkItem:
     id: int
     prompts: Batch
     seed: int
+    version: int | None = None
+    """The policy version to generate it with, exactly (``ppo.async.schedule fixed``); None: the newest published."""
 
 
 @dataclass
@@ -199,10 +202,10 @@ class GeneratorPool(Generic[G]):
         slot.calls.append(call)
         slot.refs.append(getattr(slot.actor, call.method).remote(*call.args, **call.kwargs))
 
-    def publish(self, version: int, ref: list) -> None:
+    def publish(self, version: int, ref: list, keep_from: int | None = None) -> None:
         """Make ``ref`` (``[object ref]`` of a policy's packed weights, as the trainer's rank 0 returns it) the
-        newest policy, as ``version``."""
-        ray.get(self.weights.publish.remote(version, ref))
+        newest policy, as ``version``; the versions from ``keep_from`` on stay readable (default: this one only)."""
+        ray.get(self.weights.publish.remote(version, ref, keep_from))
 
     def poll(self) -> list[str]:
         """Collect the calls that finished; a generator whose call failed because it is gone is restarted (and

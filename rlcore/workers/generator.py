@@ -2,9 +2,11 @@
 
 It is not a rank of a process group: generators share nothing but the rollout queue they fill and the
 weight versions they read (``rlcore.controller.generator_pool``). Before each step batch it loads the newest
-published policy if it holds an older one, generates the batch as the trainer's ranks would have
+published policy if it holds an older one (or exactly the version the batch names, ``ppo.async.schedule fixed``),
+generates the batch as the trainer's ranks would have
 (:func:`~rlcore.workers.rollout.generate_sharded`), tags it with the version it used and puts it into the
 queue, waiting there while the queue is full.
+
 """
 
 from __future__ import annotations
@@ -41,13 +43,21 @@ class GeneratorWorker(RankWorker):
     def pid(self) -> int:
         return os.getpid()
 
-    def _pull_weights(self) -> None:
-        """Load the newest published policy if it is newer than the one held (one whole object: never torn) and
-        check that the engine now computes the trainer's log-probs of the probe."""
-        newer = ray.get(self.weights.newer_than.remote(self.version))
-        if newer is not None:
-            version, (ref,) = newer
-            self.load(ray.get(ref), version)
+    def _pull_weights(self, version: int | None = None) -> None:
+        """Load the newest published policy if it is newer than the one held, or with ``version`` exactly that one
+        (one whole object: never torn), and check that the engine now computes the trainer's log-probs of the
+        probe."""
+        found = None
+        if version is None:
+            found = ray.get(self.weights.newer_than.remote(self.version))
+        elif version != self.version:
+            found = ray.get(self.weights.at.remote(version))
+            if found is None:
+                raise RuntimeError(f"generator {self.index}: policy version {version} was asked for and is not "
+                                   "published (or no longer kept)")
+        if found is not None:
+            loaded, (ref,) = found
+            self.load(ray.get(ref), loaded)
         if self.version < 0:
             raise sync_check.RolloutOutOfSync(f"generator {self.index}: asked to generate before any policy version "
                                               "was published (it would sample from the round's initial weights)")
@@ -63,10 +73,10 @@ class GeneratorWorker(RankWorker):
         self.version = version
 
     def generate_item(self, item: WorkItem, spec: GenerateSpec) -> float:
-        """Generate ``item`` with the newest policy and put it into the queue (blocking while it is full);
-        returns the seconds spent loading weights and generating (not waiting)."""
+        """Generate ``item`` with the newest policy (or the one it names) and put it into the queue (blocking while it
+        is full); returns the seconds spent loading weights and generating (not waiting)."""
         start = time.perf_counter()
-        self._pull_weights()
+        self._pull_weights(item.version)
         out = generate_sharded(self.engine, item.prompts, spec, shards=self.shards, device=self.device,
                                agents=self.agents)
         busy = time.perf_counter() - start

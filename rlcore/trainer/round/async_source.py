@@ -11,10 +11,13 @@ controller publishes them as the next policy version, which generators load befo
 Staleness (``ppo.async.max_staleness`` = s, in policy versions): a batch is handed out only while fewer than
 s + 1 are outstanding (handed out, not yet trained on), so a batch in a first-in-first-out queue is trained
 on at most s versions after the one it was generated with, and generators wait (they have no work) instead of
-producing batches that would be too old; AReaL's ``max_head_offpolicyness`` gate. Several generators can
-finish out of order: a batch that still arrives more than s versions old is dropped, counted
-(``async/dropped_samples``) and generated again. s = 0 alternates generation and training exactly as the
-synchronous round does, with the same prompts, seeds and weights: the same batches and metrics.
+producing batches that would be too old; AReaL's ``max_head_offpolicyness`` gate. Which version generates a batch
+and which batch a step takes is the schedule's (``ppo.async.schedule``, :mod:`rlcore.trainer.round.async_schedule`):
+``free`` takes the newest version and the first batch out (several generators can finish out of order: a batch
+that still arrives more than s versions old is dropped, counted in ``async/dropped_samples`` and generated again);
+``fixed`` gives batch k version max(0, k - s) and step k batch k, the same bits on every run. s = 0 alternates
+generation and training exactly as the synchronous round does, with the same prompts, seeds and weights: the same
+batches and metrics.
 
 With s > 0 the trainer recomputes the old log-probs (the proximal policy, the weights before this update:
 :func:`rlcore.config.needs_recompute`) and ``actor.off_policy`` corrects for the behaviour policy that sampled (the
@@ -45,6 +48,7 @@ from rlcore.protocol import Batch, Metrics
 from rlcore.rollout import engine_spec
 from rlcore.trainer.loop.model_specs import model_spec
 from rlcore.trainer.loop.step_log import timer
+from rlcore.trainer.round.async_schedule import ASYNC_SCHEDULES
 from rlcore.trainer.round.prompt_sampler import PromptSampler
 from rlcore.trainer.round.scoring import RoundScoring
 from rlcore.trainer.round.seeds import step_seed
@@ -64,8 +68,7 @@ def start_generators(cfg: Config, init_dir: str) -> GeneratorPool[GeneratorWorke
     return GeneratorPool(GeneratorWorker, r.n_workers, r.cpus_per_worker, cfg.resources.use_gpu,
                          queue_size=a.queue_size, max_restarts=a.max_generator_restarts, timeout_s=cfg.ray.timeout_s,
                          placement=cfg.resources.placement, model=model_spec(cfg, init_dir, "actor"),
-                         engine=engine_spec(cfg.rollout),
-                         shards=cfg.resources.n_workers, seed=cfg.seed)
+                         engine=engine_spec(cfg.rollout), shards=cfg.resources.n_workers, seed=cfg.seed)
 
 
 class AsyncSource:
@@ -79,9 +82,11 @@ class AsyncSource:
         self.prompts, self.seed, self.steps = prompts, seed, steps
         self.sampler = PromptSampler(len(prompts), seed)
         self.max_staleness = cfg.ppo.async_.max_staleness
+        self.schedule = ASYNC_SCHEDULES.get(cfg.ppo.async_.schedule)(self.max_staleness)
         self.spec = generate_spec(cfg, temperature=cfg.rollout.temperature, seed=0)
         self.next_item = 0  # id of the next batch handed out (ids count up; a batch generated again keeps its id)
         self.outstanding: dict[int, tuple[np.ndarray, WorkItem]] = {}  # handed out, not trained on: prompt rows
+        self.arrived: dict[int, GeneratedBatch] = {}  # out of the queue, not yet taken by a step (schedule fixed)
         self.version = 0  # the trainer's policy version, as the round last said
         self.trained_at = 0  # the policy version the step's batch is trained on (the version before its update)
         self.published = -1
@@ -96,10 +101,12 @@ class AsyncSource:
 
     # ---------------------------------------------------------------- weights
     def publish(self) -> None:
-        """Put the trainer's current weights into the object store as version :attr:`version`."""
+        """Put the trainer's current weights into the object store as version :attr:`version`; the older versions
+        that outstanding batches are to be generated with stay readable."""
         ref = self.actor.call(ActorRolloutRefWorker.rollout_weights)
         assert ref is not None, "rank 0 returns the weights' reference"
-        self.gens.publish(self.version, ref)
+        needed = [item.version for _, item in self.outstanding.values() if item.version is not None]
+        self.gens.publish(self.version, ref, keep_from=min(needed, default=self.version))
         self.published = self.version
 
     # ------------------------------------------------------------------ work
@@ -109,7 +116,8 @@ class AsyncSource:
         while len(self.outstanding) < min(self.max_staleness + 1, self.steps - step):
             rows = self.sampler.take(want)
             item = WorkItem(self.next_item, generation_input(self.prompts.select(rows).repeat(n), self.spec),
-                            step_seed(self.seed, self.next_item))  # the synchronous round's seed of that step
+                            step_seed(self.seed, self.next_item),  # the synchronous round's seed of that step
+                            version=self.schedule.version_for(self.next_item))
             self.outstanding[item.id] = (rows, item)
             self.next_item += 1
             self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
@@ -118,8 +126,18 @@ class AsyncSource:
         return dataclasses.replace(self.spec, seed=item.seed)
 
     def _next_generated(self, m: Metrics, version: int, until: Pending | None = None) -> GeneratedBatch | None:
-        """The next batch out of the queue fresh enough to train on at policy ``version``; stale ones are dropped
-        and handed out again. With ``until``, None as soon as that call is done and no batch is there."""
+        """The batch the schedule gives a trainer at policy ``version`` next (the first fresh enough one, or a given
+        one), out of the queue. With ``until``, None as soon as that call is done and the batch is not there."""
+        wanted = self.schedule.wanted(self.outstanding)
+        while (wanted not in self.arrived) if wanted is not None else not self.arrived:
+            if not self._receive(m, version, until):
+                return None
+        return self.arrived.pop(wanted if wanted is not None else next(iter(self.arrived)))
+
+    def _receive(self, m: Metrics, version: int, until: Pending | None = None) -> bool:
+        """Wait for the next usable batch out of the queue and keep it in :attr:`arrived`; one too stale for a
+        trainer at ``version`` is dropped and handed out again. With ``until``, False as soon as that call is done
+        and no batch is there."""
         deadline = time.monotonic() + self.cfg.ray.timeout_s
         while True:
             for line in self.gens.poll():
@@ -128,19 +146,20 @@ class AsyncSource:
             got = self.gens.queue.get(POLL_S, also=until.refs if until is not None else ())
             if got is None:
                 if until is not None and until.done():
-                    return None
+                    return False
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"ppo async: no batch from {self.gens.alive} generator(s) in "
                                        f"ray.timeout_s {self.cfg.ray.timeout_s:g}s")
                 continue
-            if got.item_id not in self.outstanding:  # a generator that died after its put: generated twice
-                continue
-            if version - got.version > self.max_staleness:
+            if got.item_id not in self.outstanding or got.item_id in self.arrived:
+                continue  # a generator that died after its put: generated twice
+            if not self.schedule.usable(got, version):
                 m["async/dropped_samples"] += len(got.batch)
                 _, item = self.outstanding[got.item_id]
                 self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
                 continue
-            return got
+            self.arrived[got.item_id] = got
+            return True
 
     def _scored(self, got: GeneratedBatch, step: int) -> tuple[Batch, Metrics]:
         """The generated batch with its prompts' fields and rewards, and the reward metrics (``reward/*``)."""
@@ -160,7 +179,7 @@ class AsyncSource:
             self.publish()
         self.busy_before = self.gens.busy_s
         self._hand_out(step)
-        m["async/queue_depth"] = self.gens.queue.depth() + (self.ready is not None)
+        m["async/queue_depth"] = self.gens.queue.depth() + (self.ready is not None) + len(self.arrived)
         with timer(t, "wait"):
             if self.ready is None:
                 got = self._next_generated(m, version)
@@ -204,21 +223,47 @@ class AsyncSource:
     # ------------------------------------------------------------ checkpoints
     def save_state(self, folder: Path) -> dict[str, Any]:
         """The prompt sampler, the policy version, and the batches handed out and not trained on (their prompt rows
-        and seeds): a resumed round hands them out again first, so it trains on the same prompts."""
+        and seeds): a resumed round hands them out again first, so it trains on the same prompts. A schedule that
+        keeps generated batches (``fixed``) also gets those of them meant for versions older than the trainer's
+        (waiting for the ones still being generated): a resumed round has only the trainer's weights to make
+        them."""
+        kept = self._generated_for_older_versions() if self.schedule.keeps_generated else {}
         return {"sampler": self.sampler.state_dict(), "version": self.version, "next_item": self.next_item,
-                "outstanding": [(item.id, rows, item.seed) for rows, item in self.outstanding.values()]}
+                "outstanding": [(item.id, rows, item.seed) for rows, item in self.outstanding.values()],
+                "generated": kept}
+
+    def _generated_for_older_versions(self) -> dict[int, GeneratedBatch]:
+        """Every outstanding batch whose version is older than the trainer's, generated (taken out of the queue as
+        they come), and any other already out of it."""
+        if self.ready is not None:  # taken and scored during the last update: kept as it came out of the queue
+            self.arrived[self.ready[0].item_id] = self.ready[0]
+            self.ready = None
+        older = [i for i, (_, item) in self.outstanding.items() if (item.version or 0) < self.version]
+        m: Metrics = {"async/dropped_samples": 0, "async/generator_deaths": 0}
+        while any(i not in self.arrived for i in older):
+            self._receive(m, self.version)
+        self.carried = {k: self.carried[k] + v for k, v in m.items()}
+        return dict(self.arrived)
 
     def load_state(self, folder: Path, state: dict[str, Any]) -> None:
         """Continue from :meth:`save_state` (the trainer's workers restored first): the restored weights are published
-        first, then the outstanding batches handed out again, so they are generated with the weights they were meant
-        for (handed out before the publish, a generator would take the round's starting weights and the batch would
-        be dropped as stale)."""
+        first, then the outstanding batches that were not kept handed out again, so they are generated with the
+        weights they were meant for (handed out before the publish, a generator would take the round's starting
+        weights and the batch would be dropped as stale)."""
         self.sampler.load_state_dict(state["sampler"])
         self.version = state["version"]
         self.publish()
         self.next_item = state["next_item"]
+        self.arrived = dict(state.get("generated", {}))
         n = self.cfg.rollout.n
         for item_id, rows, seed in state["outstanding"]:
-            item = WorkItem(item_id, generation_input(self.prompts.select(rows).repeat(n), self.spec), seed)
+            item = WorkItem(item_id, generation_input(self.prompts.select(rows).repeat(n), self.spec), seed,
+                            version=self.schedule.version_for(item_id))
             self.outstanding[item_id] = (rows, item)
+            if item_id in self.arrived:
+                continue
+            if item.version is not None and item.version != self.version:
+                raise RuntimeError(f"batch {item_id} is to be generated by policy version {item.version}, which a "
+                                   f"round resumed at version {self.version} cannot make, and the checkpoint lacks it")
             self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
+
