@@ -360,6 +360,16 @@ ASYNC_ONE_RANK = {"mode": "async", "async": {"max_staleness": 1}}
     ({"algorithm": {"adv_estimator": "distill"}, "distill": {"teacher": "models/ppo/r1"}},
      ("distill.teacher models/ppo/r1", "ppo.rounds.r1", "models/teacher")),
     ({"distill": {"reward_weight": -1.0}}, ("distill.reward_weight", "-1.0")),
+    ({"ppo": {"async": {"partial_rollout": True}}}, ("ppo.async.partial_rollout", "ppo.mode async")),
+    ({"ppo": {**ASYNC_ONE_RANK, "async": {"partial_rollout": True, "schedule": "fixed"}}, "resources": {"n_workers": 1}},
+     ("ppo.async.partial_rollout", "ppo.async.schedule fixed")),
+    ({"ppo": {**ASYNC_ONE_RANK, "async": {"partial_rollout": True, "max_staleness": 0}}, "resources": {"n_workers": 1}},
+     ("ppo.async.partial_rollout", "max_staleness 0")),
+    ({"ppo": {**ASYNC_ONE_RANK, "async": {"partial_rollout": True}}, "resources": {"n_workers": 1},
+      "rollout": {"engine": "hf"}}, ("ppo.async.partial_rollout", "rollout.engine static", "hf")),
+    ({"ppo": {**ASYNC_ONE_RANK, "async": {"partial_rollout": True}}, "resources": {"n_workers": 1},
+      "rollout": {"agent": {"loop": "tool", "tools": [{"path": "t.py", "name": "add"}]}}},
+     ("ppo.async.partial_rollout", "rollout.agent.loop single_turn")),
     ({"ppo": {**ASYNC_ONE_RANK, "async": {"schedule": "latest"}}, "resources": {"n_workers": 1}},
      ("ppo.async.schedule", "'latest'", "free", "fixed")),
 ])
@@ -369,10 +379,13 @@ def test_distillation_and_async_schedule_settings_that_cannot_work_are_one_line(
     assert_one_line(str(err.value), *needles)
 
 
-def test_a_teacher_outside_the_rounds_is_accepted(tmp_path):
+def test_a_teacher_outside_the_rounds_and_partial_rollouts_in_an_async_round_are_accepted(tmp_path):
     cfg = load_config(write_params(tmp_path / "p.yaml", {
-        "algorithm": {"adv_estimator": "distill"}, "distill": {"teacher": "models/teacher", "reward_weight": 0.5}}))
-    assert (cfg.distill.teacher, cfg.distill.reward_weight) == ("models/teacher", 0.5)
+        "algorithm": {"adv_estimator": "distill"}, "distill": {"teacher": "models/teacher", "reward_weight": 0.5},
+        "ppo": {"mode": "async", "async": {"max_staleness": 2, "partial_rollout": True}},
+        "resources": {"n_workers": 1}}))
+    assert (cfg.distill.teacher, cfg.ppo.async_.partial_rollout, cfg.ppo.async_.schedule) == \
+        ("models/teacher", True, "free")
 
 
 @pytest.mark.parametrize("raw, needles", [

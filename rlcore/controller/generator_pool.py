@@ -63,7 +63,8 @@ class GeneratedBatch:
 
     item_id: int
     version: int
-    """The policy version that generated every sample of it."""
+    """The policy version that generated it (with partial rollouts, its first tokens: ``batch["token_versions"]``
+    holds each token's)."""
     batch: Batch
     generator: int
     gen_s: float

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rlcore.config import RolloutConfig
     from rlcore.rollout.turns import Trajectories
 
-__all__ = ["EngineSpec", "RolloutEngine", "SamplingParams", "engine_spec", "load_into"]
+__all__ = ["EngineSpec", "RolloutEngine", "SamplingParams", "WeightRefresh", "engine_spec", "load_into"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,18 @@ def engine_spec(rollout: RolloutConfig) -> EngineSpec:
     """The engine params.yaml ``rollout`` names, as the workers, the generators and ``rlcore serve`` build it."""
     return EngineSpec(name=rollout.engine, compile=rollout.compile, cuda_graphs=rollout.cuda_graphs,
                       kv_cache_gib=rollout.kv_cache_gib, max_batch=rollout.micro_batch_size)
+
+
+class WeightRefresh(Protocol):
+    """Newer policy weights taken in the middle of a generation (partial rollouts, ``ppo.async.partial_rollout``):
+    an engine that supports it (``static``) calls :meth:`poll` between decode steps."""
+
+    version: int
+    """The policy version of the weights the engine computes with now."""
+
+    def poll(self) -> bool:
+        """Load a newer published version into the engine's model if there is one (then :attr:`version` is it);
+        True when it did, and the engine computes the running rows' KV cache again."""
 
 
 class RolloutEngine(Protocol):

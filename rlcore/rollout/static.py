@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from rlcore.engine.lora import is_peft
-from rlcore.rollout.base import SamplingParams, load_into
+from rlcore.rollout.base import SamplingParams, WeightRefresh, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
 from rlcore.rollout.turns import Trajectories
 
@@ -355,7 +355,8 @@ class StaticRolloutEngine:
         self.cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.graphs: dict[int, _GraphedStep] = {}
         self.graph_pool = None
-        self.stats = {"compactions": 0, "graph_captures": 0, "decode_rows": 0, "decode_steps": 0, "extends": 0}
+        self.stats = {"compactions": 0, "graph_captures": 0, "decode_rows": 0, "decode_steps": 0, "extends": 0,
+                      "refills": 0}
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         # load_state_dict copies into the existing tensors: compiled steps and graphs keep reading them
@@ -459,15 +460,23 @@ class StaticRolloutEngine:
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                 generator: torch.Generator | None = None,
+                 refresh: WeightRefresh | None = None) -> dict[str, torch.Tensor]:
+        """The engine interface's generate (:class:`~rlcore.rollout.base.RolloutEngine`). With ``refresh`` (partial
+        rollouts), newer weights are taken between decode steps: :meth:`WeightRefresh.poll` loads them into the model,
+        the running rows' KV cache is computed again with them (:meth:`_refill`), and ``token_versions`` ``[batch,
+        max_new_tokens]`` says which version sampled each token (its ``log_probs`` are that version's)."""
         batch, width = input_ids.shape
         device = input_ids.device
         new = params.max_new_tokens
         tokens = torch.full((batch, new), self.pad_token_id, dtype=torch.long, device=device)
         log_probs = torch.zeros((batch, new), dtype=torch.float32, device=device)
         resp_mask = torch.zeros((batch, new), dtype=torch.long, device=device)
+        versions = None if refresh is None else torch.full((batch, new), refresh.version, dtype=torch.long,
+                                                             device=device)
         if batch == 0 or new == 0:
-            return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}
+            return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs,
+                    **({} if versions is None else {"token_versions": versions})}
         lengths = attention_mask.long().sum(-1)
         if int(lengths.min()) < 1:
             raise ValueError("static rollout engine: every prompt needs at least one token")
@@ -507,6 +516,8 @@ class StaticRolloutEngine:
             tokens[rows, t] = next_tok
             log_probs[rows, t] = logp
             resp_mask[rows, t] = 1
+            if versions is not None:
+                versions[rows, t] = refresh.version
             if t == new - 1:
                 break
             alive = next_tok != self.eos_token_id
@@ -526,6 +537,8 @@ class StaticRolloutEngine:
                     size = target
                     self.stats["compactions"] += 1
                 dense = n_alive == size
+            if refresh is not None and refresh.poll():  # newer weights: the running rows' cache computed again
+                self._refill(rows, slots, pos, right, lengths, tokens)
             if dense:
                 logits = self._step(size, next_tok, pos)
             else:  # finished or padding slots run a dummy token at position 0 of their own slot
@@ -537,7 +550,26 @@ class StaticRolloutEngine:
             pos = pos + 1
             self.stats["decode_steps"] += 1
             self.stats["decode_rows"] += size
-        return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}
+        return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs,
+                **({} if versions is None else {"token_versions": versions})}
+
+    def _refill(self, rows: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, right: torch.Tensor,
+                lengths: torch.Tensor, tokens: torch.Tensor) -> None:
+        """After a weight change: each running row's keys and values computed again with the new weights, from its
+        prompt (``right``: right-padded prompts of ``lengths``, every row of the batch) and the tokens it sampled
+        before its newest one (which the next decode step feeds at ``pos``), into its cache ``slots``; ``rows``: the
+        running rows' indices in the batch."""
+        width = int(pos.max())
+        cols = torch.arange(width, device=pos.device)[None, :]
+        prompt_len = lengths[rows][:, None]
+        prompt = right[rows].gather(1, cols.clamp(max=right.shape[1] - 1).expand(len(rows), -1))
+        sampled = tokens[rows].gather(1, (cols - prompt_len).clamp(min=0, max=tokens.shape[1] - 1))
+        ids = torch.where(cols < prompt_len, prompt, sampled)
+        _, keys, values = self.decoder._hidden(torch.where(cols < pos[:, None], ids, 0), pos)
+        for kc, vc, k, v in zip(*self.cache, keys, values):
+            kc[slots, :, :width] = k
+            vc[slots, :, :width] = v
+        self.stats["refills"] += 1
 
 
 class _StaticRows:

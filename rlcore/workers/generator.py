@@ -7,6 +7,10 @@ generates the batch as the trainer's ranks would have
 (:func:`~rlcore.workers.rollout.generate_sharded`), tags it with the version it used and puts it into the
 queue, waiting there while the queue is full.
 
+With ``ppo.async.partial_rollout`` it also takes a newer version in the middle of a batch: it keeps one
+``wait_newer`` call pending on the version actor (:class:`InFlightWeights`), and the engine looks at it between
+decode steps; when a version comes, its weights are loaded and checked as before a batch, the running rows' KV
+cache is computed again with them, and each token is tagged with the version that sampled it (``token_versions``).
 """
 
 from __future__ import annotations
@@ -27,14 +31,40 @@ from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_sharded, make_engine
 
 
+class InFlightWeights:
+    """A generator's :class:`~rlcore.rollout.base.WeightRefresh`: one ``wait_newer`` call kept pending on the version
+    actor, looked at (not waited for) at each :meth:`poll`; a newer version is loaded into the generator's engine."""
+
+    def __init__(self, generator: GeneratorWorker):
+        self.generator = generator
+        self.pending = generator.weights.wait_newer.remote(generator.version)
+
+    @property
+    def version(self) -> int:
+        return self.generator.version
+
+    def poll(self) -> bool:
+        ready, _ = ray.wait([self.pending], timeout=0)
+        if not ready:
+            return False
+        version, (ref,) = ray.get(self.pending)
+        newer = version > self.generator.version  # (not when the batch started on it already)
+        if newer:
+            self.generator.load(ray.get(ref), version)
+        self.pending = self.generator.weights.wait_newer.remote(self.generator.version)
+        return newer
+
+
 class GeneratorWorker(RankWorker):
     def __init__(self, placement: RankPlacement, *, index: int, queue, weights, model: ModelSpec, engine: EngineSpec,
-                 shards: int, use_gpu: bool = False, seed: int = 0):
+                 shards: int, use_gpu: bool = False, seed: int = 0, partial_rollout: bool = False):
         super().__init__(placement, seed)
         self.index, self.queue, self.weights = index, queue, weights
         self.model_spec, self.engine_spec, self.shards = model, engine, shards
         self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
         self.version = -1  # no published policy loaded yet
+        self.partial_rollout = partial_rollout
+        self.inflight: InFlightWeights | None = None  # made on the first batch, once a version is loaded
 
     def init_model(self) -> None:
         self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
@@ -77,8 +107,11 @@ class GeneratorWorker(RankWorker):
         is full); returns the seconds spent loading weights and generating (not waiting)."""
         start = time.perf_counter()
         self._pull_weights(item.version)
+        started_on = self.version  # the batch's version: its oldest tokens' (newer ones may follow, partial rollouts)
+        if self.partial_rollout and self.inflight is None:
+            self.inflight = InFlightWeights(self)
         out = generate_sharded(self.engine, item.prompts, spec, shards=self.shards, device=self.device,
-                               agents=self.agents)
+                               agents=self.agents, refresh=self.inflight)
         busy = time.perf_counter() - start
-        BatchQueue.put(self.queue, GeneratedBatch(item.id, self.version, out, self.index, busy))
+        BatchQueue.put(self.queue, GeneratedBatch(item.id, started_on, out, self.index, busy))
         return busy

@@ -17,6 +17,7 @@ from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
 from rlcore.protocol import Batch
 from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams, reads_weights_in_place
+from rlcore.rollout.base import WeightRefresh
 from rlcore.rollout import make_engine as build_engine
 from rlcore.workers.rank import RankWorker
 
@@ -75,13 +76,14 @@ def make_trainer_engine(spec: EngineSpec, model: ModelSpec, device: torch.device
     return make_engine(spec, model, device), False
 
 
-def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank: int,
-                device: torch.device, agents: AgentRunners | None = None) -> Batch:
+def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank: int, device: torch.device,
+                agents: AgentRunners | None = None, refresh: WeightRefresh | None = None) -> Batch:
     """``responses``, ``response_mask`` and ``rollout_log_probs`` for ``prompts``/``prompt_mask``, in
     micro-batches. The sampling generator is seeded by the call's seed and the rank, so a call is
     reproducible and the ranks draw different samples. With ``spec.agent``, each row is a tool-loop trajectory
     (:func:`rlcore.agents.batch.trajectory_batch`: ``response_attention_mask`` and the ``agent_*`` fields too), run
-    by ``agents``."""
+    by ``agents``. With ``refresh`` (partial rollouts; the static engine), newer weights are taken between decode
+    steps, and ``token_versions`` says which policy version sampled each token."""
     gen = torch.Generator(device=device).manual_seed(spec.seed * 1009 + rank)
     outs = []
     for part in batch.split(spec.micro_batch_size):
@@ -89,21 +91,24 @@ def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank
             assert agents is not None, "an agent generation call needs the worker's AgentRunners"
             outs.append(trajectory_batch(agents.get(spec.agent), engine, part, spec.sampling, gen, device))
             continue
+        extra = {} if refresh is None else {"refresh": refresh}
         out = engine.generate(part["prompts"].to(device), part["prompt_mask"].to(device), spec.sampling,
-                              generator=gen)
+                              generator=gen, **extra)
         outs.append(Batch({"responses": out["responses"].cpu(), "response_mask": out["response_mask"].cpu(),
-                           "rollout_log_probs": out["log_probs"].cpu()}))
+                           "rollout_log_probs": out["log_probs"].cpu(),
+                           **({} if refresh is None else {"token_versions": out["token_versions"].cpu()})}))
     return Batch.concat(outs)
 
 
 def generate_sharded(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, shards: int,
-                     device: torch.device, agents: AgentRunners | None = None) -> Batch:
+                     device: torch.device, agents: AgentRunners | None = None,
+                     refresh: WeightRefresh | None = None) -> Batch:
     """:func:`generate_on` for a batch as a worker group of ``shards`` ranks would generate it: padded with copies
     of its first rows to a multiple of ``shards``, split into equal chunks, chunk ``r`` sampled with rank ``r``'s
     generator, trimmed back. One engine then draws exactly the tokens the group would (an asynchronous round's
     generator reproduces a synchronous round's rollouts this way)."""
     padded, pad = batch.pad_to_multiple(shards)
-    parts = [generate_on(engine, chunk, spec, rank=r, device=device, agents=agents)
+    parts = [generate_on(engine, chunk, spec, rank=r, device=device, agents=agents, refresh=refresh)
              for r, chunk in enumerate(padded.chunk(shards))]
     return Batch.concat(parts).slice(0, len(padded) - pad)
 

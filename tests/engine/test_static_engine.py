@@ -230,3 +230,59 @@ def test_a_prompt_past_the_model_positions_is_refused(qwen2):
     with pytest.raises(ValueError, match="max_position_embeddings"):
         StaticRolloutEngine(qwen2, eos_token_id=-1, pad_token_id=PAD).generate(
             ids, mask, SamplingParams(max_new_tokens=8))
+
+
+class SwitchAt:
+    """A weight refresh that loads ``state`` into ``engine`` at its ``at``-th poll (one poll per decode step)."""
+
+    def __init__(self, engine, state: dict, at: int):
+        self.engine, self.state, self.at, self.polls, self.version = engine, state, at, 0, 0
+
+    def poll(self) -> bool:
+        self.polls += 1
+        if self.polls != self.at:
+            return False
+        self.engine.load_weights(self.state)
+        self.version = 1
+        return True
+
+
+@torch.no_grad()
+def token_log_probs(model, prompt: list[int], response: list[int], temperature: float) -> list[float]:
+    """Each response token's log-prob under ``model``, from one full forward over the unpadded sequence."""
+    logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float() / temperature
+    picked = F.log_softmax(logits[len(prompt) - 1:len(prompt) - 1 + len(response)], -1)
+    return picked[torch.arange(len(response)), torch.tensor(response)].tolist()
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen2"])
+def test_weights_taken_mid_generation_score_each_token_with_the_version_that_sampled_it(which, request):
+    """Partial rollouts: new weights loaded between decode steps 3 and 4. The tokens before are those of a run with
+    the old weights alone (the same generator); every token's log-prob is that of the version that sampled it, given
+    everything before it, worked out with a plain forward of that version over the whole sequence (so the rows' KV
+    cache was computed again with the new weights, not kept from the old); token_versions says which."""
+    model = request.getfixturevalue(which)
+    ids, mask = left_padded(model.config.vocab_size, [3, 7, 5], repeat=3, seed=2)
+    eos = common_token(model, ids, mask)
+    params, switch = SamplingParams(max_new_tokens=MAX_NEW, temperature=1.3), 4
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    old_only = StaticRolloutEngine(copy.deepcopy(model), eos_token_id=eos, pad_token_id=PAD).generate(
+        ids, mask, params, torch.Generator().manual_seed(3))
+    engine = StaticRolloutEngine(copy.deepcopy(model), eos_token_id=eos, pad_token_id=PAD)
+    refresh = SwitchAt(engine, changed.state_dict(), at=switch)
+    got = engine.generate(ids, mask, params, torch.Generator().manual_seed(3), refresh=refresh)
+    assert engine.stats["refills"] == 1
+    lengths = got["response_mask"].sum(1)
+    assert int(lengths.max()) > switch  # some rows ran past the switch
+    assert torch.equal(got["responses"][:, :switch], old_only["responses"][:, :switch])
+    for i in range(len(ids)):
+        prompt, n = ids[i][mask[i].bool()].tolist(), int(lengths[i])
+        response = got["responses"][i, :n].tolist()
+        assert got["token_versions"][i, :n].tolist() == [0 if t < switch else 1 for t in range(n)]
+        want = [old if t < switch else new for t, (old, new) in enumerate(zip(
+            token_log_probs(model, prompt, response, params.temperature),
+            token_log_probs(changed, prompt, response, params.temperature)))]
+        torch.testing.assert_close(got["log_probs"][i, :n], torch.tensor(want), atol=1e-4, rtol=0)

@@ -68,7 +68,8 @@ def start_generators(cfg: Config, init_dir: str) -> GeneratorPool[GeneratorWorke
     return GeneratorPool(GeneratorWorker, r.n_workers, r.cpus_per_worker, cfg.resources.use_gpu,
                          queue_size=a.queue_size, max_restarts=a.max_generator_restarts, timeout_s=cfg.ray.timeout_s,
                          placement=cfg.resources.placement, model=model_spec(cfg, init_dir, "actor"),
-                         engine=engine_spec(cfg.rollout), shards=cfg.resources.n_workers, seed=cfg.seed)
+                         engine=engine_spec(cfg.rollout), shards=cfg.resources.n_workers, seed=cfg.seed,
+                         partial_rollout=a.partial_rollout)
 
 
 class AsyncSource:
@@ -209,11 +210,14 @@ class AsyncSource:
         self._hand_out(step + 1)
 
     def step_metrics(self, scored: ScoredBatch, batch: Batch, t: Metrics) -> Metrics:
-        """``async/*`` of a step: its staleness (one batch, generated with one policy version), how idle the trainer
-        and the generators were, and the generators' own tokens per second (weights and generation)."""
+        """``async/*`` of a step: its staleness (the versions between the trained one and the one the batch was
+        generated with; with partial rollouts, its first tokens', and each token's apart: :func:`token_staleness`),
+        how idle the trainer and the generators were, and the generators' own tokens per second (weights and
+        generation)."""
         gen_busy = self.gens.busy_s - self.busy_before
         gen_s = scored.gen_s or 0.0
-        return {"async/staleness": float(self.trained_at - scored.version),
+        return {**token_staleness(batch, self.trained_at),
+                "async/staleness": float(self.trained_at - scored.version),
                 "async/trainer_idle_frac": t["timing_s/wait"] / max(t["timing_s/step"], 1e-9),
                 "async/generator_idle_frac": 1.0 - min(1.0, gen_busy / max(self.gens.alive * t["timing_s/step"],
                                                                            1e-9)),
@@ -267,3 +271,17 @@ class AsyncSource:
                                    f"round resumed at version {self.version} cannot make, and the checkpoint lacks it")
             self.gens.submit(GeneratorWorker.generate_item, item, self._spec(item))
 
+
+def token_staleness(batch: Batch, trained_at: int) -> Metrics:
+    """With partial rollouts (``token_versions``: the version that sampled each token): how many versions behind the
+    trained one the batch's tokens are, on average and at most, and the share of them sampled by a newer version than
+    the batch's first (taken mid-batch)."""
+    if "token_versions" not in batch:
+        return {}
+    mask = batch["response_mask"].bool()
+    versions = batch["token_versions"][mask]
+    if not len(versions):
+        return {}
+    return {"async/token_staleness_mean": float((trained_at - versions).float().mean()),
+            "async/token_staleness_max": float(trained_at - versions.min()),
+            "async/tokens_after_switch_frac": float((versions > versions.min()).float().mean())}
