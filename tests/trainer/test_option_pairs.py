@@ -1,12 +1,15 @@
 """Options that interact, tested together: every pair of values of the options below appears in at least one real
 tiny round on Ray workers (a pairwise covering array), and each round's step checks what its options promise.
 
-The options: ``ppo.mode`` (sync, async), ``actor.lora.rank`` (off, on), a critic (grpo, gae), ``rollout.agent.loop``
-(single_turn, tool), ``reward.model`` (off, on), ``actor.off_policy.correction`` (none, tis, mis, icepop), the
-policy loss family (vanilla: a clipped token ratio; gspo: a sequence ratio; gpg: no ratio; dro: not homogeneous in
-the advantage; bypass_mode: the rollout's log-probs as the old policy), ``resources.strategy`` (ddp, fsdp) and
-``model.packed_forward`` (on, off). Combinations rlcore refuses are left out here and refused by config validation in
-one line naming both keys (tests/test_config.py): bypass_mode with an off-policy correction.
+The options: ``ppo.mode`` (sync, async), ``actor.lora.rank`` (off, on), the estimator's extra group (grpo: none, gae:
+a critic, distill: a teacher), ``rollout.agent.loop`` (single_turn, tool), ``reward.model`` (off, on),
+``actor.off_policy.correction`` (none, tis, mis, icepop), the policy loss family (vanilla: a clipped token ratio;
+gspo: a sequence ratio; gpg: no ratio; dro: not homogeneous in the advantage; bypass_mode: the rollout's log-probs as
+the old policy), ``ppo.async.schedule`` (free, fixed), ``ppo.async.partial_rollout`` (off, on),
+``resources.strategy`` (ddp, fsdp) and ``model.packed_forward`` (on, off). Combinations rlcore refuses are left out
+here and refused by config validation in one line naming both keys (tests/test_config.py): bypass_mode with an
+off-policy correction; partial rollouts outside an asynchronous round, with the fixed schedule or with the tool loop.
+A schedule only means something in an asynchronous round, so sync rows take the default one.
 
 Starting worker processes is what costs time, so the rows are built in two levels: the options that shape the worker
 groups (LoRA, critic, reward model, strategy, packed forward) take a covering array of their own, each of its
@@ -44,16 +47,25 @@ from rlcore.trainer.round.runner import RoundRunner
 SOURCE = "test_option_pairs"
 TOOLS = str(Path(__file__).parents[1] / "agents" / "tools_for_tests.py")
 
-GROUP_OPTIONS = {"lora": (False, True), "critic": (False, True), "reward_model": (False, True),
+GROUP_OPTIONS = {"lora": (False, True), "extra_group": ("none", "critic", "teacher"), "reward_model": (False, True),
                  "strategy": ("ddp", "fsdp"), "packed": (True, False)}
 RUN_OPTIONS = {"mode": ("sync", "async"), "agent": ("single_turn", "tool"),
                "correction": ("none", "tis", "mis", "icepop"),
-               "loss": ("vanilla", "gspo", "gpg", "dro", "bypass_mode")}
+               "loss": ("vanilla", "gspo", "gpg", "dro", "bypass_mode"), "schedule": ("free", "fixed"),
+               "partial": (False, True)}
+ESTIMATOR_OF = {"none": "grpo", "critic": "gae", "teacher": "distill"}
 
 
 def supported(row: dict) -> bool:
-    """What rlcore runs: bypass_mode corrects for the rollout policy itself (config refuses a correction with it)."""
-    return not (row.get("loss") == "bypass_mode" and row.get("correction", "none") != "none")
+    """What rlcore runs: bypass_mode corrects for the rollout policy itself (config refuses a correction with it);
+    partial rollouts interrupt an asynchronous round's free-running, single-turn generators; sync rounds have no
+    schedule."""
+    if row.get("loss") == "bypass_mode" and row.get("correction", "none") != "none":
+        return False
+    if row.get("mode") == "sync" and row.get("schedule") == "fixed":
+        return False
+    return not row.get("partial") or (row.get("mode", "async") == "async" and row.get("schedule", "free") == "free"
+                                      and row.get("agent", "single_turn") == "single_turn")
 
 
 def covering_rows(options: dict[str, Sequence], allowed: Callable[[dict], bool],
@@ -106,10 +118,13 @@ def reward():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """The tiny policy, a reward model over it with a random head, their tokenizer and the prompts."""
+    """The tiny policy, a reward model over it with a random head, a teacher (another seed), their tokenizer and the
+    prompts."""
     base = tmp_path_factory.mktemp("policy")
-    folder = materialize_tiny(base, seed=0, arch="llama", hidden_size=32, num_layers=1, num_heads=2,
-                              intermediate_size=64, max_position_embeddings=96)
+    shape = {"arch": "llama", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64,
+             "max_position_embeddings": 96}
+    folder = materialize_tiny(base, seed=0, **shape)
+    teacher = materialize_tiny(tmp_path_factory.mktemp("teacher"), seed=1, **shape)
     tok = load_tokenizer(folder)
     torch.manual_seed(3)
     rm = tmp_path_factory.mktemp("rm") / "rm"
@@ -119,14 +134,15 @@ def models(tmp_path_factory):
                           "reward_model": {"style": "rule", "ground_truth": "0"},
                           "extra_info": {"split": "rl", "index": i, "question": f"{i}+{i}", "answer": ""}}
                          for i in range(8)])
-    return folder, rm, tok, rows
+    return folder, rm, tok, rows, teacher
 
 
-def config(group: dict, run: dict, rm_dir: Path):
+def config(group: dict, run: dict, rm_dir: Path, teacher: Path):
     """The config of one row: one rank per group (the wrappers of either strategy run the same code at any world
     size; two-rank numerics are tests/engine/test_data_parallel.py's), a batch of 4 prompts x 2 samples, one
     optimizer step per RL step."""
     proximal = run["correction"] != "none"
+    stale = proximal or run["partial"]  # partial rollouts need a newer version to come: max_staleness >= 1
     raw = {"ray": {"num_cpus": 2}, "tracking": {"enabled": False},
            "model": {"packed_forward": group["packed"]},
            "resources": {"n_workers": 1, "cpus_per_worker": 1, "strategy": group["strategy"]},
@@ -134,13 +150,14 @@ def config(group: dict, run: dict, rm_dir: Path):
            "rollout": {"n": 2, "n_workers": 1,
                        "agent": ({"loop": "tool", "tools": [{"path": TOOLS, "name": "add"}], "max_turns": 2,
                                   "processes": 1} if run["agent"] == "tool" else {})},
-           "algorithm": {"adv_estimator": "gae" if group["critic"] else "grpo"},
+           "algorithm": {"adv_estimator": ESTIMATOR_OF[group["extra_group"]]}, "distill": {"teacher": str(teacher)},
            "actor": {"ppo_mini_batch_size": 4, "lr": 0.01, "loss": {"name": run["loss"]},
                      "recompute_log_prob": proximal and run["mode"] == "sync",
                      "off_policy": {"correction": run["correction"], "low": 0.5, "high": 2.0, "cap": 2.0},
                      "lora": {"rank": 4 if group["lora"] else 0}},
            "ppo": {"train_batch_size": 4, "mode": run["mode"],
-                   "async": {"max_staleness": 1 if proximal else 0, "queue_size": 1}},
+                   "async": {"max_staleness": 1 if stale else 0, "queue_size": 1, "schedule": run["schedule"],
+                             "partial_rollout": run["partial"]}},
            "reward": {"model": {"path": str(rm_dir), "weight": 0.5}} if group["reward_model"] else {}}
     return parse_config(raw)
 
@@ -155,17 +172,17 @@ def policy_weights(runner: RoundRunner, folder: Path) -> dict[str, torch.Tensor]
     f"{k}={v}" for k, v in GROUP_CONFIGS[i].items()))
 @pytest.mark.integration
 def test_every_row_of_a_group_configuration_trains(index, models, ray_local, tmp_path):
-    folder, rm_dir, tok, prompt_rows = models
+    folder, rm_dir, tok, prompt_rows, teacher = models
     group = GROUP_CONFIGS[index]
     rows = [r for r in ROWS if r["group"] == index]
     with ExitStack() as stack:
         first = config(group, {**rows[0], "mode": "sync", "agent": "single_turn", "correction": "none",
-                               "loss": "vanilla"}, rm_dir)
+                               "loss": "vanilla", "schedule": "free", "partial": False}, rm_dir, teacher)
         pool = stack.enter_context(start_pool(first))
         groups = RoundWorkerGroups.start(first, pool, str(folder))
         stack.callback(groups.shutdown)
         for n, run in enumerate(rows):
-            cfg = config(group, run, rm_dir)
+            cfg = config(group, run, rm_dir, teacher)
             prompts = prompt_batch(prompt_rows, tok, 16, "rows")
             rounding = running_async_round(cfg, groups, init_dir=str(folder), tokenizer=tok, prompts=prompts, seed=n,
                                            steps=1) if run["mode"] == "async" else nullcontext(
@@ -180,7 +197,9 @@ def test_every_row_of_a_group_configuration_trains(index, models, ray_local, tmp
             assert any(not torch.equal(before[k], after[k]) for k in before), f"{what}: the policy did not move"
             if group["lora"]:  # the adapter trains, the base it was saved over does not
                 assert all("lora_" in k for k in before if not torch.equal(before[k], after[k])), what
-            assert ("critic/vf_loss" in m) == group["critic"], what
+            assert ("critic/vf_loss" in m) == (group["extra_group"] == "critic"), what
+            assert ("distill/reverse_kl" in m) == (group["extra_group"] == "teacher"), what
+            assert ("async/token_staleness_mean" in m) == run["partial"], what
             assert ("reward/rm/mean" in m) == group["reward_model"], what
             assert ("agent/turns" in m) == (run["agent"] == "tool"), what
             corrected = run["correction"] != "none"
