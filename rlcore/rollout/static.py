@@ -336,6 +336,9 @@ class _GraphedStep:
 class StaticRolloutEngine:
     """Generates with its own copy of the policy (an HF Llama/Qwen2 model), refreshed by ``load_weights``."""
 
+    takes_weights_mid_generation = True
+    """:meth:`generate` takes a ``refresh`` (partial rollouts): no other engine does."""
+
     def __init__(self, model, *, eos_token_id: int, pad_token_id: int, compile: bool = False,
                  cuda_graphs: bool = True):
         """``model``: an HF causal LM, or a peft model over one (its adapters run unmerged). Only its tensors are read

@@ -69,6 +69,10 @@ class GeneratorWorker(RankWorker):
     def init_model(self) -> None:
         self.engine = make_engine(self.engine_spec, self.model_spec, self.device)
         self.agents = AgentRunners(self.model_spec.path)
+        if self.partial_rollout and not getattr(self.engine, "takes_weights_mid_generation", False):
+            raise ValueError(f"ppo.async.partial_rollout: rollout.engine {self.engine_spec.name} generates "
+                             f"{self.model_spec.path} with {type(self.engine).__name__}, which cannot take new weights "
+                             "mid-generation (the static engine falls back to hf for models it does not run)")
 
     def pid(self) -> int:
         return os.getpid()

@@ -376,3 +376,40 @@ def test_a_fixed_schedule_gives_the_same_bits_on_every_run_and_after_a_resume(ti
     assert 2 in kept and set(kept) <= {2, 3} and all(got.version == k - 1 for k, got in kept.items())
     assert [determined(r) for r in again] == [determined(r) for r in first]
     assert resumed_weights == first_weights
+
+
+@pytest.mark.integration
+def test_partial_rollouts_keep_each_tokens_version_and_log_prob(tiny, groups, tmp_path):
+    """ppo.async.partial_rollout with max_staleness 1 and a generator whose decode steps take 0.1 s, so the trainer
+    publishes a new version while a batch is being generated: the generator takes it mid-batch, and every token's
+    rollout log-prob is that of the version ``token_versions`` names, given the whole sequence before it (worked out
+    with a plain forward of each version's saved weights: the KV cache of the rows in flight was computed again with
+    the new weights). The batch's own version, which the staleness gate reads, is its first tokens'."""
+    folder, tok, prompts = tiny
+    cfg = config(ppo={"train_batch_size": 4, "mode": "async", "async": {"max_staleness": 1, "partial_rollout": True}},
+                 actor={"ppo_mini_batch_size": 2, "lr": 0.05, "off_policy": {"correction": "tis"}})
+    gens = GeneratorPool(slow_generator.SlowStepsGenerator, 1, 1.0, False, queue_size=1, max_restarts=0, timeout_s=60,
+                         model=model_spec(cfg, folder), engine=engine_spec(cfg.rollout), shards=2, seed=cfg.seed,
+                         partial_rollout=True)
+    rows, batches = [], []
+    try:
+        runner = async_round_runner(cfg, groups, gens, tokenizer=tok, prompts=prompts, seed=3, steps=4)
+        for i in range(4):
+            runner.save(str(tmp_path / f"v{runner.policy_version}"))
+            rows.append(runner.step(i))
+            batches.append(runner.last_batch)
+    finally:
+        gens.shutdown()
+    switched = 0
+    for step, (row, batch) in enumerate(zip(rows, batches)):
+        mask = batch["response_mask"].bool()
+        versions = batch["token_versions"][mask]
+        assert row["async/staleness"] == step - int(versions.min())  # the batch's version: its first tokens'
+        switched += int((versions > versions.min()).any())
+        for v in versions.unique().tolist():
+            picked = mask & (batch["token_versions"] == v)
+            torch.testing.assert_close(batch["rollout_log_probs"][picked],
+                                       plain_log_probs(tmp_path / f"v{v}", batch)[picked], rtol=0, atol=1e-4)
+        assert row["async/tokens_after_switch_frac"] == pytest.approx(float((versions > versions.min()).float().mean()))
+    assert switched >= 1, "no batch took a new version mid-generation"
+    assert all(r["async/staleness"] <= 1 and r["async/token_staleness_max"] <= 1 for r in rows)
