@@ -11,12 +11,18 @@ recipe trains one.
 ``--cache DIR``: one DVC cache for every copy (``dvc cache dir``), so a stage that another recipe already ran for
 the same seed with the same code, inputs and params (the data, SFT and scoring of the recipes that change only the
 RL step) is restored from DVC's run cache instead of run again. ``--keep DIR``: each seed's copy is kept there, and
-a run stopped half way goes on where it stopped (DVC skips the stages that finished).
+a run stopped half way goes on where it stopped (DVC skips the stages that finished). ``--copy SRC=DEST``: a folder
+copied into each seed's copy before it runs (a distillation teacher another pipeline trained:
+``--copy runs/default/models/ppo/r1=models/teacher``).
+
+Each row has the final round's wall seconds, steps per second and trained tokens per second (the response tokens
+of every step's batch over the round's wall seconds) beside the held-out figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import shutil
@@ -24,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.machine import cpu_model
@@ -45,7 +52,8 @@ def provenance(root: Path) -> dict[str, str]:
             "commit": f"{head or 'unknown'}{' with uncommitted changes' if changed else ''}"}
 
 
-def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: Path | None) -> dict:
+def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: Path | None,
+             copies: Sequence[tuple[Path, str]] = ()) -> dict:
     """``dvc repro`` of the recipes (and ``--set`` values) with ``seed`` in ``root`` (a fresh copy, or a kept one
     from a run that stopped: DVC skips the stages that finished there); the metrics that matter."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(root),
@@ -59,6 +67,8 @@ def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: 
         if cache is not None:
             subprocess.run(["dvc", "cache", "dir", "--local", str(cache.resolve())], cwd=root, env=env, check=True,
                            capture_output=True)
+        for src, dest in copies:
+            shutil.copytree(src, root / dest)
     use = [str(Path(sys.executable).parent / "rlcore"), "config", "use", *recipes, "--set", "tracking.enabled=false",
            *(f"--set={s}" for s in sets), "--set", f"seed={seed}"]
     subprocess.run(use, cwd=root, env=env, check=True, capture_output=True)
@@ -74,7 +84,28 @@ def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: 
             out[f"final {key}"] = ev[f"final/{key}"]
     for rm in sorted((root / "metrics").glob("rm_*.json")):
         out[f"{rm.stem} accuracy"] = json.loads(rm.read_text())["rm/test_accuracy"]
-    return out
+    return {**out, **round_speed(root)}
+
+
+def round_speed(root: Path) -> dict:
+    """The final round's wall seconds, steps per second and trained tokens per second (every step's response tokens,
+    from its plot rows: mean response length x kept groups x rollout.n)."""
+    cfg = load_config(root / "params.yaml")
+    final = cfg.evaluate.final_round
+    wall = json.loads((root / "metrics" / f"ppo_{final}.json").read_text())["ppo/wall_s"]
+    with (root / "plots" / f"ppo_{final}.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    n = cfg.rollout.n
+    tokens = sum(float(r["rollout/response_length"]) * float(r["rollout/groups_kept"]) * n for r in rows)
+    return {"round_s": wall, "steps_per_s": len(rows) / wall, "trained_tokens_per_s": tokens / wall}
+
+
+def folder_copy(text: str) -> tuple[Path, str]:
+    """``--copy SRC=DEST``: an existing folder and where it goes in each seed's copy."""
+    src, sep, dest = text.partition("=")
+    if not sep or not dest or not Path(src).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected SRC=DEST with SRC an existing folder")
+    return Path(src).resolve(), dest
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override (YAML value)")
     ap.add_argument("--keep", default=None, help="keep each seed's copy under this folder")
     ap.add_argument("--cache", default=None, help="one DVC cache for every copy (its run cache shares stages)")
+    ap.add_argument("--copy", action="append", default=[], type=folder_copy, metavar="SRC=DEST",
+                    help="a folder copied into each seed's copy (DEST relative to it) before it runs")
     ap.add_argument("--out", default=None, metavar="FILE.json",
                     help="add each seed's row to this file under the recipe's name (a seed already there is skipped)")
     args = ap.parse_args(argv)
@@ -103,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(args.keep) / f"seed{seed}" if args.keep else Path(tempfile.mkdtemp(prefix=f"recipe{seed}-"))
         root.mkdir(parents=True, exist_ok=True)
         try:
-            rows.append(run_seed(args.recipe, args.set, seed, root, cache))
+            rows.append(run_seed(args.recipe, args.set, seed, root, cache, args.copy))
         finally:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)
