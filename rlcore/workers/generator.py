@@ -31,19 +31,30 @@ from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_sharded, make_engine
 
 
+# how often, at most, a generator in the middle of a batch looks whether a newer version came (a look is a ray.wait on
+# a local reference; a tiny model's decode step takes about a millisecond, an update about a hundred)
+LOOK_EVERY_S = 0.005
+
+
 class InFlightWeights:
     """A generator's :class:`~rlcore.rollout.base.WeightRefresh`: one ``wait_newer`` call kept pending on the version
-    actor, looked at (not waited for) at each :meth:`poll`; a newer version is loaded into the generator's engine."""
+    actor, looked at (not waited for) at a :meth:`poll` at most every :data:`LOOK_EVERY_S`; a newer version is loaded
+    into the generator's engine."""
 
     def __init__(self, generator: GeneratorWorker):
         self.generator = generator
         self.pending = generator.weights.wait_newer.remote(generator.version)
+        self.next_look = 0.0
 
     @property
     def version(self) -> int:
         return self.generator.version
 
     def poll(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + LOOK_EVERY_S
         ready, _ = ray.wait([self.pending], timeout=0)
         if not ready:
             return False
