@@ -44,8 +44,9 @@ class WeightRefresh(Protocol):
     """Newer policy weights taken in the middle of a generation (partial rollouts, ``ppo.async.partial_rollout``):
     an engine that supports it (``static``) calls :meth:`poll` between decode steps."""
 
-    version: int
-    """The policy version of the weights the engine computes with now."""
+    @property
+    def version(self) -> int:
+        """The policy version of the weights the engine computes with now."""
 
     def poll(self) -> bool:
         """Load a newer published version into the engine's model if there is one (then :attr:`version` is it);
