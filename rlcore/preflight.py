@@ -95,12 +95,14 @@ def _produced(cfg: Config) -> tuple[set[str], set[str]]:
 
 
 def check_stage_paths(cfg: Config, root: Path) -> list[str]:
-    """Each round's ``init`` and each reward model's ``init``, ``train`` and ``test``: written by a stage of these
-    params before it (an earlier round), or there already (a model folder, a file). A line for each."""
+    """Each round's ``init``, the distillation teacher (a dependency of every round, whichever estimator reads it) and
+    each reward model's ``init``, ``train`` and ``test``: written by a stage of these params before it (an earlier
+    round), or there already (a model folder, a file). A line for each."""
     models, data = _produced(cfg)
     rounds = list(cfg.ppo.rounds)
     wanted = [(f"ppo.rounds.{r}.init", cfg.ppo.rounds[r].init, "model",
                {"models/sft", *(f"models/ppo/{e}" for e in rounds[:i])}) for i, r in enumerate(rounds)]
+    wanted.append(("distill.teacher", cfg.distill.teacher, "model", {"models/sft"}))
     for name, m in cfg.rm.models.items():
         wanted += [(f"rm.models.{name}.init", m.init, "model", models - {f"models/rm/{name}"}),
                    (f"rm.models.{name}.train", m.train, "file", data), (f"rm.models.{name}.test", m.test, "file", data)]

@@ -120,7 +120,14 @@ def test_every_example_says_what_it_shows_and_passes_config_check(example, monke
     first = example.read_text().splitlines()[0]
     assert first.startswith("# ") and len(first) > 30, f"{example.name}: first line should say what it shows"
     monkeypatch.chdir(REPO_ROOT)  # the examples' task and reward files are relative to the repository
-    assert main(["config", "check", "--params", str(example.relative_to(REPO_ROOT))]) == 0
+    check = ["config", "check", "--params", str(example.relative_to(REPO_ROOT))]
+    if example.stem == "distill":  # its teacher is another pipeline's policy, copied aside by the user first
+        with pytest.raises(SystemExit) as refused:
+            main(check)
+        assert refused.value.code == 2
+        assert "distill.teacher 'models/teacher': not a model folder" in capsys.readouterr().err
+        check += ["--set", "distill.teacher=models/sft"]
+    assert main(check) == 0
     assert "ok (" in capsys.readouterr().out
 
 

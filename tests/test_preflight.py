@@ -55,7 +55,7 @@ def test_a_params_yaml_of_one_key_is_refused_naming_the_keys_dvc_reads(pipeline,
     assert main(["config", "use", "params.yaml"]) == 0
     assert yaml.safe_load((pipeline / "params.yaml").read_text())["actor"]["lr"] == 3.0e-5
     code, out, _ = check([], capsys)
-    assert code == 0 and "dvc.yaml: the 25 keys it reads are in the file" in out, out
+    assert code == 0 and "dvc.yaml: the 27 keys it reads are in the file" in out, out
 
 
 def test_a_recipe_of_a_few_keys_passes_with_a_note_and_no_params_yaml_beside_dvc_yaml_is_refused(pipeline, capsys):
@@ -70,6 +70,7 @@ def test_a_recipe_of_a_few_keys_passes_with_a_note_and_no_params_yaml_beside_dvc
     ("model.path=models/nope", ["model.path 'models/nope': no such folder"]),
     ("model.path=empty", ["model.path 'empty':", "lacks config.json"]),
     ("ppo.rounds.r1.init=models/sfft", ["ppo.rounds.r1.init 'models/sfft'", "no earlier stage", "(models/sft)"]),
+    ("distill.teacher=models/teacher", ["distill.teacher 'models/teacher'", "no earlier stage", "(models/sft)"]),
     ('ppo.train_batch_size="32"', ["ppo.train_batch_size = '32'", "write it without quotes"]),
     ("tracking.enabled=1", ["tracking.enabled = 1", "valid boolean"]),
     ("algorithm.adv_estimater=rloo", ["unknown key 'algorithm.adv_estimater'; did you mean algorithm.adv_estimator?"]),
