@@ -6,14 +6,14 @@ pass@1 of the SFT and the final model, the gain, and the reward models' held-out
 recipe trains one.
 
     .venv/bin/python -m bench.recipe_seeds --recipe examples/rlhf.yaml --seeds 1,2,3 [--keep DIR] [--cache DIR]
-        [--set KEY=VALUE]
+        [--set KEY=VALUE] [--copy SRC=DEST] [--out FILE.json]
 
 ``--cache DIR``: one DVC cache for every copy (``dvc cache dir``), so a stage that another recipe already ran for
 the same seed with the same code, inputs and params (the data, SFT and scoring of the recipes that change only the
 RL step) is restored from DVC's run cache instead of run again. ``--keep DIR``: each seed's copy is kept there, and
 a run stopped half way goes on where it stopped (DVC skips the stages that finished). ``--copy SRC=DEST``: a folder
 copied into each seed's copy before it runs (a distillation teacher another pipeline trained:
-``--copy runs/default/models/ppo/r1=models/teacher``).
+``--copy models/ppo/r1=models/teacher`` after ``make run``).
 
 Each row has the final round's wall seconds, steps per second and trained tokens per second (the response tokens
 of every step's batch over the round's wall seconds) beside the held-out figures.
