@@ -32,7 +32,7 @@ from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_sharded,
 
 
 # how often, at most, a generator in the middle of a batch looks whether a newer version came (a look is a ray.wait on
-# a local reference; a tiny model's decode step takes about a millisecond, an update about a hundred)
+# a local reference: cheap, but a tiny model's decode step is cheaper still, and an update takes many of them)
 LOOK_EVERY_S = 0.005
 
 
