@@ -25,13 +25,14 @@ every step, so with bitwise-equal logits the two engines sample the same tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from rlcore.engine.lora import is_peft
 from rlcore.rollout.base import SamplingParams, load_into
-from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
+from rlcore.rollout.sampling import distinct_rows, filter_logits, row_uniforms, sample_from
 from rlcore.rollout.turns import Trajectories
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -459,7 +460,8 @@ class StaticRolloutEngine:
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                 generator: torch.Generator | None = None, *, seeds: Sequence[int] | None = None
+                 ) -> dict[str, torch.Tensor]:
         batch, width = input_ids.shape
         device = input_ids.device
         new = params.max_new_tokens
@@ -495,12 +497,14 @@ class StaticRolloutEngine:
         slots = rows.clone()  # its cache slot
         dense = size == batch  # slots == arange(size): no gather/scatter around the step
         pos = lengths.clone()  # the position (= cache index) its next token is written at
+        own = None if seeds is None or params.greedy else row_uniforms(seeds, new, device)  # [batch, new]
         for t in range(new):
             scaled = logits / params.temperature
             if params.greedy:
                 next_tok = logits.argmax(-1)
             else:
-                u = torch.rand((batch, 1), generator=generator, device=device, dtype=torch.float64)
+                u = own[:, t:t + 1] if own is not None else \
+                    torch.rand((batch, 1), generator=generator, device=device, dtype=torch.float64)
                 probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
                 next_tok = sample_from(probs, u=u if len(rows) == batch else u[rows])
             logp = scaled.log_softmax(-1).gather(-1, next_tok[:, None]).squeeze(-1)
