@@ -76,6 +76,30 @@ from rlcore.serve.server import ModelServer
 
 # --------------------------------------------------------------------------------------------------- app
 
+def add_error_handlers(app: FastAPI, server: ModelServer) -> None:
+    """The body limit and OpenAI's error bodies (module docstring) on ``app``, over ``server``."""
+    app.add_middleware(BodyLimit, max_bytes=server.options.max_body_bytes, timeout_s=server.options.request_timeout_s)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, err: APIError) -> JSONResponse:
+        return error_response(err.status, err.message, type=err.type, param=err.param, code=err.code,
+                              headers=err.headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, err: Exception) -> JSONResponse:  # anything else: no internals to the client
+        api = server.internal_error(f"{request.method} {request.url.path} failed", err)
+        return error_response(api.status, api.message, type=api.type)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        message, param = validation_error(err)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return error_response(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
+
+
 def create_app(server: ModelServer) -> FastAPI:
     """The FastAPI app over ``server``; its scheduler starts and stops with the app (lifespan)."""
 
@@ -91,17 +115,7 @@ def create_app(server: ModelServer) -> FastAPI:
     app = FastAPI(title="rlcore serve", description="OpenAI-compatible completions over an rlcore rollout engine",
                   lifespan=lifespan)
     app.state.server = server
-    app.add_middleware(BodyLimit, max_bytes=server.options.max_body_bytes, timeout_s=server.options.request_timeout_s)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, err: APIError) -> JSONResponse:
-        return error_response(err.status, err.message, type=err.type, param=err.param, code=err.code,
-                              headers=err.headers)
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, err: Exception) -> JSONResponse:  # anything else: no internals to the client
-        api = server.internal_error(f"{request.method} {request.url.path} failed", err)
-        return error_response(api.status, api.message, type=api.type)
+    add_error_handlers(app, server)
 
     async def answered(work) -> dict[str, Any]:
         """``await work`` within ``--request-timeout``; past it, 504 (the batcher drops the job)."""
@@ -112,15 +126,6 @@ def create_app(server: ModelServer) -> FastAPI:
             server.counters["timeouts"] += 1
             raise APIError(504, f"The request was not answered within --request-timeout {timeout:g} s; retry later "
                                 "or ask for fewer tokens", type="server_error", code="timeout") from None
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        message, param = validation_error(err)
-        return error_response(400, message, param=param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        return error_response(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
 
     @app.get("/health")
     async def health():

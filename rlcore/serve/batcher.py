@@ -40,7 +40,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -100,12 +100,25 @@ class Job:
         return "row_seeds", Sampling(0, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
 
 
-def plan(jobs: list[Job], max_rows: int, batching: bool = True) -> Iterator[list[Job]]:
+def _fits(call: list[Job], job: Job, max_rows: int, context_length: int | None) -> bool:
+    """Whether ``job`` may join ``call``: the rows stay within ``max_rows``, and (row-seeded jobs, which run the most
+    tokens any of them asks) the longest prompt plus those tokens within ``context_length``."""
+    if sum(len(j.rows) for j in call) + len(job.rows) > max_rows:
+        return False
+    if context_length is None or job.row_seeds is None:
+        return True
+    jobs = [*call, job]
+    longest = max(len(r) for j in jobs for r in j.rows)
+    return longest + max(j.sampling.max_tokens for j in jobs) <= context_length
+
+
+def plan(jobs: list[Job], max_rows: int, batching: bool = True, context_length: int | None = None
+         ) -> Iterator[list[Job]]:
     """The engine calls for ``jobs``, each a list of jobs, in the order of their first job's arrival.
 
     Seeded jobs, and every job when not ``batching``, are calls of their own; other jobs share a call
     with earlier jobs of the same :class:`Sampling` while the call stays within ``max_rows`` rows (a
-    job larger than that runs alone)."""
+    job larger than that runs alone) and, for row-seeded jobs, ``context_length`` (:func:`_fits`)."""
     open_calls: dict[Sampling | tuple[str, Sampling], list[Job]] = {}
     calls: list[list[Job]] = []
     for job in jobs:
@@ -113,7 +126,7 @@ def plan(jobs: list[Job], max_rows: int, batching: bool = True) -> Iterator[list
             calls.append([job])
             continue
         call = open_calls.get(job.call_key())
-        if call is None or sum(len(j.rows) for j in call) + len(job.rows) > max_rows:
+        if call is None or not _fits(call, job, max_rows, context_length):
             call = open_calls[job.call_key()] = []
             calls.append(call)
         call.append(job)
@@ -136,8 +149,13 @@ class Batcher:
     loop that will submit (:meth:`start`), and :meth:`stop` it there."""
 
     def __init__(self, engine: RolloutEngine, *, device: torch.device, pad_token_id: int, max_batch_rows: int = 64,
-                 wait_s: float = 0.005, batching: bool = True, seed: int = 0, max_waiting: int = 128):
+                 wait_s: float = 0.005, batching: bool = True, seed: int = 0, max_waiting: int = 128,
+                 context_length: int | None = None, expected_rows: Callable[[], int] | None = None):
+        """``context_length``: row-seeded jobs share a call only while its longest prompt plus the most tokens any
+        of them asks fit it. ``expected_rows()``: how many rows are worth waiting for when the engine was idle
+        (default ``max_batch_rows``): the agent endpoint's count of agents that have not sent their next request."""
         self.engine = engine
+        self.context_length, self.expected_rows = context_length, expected_rows
         self.device = device
         self.pad_token_id = pad_token_id
         self.max_batch_rows = max_batch_rows
@@ -223,7 +241,9 @@ class Batcher:
                 await self._arrived.wait()
             if self.batching and idle:  # the engine was idle: give the jobs sent with this one a moment
                 deadline = loop.time() + self.wait_s
-                while sum(len(j.rows) for j in self._pending) < self.max_batch_rows:
+                want = self.max_batch_rows if self.expected_rows is None else \
+                    max(1, min(self.max_batch_rows, self.expected_rows()))
+                while sum(len(j.rows) for j in self._pending) < want:
                     left = deadline - loop.time()
                     if left <= 0:
                         break
@@ -233,7 +253,7 @@ class Batcher:
                     except TimeoutError:
                         break
             # a job stays in the queue (and counts as waiting) until its call starts
-            for call in plan(list(self._pending), self.max_batch_rows, self.batching):
+            for call in plan(list(self._pending), self.max_batch_rows, self.batching, self.context_length):
                 for job in call:
                     if job in self._pending:
                         self._pending.remove(job)
