@@ -24,8 +24,9 @@ from rlcore.config import Config
 from .conftest import REPO_ROOT
 
 # dvc.yaml stage -> the stage script it runs (python -m stages.<script>)
-SCRIPTS = {"check_params": "check_params", "task_file": "track", "reward_file": "track", "tool_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm",
-           "score": "score", "ppo": "ppo", "evaluate": "evaluate"}
+SCRIPTS = {"check_params": "check_params", "task_file": "track", "reward_file": "track", "tool_file": "track",
+           "agent_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm", "score": "score", "ppo": "ppo",
+           "evaluate": "evaluate"}
 STAGES = list(SCRIPTS)
 CONFIG_STAGES = [name for name in STAGES if SCRIPTS[name] != "track"]  # the stages that read params.yaml
 INPUT_FLAGS = {"--data", "--init", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards", "--tools",
