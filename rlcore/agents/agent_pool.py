@@ -28,6 +28,7 @@ import time
 import weakref
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 from rlcore.agents.sandbox import read_frame, write_frame
@@ -58,7 +59,8 @@ class AgentStartError(RuntimeError):
 @dataclass
 class _Process:
     proc: subprocess.Popen
-    pending: dict[int, tuple[Future, float]] = field(default_factory=dict)  # id -> (future, deadline)
+    pending: dict[int, tuple[Callable[[AgentResult], None], float]] = field(default_factory=dict)  # id -> (resolve,
+    # deadline)
     stuck: int | None = None
     killed_for: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -125,24 +127,27 @@ class AgentPool:
         """Run every job (``{"id": i, "token", "row"}``, ids ``0..len-1``) and wait for all: each one's result, in
         order. ``done(i)`` is called (in a reader thread) as soon as trajectory ``i`` has its result."""
         results: list[Future] = [Future() for _ in jobs]
-        if done is not None:
-            for i, f in enumerate(results):
-                f.add_done_callback(lambda _, i=i: done(i))
+
+        def resolve(i: int, result: AgentResult) -> None:  # done(i) first: the caller wakes on the future
+            if done is not None:
+                done(i)
+            results[i].set_result(result)
+
         for slot in range(len(self.processes)):
             mine = [j for j in jobs if j["id"] % len(self.processes) == slot]
             if mine:
-                self._send(slot, mine, results)
+                self._send(slot, mine, resolve)
         self._wait(results)
         return [f.result() for f in results]
 
-    def _send(self, slot: int, jobs: list[dict[str, Any]], results: list[Future]) -> None:
+    def _send(self, slot: int, jobs: list[dict[str, Any]], resolve: Callable[[int, AgentResult], None]) -> None:
         process = self.processes[slot]
         if process is None or process.proc.poll() is not None:
             process = self.processes[slot] = self._start()
         deadline = time.monotonic() + self.spec.timeout_s
         with process.lock:
             for j in jobs:
-                process.pending[j["id"]] = (results[j["id"]], deadline)
+                process.pending[j["id"]] = (partial(resolve, j["id"]), deadline)
         assert process.proc.stdin is not None
         try:
             for j in jobs:
@@ -176,22 +181,22 @@ class AgentPool:
                 entry = process.pending.pop(int(reply["id"]), None)
             if entry is not None:
                 ok = reply.get("ok")
-                entry[0].set_result(AgentResult(value=reply.get("value")) if ok else AgentResult(
+                entry[0](AgentResult(value=reply.get("value")) if ok else AgentResult(
                     failure=reply.get("error", "raised"), text=reply.get("text", ""), trace=reply.get("trace", "")))
         code = process.proc.wait()
         _close(process.proc)
         with process.lock:
             left, process.pending = process.pending, {}
         blamed = process.stuck if process.stuck is not None else process.killed_for
-        for i, (future, _) in left.items():
+        for i, (resolve, _) in left.items():
             if i == blamed:
-                future.set_result(AgentResult(failure="timeout", text="the agent held its process past its time "
-                                                                      "limit; the process was ended"))
+                resolve(AgentResult(failure="timeout", text="the agent held its process past its time limit; the "
+                                                            "process was ended"))
             elif blamed is not None:
-                future.set_result(AgentResult(failure="lost", text="its process was ended for another trajectory "
-                                                                   "that held it past its time limit"))
+                resolve(AgentResult(failure="lost", text="its process was ended for another trajectory that held it "
+                                                         "past its time limit"))
             else:
-                future.set_result(AgentResult(failure="exited", text=f"the agent process {_death(code)}"))
+                resolve(AgentResult(failure="exited", text=f"the agent process {_death(code)}"))
 
     def close(self) -> None:
         """Kill every process and wait for it (their reader threads end the trajectories still running)."""

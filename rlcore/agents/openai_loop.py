@@ -37,7 +37,7 @@ import torch
 
 from rlcore.agents.agent_pool import AgentPool, AgentResult
 from rlcore.agents.batch import jsonable
-from rlcore.agents.endpoint import AgentEndpoint, EndpointServer
+from rlcore.agents.endpoint import FILL_WAIT_S, AgentEndpoint, EndpointServer
 from rlcore.agents.endpoint_app import agent_app
 from rlcore.agents.recording import TrajectoryRecord
 from rlcore.agents.spec import EndpointAgentSpec
@@ -49,8 +49,12 @@ class EndpointRuntime:
     """A worker's agent processes and endpoint for one :class:`EndpointAgentSpec` (module docstring). The endpoint
     serves the engine of the latest call (a new one when the engine object changes)."""
 
-    def __init__(self, spec: EndpointAgentSpec, tokenizer):
+    def __init__(self, spec: EndpointAgentSpec, tokenizer, *, max_batch_rows: int | None = None,
+                 fill_wait_s: float = FILL_WAIT_S):
+        """``max_batch_rows``: requests per engine call (default: a call's trajectories); ``fill_wait_s``: how long
+        an idle engine waits for the agents' next requests (:data:`~rlcore.agents.endpoint.FILL_WAIT_S`)."""
         self.spec, self.tok = spec, tokenizer
+        self.max_batch_rows, self.fill_wait_s = max_batch_rows, fill_wait_s
         self.folder = tempfile.mkdtemp(prefix="rlcore-agents-")
         self.socket = str(Path(self.folder) / "endpoint.sock")
         self.pool = AgentPool(spec, self.socket)
@@ -60,11 +64,14 @@ class EndpointRuntime:
 
     def _serve(self, engine, device: torch.device, max_rows: int) -> EndpointServer:
         if self.server is not None and self.endpoint is not None and self.endpoint.batcher.engine is engine:
+            if self.max_batch_rows is None:  # a call with more trajectories than the ones before
+                self.endpoint.batcher.max_batch_rows = max(self.endpoint.batcher.max_batch_rows, max_rows)
             return self.server
         self._stop_server()
         config = engine.model.config
         self.endpoint = AgentEndpoint(self.tok, engine, device=device, context_length=config.max_position_embeddings,
-                                      vocab_size=config.vocab_size, parser=self.spec.parser, max_batch_rows=max_rows)
+                                      vocab_size=config.vocab_size, parser=self.spec.parser,
+                                      max_batch_rows=self.max_batch_rows or max_rows, fill_wait_s=self.fill_wait_s)
         self.server = EndpointServer(agent_app(self.endpoint), self.socket).__enter__()
         return self.server
 
