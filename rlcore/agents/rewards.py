@@ -5,51 +5,46 @@ A returned number is the training reward (``total``) and, unless the agent retur
 also the accuracy score (``acc``: rollout/acc, pass@k count ``acc >= 1``). A failed trajectory's reward is
 ``rollout.agent.failure_reward`` (put in its ``agent_reward`` by the loop) and its accuracy 0. The reward functions'
 values are ``NaN`` (not applicable) on the trajectories the agent scored, so ``reward/<name>/mean`` is over the ones
-they scored.
+they scored. Light: numpy (``rlcore eval`` scores a generations file with it, without torch).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from rlcore.protocol import Batch
 from rlcore.rewards.guard import NOT_APPLICABLE
 from rlcore.rewards.scoring import Rewards
 
 
-def agent_scored(batch: Batch) -> np.ndarray:
-    """``[n]`` bool: the samples whose reward the agent gave (or its failure did)."""
-    if "agent_reward" not in batch:
-        return np.zeros(len(batch), bool)
-    return np.array([r is not None for r in batch["agent_reward"]], bool)
-
-
-def with_agent_rewards(batch: Batch, score: Callable[[np.ndarray], Rewards], weights: dict[str, float]) -> Rewards:
-    """The rewards of ``batch``: the agents' where they gave one, ``score(index)`` (the reward functions on the
-    samples at ``index``) for the others; ``weights``: every component's weight (for an all-agent batch)."""
-    mine = agent_scored(batch)
-    n = len(batch)
+def with_agent_rewards(returned: Sequence[float | None], failures: Sequence[str], extras: Sequence[dict],
+                       score: Callable[[np.ndarray], Rewards], weights: dict[str, float]) -> Rewards:
+    """The rewards of ``n`` samples: ``returned[i]`` where the agent gave one (or its failure did: ``failures[i]``
+    non-empty; ``extras[i]`` the rest of a returned dict, whose ``acc`` is the accuracy), ``score(index)`` (the
+    reward functions on the samples at ``index``) for the others; ``weights``: every component's weight (for
+    samples all scored by their agents)."""
+    n = len(returned)
+    mine = np.array([r is not None for r in returned], bool)
     rest = np.flatnonzero(~mine)
     scored = score(rest) if len(rest) else None
     names = list(scored.values) if scored is not None else list(weights)
     values = {k: np.full(n, np.nan) for k in names}
     status = {k: np.full(n, NOT_APPLICABLE, np.int8) for k in names}
-    extras: dict[str, dict[str, np.ndarray]] = {k: {} for k in names}
+    extra_values: dict[str, dict[str, np.ndarray]] = {k: {} for k in names}
     total, acc = np.zeros(n), np.zeros(n)
     if scored is not None:
         total[rest], acc[rest] = scored.total, scored.acc
         for k in names:
             values[k][rest], status[k][rest] = scored.values[k], scored.status[k]
-            extras[k] = {e: _spread(c, rest, n) for e, c in scored.extras.get(k, {}).items()}
+            extra_values[k] = {e: _spread(c, rest, n) for e, c in scored.extras.get(k, {}).items()}
     for i in np.flatnonzero(mine):
-        total[i] = float(batch["agent_reward"][i])
-        failed = bool(batch["agent_failure"][i])
-        given = batch["agent_reward_extras"][i].get("acc") if not failed else None
-        acc[i] = 0.0 if failed else float(given) if isinstance(given, (int, float)) else total[i]
+        total[i] = float(returned[i])
+        given = None if failures[i] else (extras[i] or {}).get("acc")
+        acc[i] = 0.0 if failures[i] else float(given) if isinstance(given, (int, float)) else total[i]
     rm_raw = None if scored is None or scored.rm_raw is None else _spread(scored.rm_raw, rest, n)
-    return Rewards(total, acc, values, status, extras, dict(scored.weights) if scored is not None else weights, rm_raw)
+    return Rewards(total, acc, values, status, extra_values, dict(scored.weights) if scored is not None else weights,
+                   rm_raw)
 
 
 def _spread(column: np.ndarray, index: np.ndarray, n: int) -> np.ndarray:

@@ -153,6 +153,10 @@ def generation_records(rows: list[dict], gen, tokenizer, n: int) -> list[dict]:
         if "agent_messages" in gen:
             record["trajectories"] = [[{"name": None, **m} for m in t] for t in gen["agent_messages"][part]]
             record["tool_calls"] = gen["agent_tool_calls"][part].tolist()
+        if "agent_reward" in gen:  # an agent program's own rewards, which rlcore eval keeps
+            record["agent_rewards"] = [None if r is None else float(r) for r in gen["agent_reward"][part]]
+            record["agent_failures"] = list(gen["agent_failure"][part])
+            record["agent_reward_extras"] = [json.dumps(e) for e in gen["agent_reward_extras"][part]]
         out.append(record)
     return out
 

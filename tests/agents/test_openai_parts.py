@@ -146,8 +146,6 @@ def test_a_batch_of_another_loop_is_left_as_it_is_and_mini_batches_grow_with_the
 
 # ------------------------------------------------------------------------------------------------ rewards
 def test_the_agents_rewards_stand_and_the_reward_functions_score_only_the_others():
-    batch = Batch({}, {"agent_reward": [0.5, None, -1.0, None], "agent_failure": ["", "", "raised", ""],
-                       "agent_reward_extras": [{"acc": 1}, {}, {}, {}]})
     asked = []
 
     def score(index: np.ndarray) -> Rewards:
@@ -156,14 +154,14 @@ def test_the_agents_rewards_stand_and_the_reward_functions_score_only_the_others
         return Rewards(np.full(k, 0.25), np.full(k, 1.0), {"rule": np.full(k, 0.25)}, {"rule": np.full(k, OK)},
                        {"rule": {"x": np.full(k, 3.0)}}, {"rule": 1.0})
 
-    r = with_agent_rewards(batch, score, {"rule": 1.0})
+    r = with_agent_rewards([0.5, None, -1.0, None], ["", "", "raised", ""], [{"acc": 1}, {}, {}, {}], score,
+                           {"rule": 1.0})
     assert asked == [[1, 3]]
     assert r.total.tolist() == [0.5, 0.25, -1.0, 0.25] and r.acc.tolist() == [1.0, 1.0, 0.0, 1.0]
     assert np.isnan(r.values["rule"][[0, 2]]).all() and r.status["rule"].tolist() == [NOT_APPLICABLE, OK,
                                                                                       NOT_APPLICABLE, OK]
     assert r.metrics()["reward/rule/mean"] == 0.25 and r.metrics()["reward/rule/x"] == 3.0
-    every = with_agent_rewards(Batch({}, {"agent_reward": [1.0], "agent_failure": [""], "agent_reward_extras": [{}]}),
-                               lambda index: pytest.fail("nothing to score"), {"rule": 1.0})
+    every = with_agent_rewards([1.0], [""], [{}], lambda index: pytest.fail("nothing to score"), {"rule": 1.0})
     assert every.total.tolist() == [1.0] and every.acc.tolist() == [1.0] and list(every.values) == ["rule"]
 
 

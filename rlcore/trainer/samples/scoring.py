@@ -36,8 +36,9 @@ def score_responses(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str,
     if "agent_reward" not in batch:
         return scorer.score(samples, what=what, model=model)
     weights = {f.label: f.weight for f in scorer.functions}  # an agent program's rewards (rlcore.agents.rewards)
-    return with_agent_rewards(batch, lambda index: scorer.score([samples[i] for i in index], what=what,
-                                                                model=model_subset(model, index)), weights)
+    return with_agent_rewards(batch["agent_reward"], batch["agent_failure"], batch["agent_reward_extras"],
+                              lambda index: scorer.score([samples[i] for i in index], what=what,
+                                                         model=model_subset(model, index)), weights)
 
 
 def response_texts(tokenizer, batch: Batch) -> list[str]:
