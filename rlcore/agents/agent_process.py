@@ -33,7 +33,7 @@ from typing import Any
 import httpx2
 import openai
 
-from rlcore.agents.sandbox import _die_with_parent, _leave_network, _limit_memory, _one_line, read_frame, write_frame
+from rlcore.agents.sandbox import _one_line, enter_sandbox, read_frame, write_frame
 from rlcore.inputs import NotAPythonFile, UserFileNotFound, defined_functions, load_user_module
 
 STALL_CHECK_S = 0.25
@@ -176,17 +176,8 @@ async def serve(fn, socket_path: str, requests, reply) -> None:
 def main(argv: list[str]) -> None:
     """The agent process: ``argv`` = [settings JSON: path, name, socket, memory_mb]."""
     settings = json.loads(argv[0])
-    _die_with_parent()
     sys.dont_write_bytecode = True  # no __pycache__ in the agent's folder, a DVC dependency
-    reply = os.fdopen(os.dup(1), "wb")
-    requests = sys.stdin.buffer
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    sys.stdout = sys.__stdout__ = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
-    sys.stderr = sys.__stderr__ = sys.stdout
-    network = _leave_network()
-    _limit_memory(int(settings["memory_mb"]))
+    reply, requests, network = enter_sandbox(int(settings["memory_mb"]))
     try:
         fn = load_agent(settings["path"], settings["name"])
     except BaseException as err:  # noqa: BLE001 - reported in the hello; the worker says it in one line

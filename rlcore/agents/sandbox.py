@@ -246,18 +246,25 @@ def _step_reply(out: Any, cap: int) -> dict:
     return {"ok": True, "text": text[:cap], "chars": len(text), "reward": reward, "done": done}
 
 
-def main(argv: list[str]) -> None:
-    """The tool process: ``argv`` = [tools JSON, memory_mb]."""
+def enter_sandbox(memory_mb: int) -> tuple[BinaryIO, BinaryIO, str]:
+    """This process in the sandbox (module docstring): dying with the thread that started it, its output to
+    ``/dev/null``, out of the network, its memory capped. Returns the reply channel (a copy of stdout), the request
+    channel (stdin) and how the network is refused (:func:`_leave_network`)."""
     _die_with_parent()
     reply = os.fdopen(os.dup(1), "wb")
-    requests = sys.stdin.buffer
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
     sys.stdout = sys.__stdout__ = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     sys.stderr = sys.__stderr__ = sys.stdout
     network = _leave_network()
-    _limit_memory(int(argv[1]))
+    _limit_memory(memory_mb)
+    return reply, sys.stdin.buffer, network
+
+
+def main(argv: list[str]) -> None:
+    """The tool process: ``argv`` = [tools JSON, memory_mb]."""
+    reply, requests, network = enter_sandbox(int(argv[1]))
     box = Sandbox(json.loads(argv[0]))
     write_frame(reply, {"ok": True, "network": network, "broken": box.broken})
     while (req := read_frame(requests)) is not None:
