@@ -23,7 +23,8 @@ concurrent requests into one engine call) with these differences:
   400 ``context_length_exceeded``), or one the API refuses (``bad_request``: a body that does not validate, an
   unsupported field, ``n`` > 1). Later requests of a failed trajectory get 400 too.
 * **batches wait for the agents**: when the engine is idle, a call starts once every running agent has a request
-  waiting, or :data:`FILL_WAIT_S` after the first came in, so the agents' turns go through the engine together.
+  waiting, once none has come in for :data:`QUIET_S`, or :data:`FILL_WAIT_S` after the first, so the agents' turns
+  go through the engine together.
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ from rlcore.serve.http import APIError
 from rlcore.serve.schema import ChatRequest
 from rlcore.serve.server import ModelServer, ServeOptions, _stops, _usage
 
-FILL_WAIT_S = 0.2
+FILL_WAIT_S = 1.0
 """The most an idle engine waits for the running agents' next requests before it starts a call without them."""
+QUIET_S = 0.05
+"""An idle engine's wait for the agents' next requests also ends once none has come in for this long (an agent busy
+with its own tools does not hold the others up for :data:`FILL_WAIT_S`)."""
 MODEL_NAME = "policy"
 
 
@@ -70,6 +74,7 @@ class AgentEndpoint(ModelServer):
         super().__init__(tokenizer, engine, device=device, context_length=context_length, vocab_size=vocab_size,
                          default_max_tokens=context_length, options=options, tool_parser=parser)
         self.batcher.context_length, self.batcher.expected_rows = context_length, lambda: len(self.live)
+        self.batcher.quiet_s = QUIET_S
         self.records: dict[str, TrajectoryRecord] = {}
         self.live: set[str] = set()  # trajectories whose agent still runs
         self.inflight: Counter = Counter()  # requests being answered, per trajectory
@@ -137,7 +142,11 @@ class AgentEndpoint(ModelServer):
         if (req.n or 1) != 1:
             raise APIError(400, f"n: the agent endpoint records one completion per request; send {req.n} requests "
                                 "instead", param="n")
-        self.check_request(req.model_copy(update={"model": None}))
+        model, req.model = req.model, None  # any name: the check must not look at it
+        try:
+            self.check_request(req)
+        finally:
+            req.model = model
 
     async def _answer(self, record: TrajectoryRecord, req: ChatRequest) -> dict[str, Any]:
         self.check_agent_request(req)
@@ -162,7 +171,7 @@ class AgentEndpoint(ModelServer):
         record.add(plan, keys, tools, out.tokens, out.log_probs, message_key(message),
                    at_eos=bool(out.tokens) and out.tokens[-1] == self.tokenizer.eos_token_id)
         record.tool_calls += len(message.get("tool_calls") or ())
-        record.last_text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
+        record.last_text = out.text
         record.last_messages = [m.model_dump(exclude_none=True) for m in req.messages] + [message]
         choice = {"index": 0, "message": message, "finish_reason": finish_reason,
                   "logprobs": self.chat_logprobs(out) if req.logprobs else None}

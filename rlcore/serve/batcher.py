@@ -150,12 +150,14 @@ class Batcher:
 
     def __init__(self, engine: RolloutEngine, *, device: torch.device, pad_token_id: int, max_batch_rows: int = 64,
                  wait_s: float = 0.005, batching: bool = True, seed: int = 0, max_waiting: int = 128,
-                 context_length: int | None = None, expected_rows: Callable[[], int] | None = None):
+                 context_length: int | None = None, expected_rows: Callable[[], int] | None = None,
+                 quiet_s: float | None = None):
         """``context_length``: row-seeded jobs share a call only while its longest prompt plus the most tokens any
         of them asks fit it. ``expected_rows()``: how many rows are worth waiting for when the engine was idle
-        (default ``max_batch_rows``): the agent endpoint's count of agents that have not sent their next request."""
+        (default ``max_batch_rows``): the agent endpoint's count of running agents. ``quiet_s``: that wait (at most
+        ``wait_s``) also ends once no job has come in for this long."""
         self.engine = engine
-        self.context_length, self.expected_rows = context_length, expected_rows
+        self.context_length, self.expected_rows, self.quiet_s = context_length, expected_rows, quiet_s
         self.device = device
         self.pad_token_id = pad_token_id
         self.max_batch_rows = max_batch_rows
@@ -248,8 +250,8 @@ class Batcher:
                     if left <= 0:
                         break
                     self._arrived.clear()
-                    try:
-                        await asyncio.wait_for(self._arrived.wait(), left)
+                    try:  # (with quiet_s: give up once no job came in for that long)
+                        await asyncio.wait_for(self._arrived.wait(), min(left, self.quiet_s or left))
                     except TimeoutError:
                         break
             # a job stays in the queue (and counts as waiting) until its call starts
