@@ -33,6 +33,7 @@ from typing import Any
 import httpx2
 import openai
 
+from rlcore.agents.event_loop import new_event_loop
 from rlcore.agents.sandbox import _one_line, enter_sandbox, read_frame, write_frame
 from rlcore.inputs import NotAPythonFile, UserFileNotFound, defined_functions, load_user_module
 
@@ -185,4 +186,5 @@ def main(argv: list[str]) -> None:
             err, ValueError) else str(err)})
         return
     write_frame(reply, {"ok": True, "network": network})
-    asyncio.run(serve(fn, settings["socket"], requests, reply))
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(serve(fn, settings["socket"], requests, reply))

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from rlcore.agents.event_loop import new_event_loop
 from rlcore.agents.recording import BAD_REQUEST, BUDGET, MAX_TURNS, BudgetError, TrajectoryRecord, canonical, \
     message_key
 from rlcore.agents.template import TurnTemplate
@@ -239,7 +240,7 @@ class EndpointServer:
         return self
 
     def _serve(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.server.serve())
 

@@ -22,7 +22,7 @@ AGENT = Path(__file__).parent / "openai_round_agent" / "agent.py"
 
 def plot_rows(path: Path) -> list[dict[str, str]]:
     """The plot CSV without what measures time or the async queue."""
-    return [{k: v for k, v in r.items() if not k.startswith(("timing", "perf", "async"))}
+    return [{k: v for k, v in r.items() if not k.startswith(("timing", "perf", "async", "rollout/sample_tries"))}
             for r in csv.DictReader(path.open())]
 
 
