@@ -183,8 +183,8 @@ def openai_agent(path, name="run"):
 
 @pytest.mark.parametrize("name, message", [
     ("plain", "agent 'plain' .*: expected an async function `async def plain\\(client, row\\)`, got a plain def"),
-    ("nothing", "agent file .*agents.py has no 'nothing' \\(it defines: block, chatty, edit_history, exits, malformed, misbehave, plain, "
-                "react\\)"),
+    ("nothing", "agent file .*agents.py has no 'nothing' \\(it defines: block, chatty, edit_history, exits, graded, "
+                "malformed, misbehave, plain, react\\)"),
 ])
 def test_a_bad_agent_function_is_one_line_before_ray_starts(name, message):
     with pytest.raises(ConfigError, match=f"^rollout.agent.agents\\[0\\]: {message}$"):

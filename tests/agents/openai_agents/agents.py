@@ -104,3 +104,9 @@ async def exits(client, row):
 def plain(client, row):
     """Not async."""
     return 1.0
+
+
+async def graded(client, row):
+    """One request; a reward and an accuracy of its own, whatever the model wrote."""
+    await client.chat.completions.create(model="any", messages=row["messages"], max_tokens=4)
+    return {"score": 0.25, "acc": 1.0}
