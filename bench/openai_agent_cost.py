@@ -11,7 +11,7 @@ against a single-turn rollout of the same total tokens, on the same rows, model 
 The model is a random tiny decoder (``--hidden``/``--layers`` for a bigger one), sampled at temperature 1 (each
 agent's rows with their own seeds). Runs alternate (single, openai, single, ...) after a first round that warms
 up everything (the agent processes and the endpoint start once, as in a worker); each reports its median over
-``--repeats``. The tokens are checked: every agent's turns sampled their ``L`` tokens, and both runs cover the same
+``--repeats``, the openai loop's also its seconds in the engine and its engine calls. The tokens are checked: every agent's turns sampled their ``L`` tokens, and both runs cover the same
 number of tokens (but for a turn whose last token happened to be EOS, after which the template adds none).
 
     .venv/bin/python -m bench.openai_agent_cost [--rows 256] [--turns 4] [--turn-tokens 24] [--repeats 5]
@@ -57,7 +57,7 @@ def measure(args) -> dict:
     agents = EndpointRuntime(EndpointAgentSpec(agent=ToolRef(AGENT, "run"), max_requests=args.turns,
                                                processes=args.processes), tok)
     single = SamplingParams(max_new_tokens=total, temperature=1.0)
-    times: dict[str, list[float]] = {"single": [], "openai": []}
+    times: dict[str, list[float]] = {"single": [], "openai": [], "engine": [], "engine_calls": []}
     tokens: dict[str, int] = {}
     try:
         for i in range(args.repeats + 1):  # the first round warms everything up and is not counted
@@ -66,10 +66,14 @@ def measure(args) -> dict:
             out = never_stops.generate(ids, mask, single, g)
             times["single"].append(time.perf_counter() - start)
             tokens["single"] = int(out["response_mask"].sum())
+            before = dict(agents.endpoint.batcher.stats) if agents.endpoint is not None else {}
             start = time.perf_counter()
             out = agents.batch(never_stops, part, SamplingParams(max_new_tokens=total, temperature=1.0), g,
                                torch.device("cpu"))
             times["openai"].append(time.perf_counter() - start)
+            stats = agents.endpoint.batcher.stats
+            times["engine"].append(stats["engine_seconds"] - before.get("engine_seconds", 0.0))
+            times["engine_calls"].append(stats["engine_calls"] - before.get("engine_calls", 0))
             assert not any(out["agent_failure"]), set(out["agent_failure"])
             tokens["openai"] = int(out["response_attention_mask"].sum())
             tokens["openai_sampled"] = int(out["response_mask"].sum())
@@ -79,6 +83,7 @@ def measure(args) -> dict:
     return {"rows": args.rows, "hidden": args.hidden, "layers": args.layers, "turns": args.turns,
             "turn_tokens": args.turn_tokens, "observation_tokens": obs, "tokens_per_row": total, "tokens": tokens,
             "single_s": med["single"], "openai_s": med["openai"], "ratio": med["openai"] / med["single"],
+            "openai_engine_s": med["engine"], "openai_engine_calls": med["engine_calls"],
             "agent_processes": args.processes, "threads": torch.get_num_threads()}
 
 
@@ -99,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     assert abs(r["tokens"]["single"] - r["tokens"]["openai"]) <= args.rows * (args.turns - 1) // 10
     print(f"{args.rows} agents x {r['tokens_per_row']} tokens ({args.turns} requests of {args.turn_tokens} tokens, "
           f"{args.turns - 1} tool messages of {r['observation_tokens']} template tokens): single-turn "
-          f"{r['single_s']:.3f} s, openai loop {r['openai_s']:.3f} s (ratio {r['ratio']:.2f})")
+          f"{r['single_s']:.3f} s, openai loop {r['openai_s']:.3f} s (ratio {r['ratio']:.2f}; in the engine "
+          f"{r['openai_engine_s']:.3f} s over {r['openai_engine_calls']:g} calls)")
 
 
 if __name__ == "__main__":
