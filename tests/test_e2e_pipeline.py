@@ -259,8 +259,8 @@ def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_r
     """ppo@r1 again, as an asynchronous round (a generator worker beside the trainer's rank, a queue,
     versioned weights) with max_staleness 0, checkpointing after each step, SIGKILLed (its whole process group; its
     actors on the session's Ray head die with it) as soon as the step-1 checkpoint exists; a module the stage does
-    not run (the `rlcore serve` command's) is edited, and the same command again says it resumes and ends with exactly the
-    synchronous first run's plot rows, rollouts, metrics and weights (timings aside). The batch handed out before
+    not run (the `rlcore serve` command's) is edited, and the same command again says it resumes and ends with
+    exactly the synchronous first run's plot rows, rollouts, metrics and weights (timings aside). The batch handed out before
     the kill is generated again with the restored weights: no step of the resumed round is stale or drops a batch.
     Outputs go to other paths, so DVC's state is untouched."""
     root, env = workdir

@@ -14,7 +14,7 @@ from rlcore.config import parse_config
 from rlcore.data.arithmetic import arithmetic_rows
 from rlcore.data.schema import write_rows
 from rlcore.tracking import NullTracker
-from rlcore.trainer.checkpoint import StepCheckpoints
+from rlcore.trainer.loop.checkpoint import StepCheckpoints
 from rlcore.trainer.ppo import run_ppo_round
 
 AGENT = Path(__file__).parent / "openai_round_agent" / "agent.py"

@@ -101,7 +101,7 @@ def test_an_agent_program_served_by_vllm_learns_its_own_reward(policy, ray_local
              "processes": 1, "max_turns": 2}
     cfg = config("sync", agent, max_response_length=24)
     with worker_groups(cfg, folder) as groups:
-        runner = RoundRunner(cfg, groups=groups, tokenizer=tok, prompts=prompt_batch(rows, tok, 64, "rows"), seed=0)
+        runner = sync_round_runner(cfg, groups, tokenizer=tok, prompts=prompt_batch(rows, tok, 64, "rows"), seed=0)
         metrics = [runner.step(s) for s in range(12)]
     rewards = [m["rollout/reward_mean"] for m in metrics]
     print("agent rewards", [round(r, 3) for r in rewards])
