@@ -17,9 +17,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from rlcore.agents.rewards import model_subset, with_agent_rewards
 from rlcore.data.tables import read_records as read_table
 from rlcore.errors import DataError
+from rlcore.rewards.agent_rewards import model_subset, with_agent_rewards
 from rlcore.rewards.rule import RULES
 from rlcore.rewards.scoring import Rewards, RewardScorer, samples_of
 

@@ -1,6 +1,6 @@
 """The openai loop's parts without agent processes: where a request's tokens go (rlcore.agents.recording), the
 training rows of split and failed trajectories (rlcore.agents.trajectory_rows), the agents' rewards
-(rlcore.agents.rewards), and what is refused before Ray starts (params, the agent file)."""
+(rlcore.rewards.agent_rewards), and what is refused before Ray starts (params, the agent file)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import yaml
 
 from rlcore.agents.check import check_agent_program
 from rlcore.agents.recording import BudgetError, TrajectoryRecord, message_key
-from rlcore.agents.rewards import with_agent_rewards
 from rlcore.agents.trajectory_rows import EXTRA, MAIN, PAD, main_rows, mini_batch_rows, training_rows
 from rlcore.config import parse_config
 from rlcore.errors import ConfigError
 from rlcore.protocol import Batch
+from rlcore.rewards.agent_rewards import with_agent_rewards
 from rlcore.rewards.guard import NOT_APPLICABLE, OK
 from rlcore.rewards.scoring import Rewards
 from tests.conftest import REPO_ROOT

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from rlcore.agents.rewards import model_subset, with_agent_rewards
 from rlcore.config import RewardConfig
 from rlcore.data.collate import decode_responses
 from rlcore.protocol import Batch
+from rlcore.rewards.agent_rewards import model_subset, with_agent_rewards
 from rlcore.rewards.scoring import Rewards, RewardScorer, probe, samples_of
 
 
@@ -35,7 +35,8 @@ def score_responses(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str,
                          reward_extra_info(batch))
     if "agent_reward" not in batch:
         return scorer.score(samples, what=what, model=model)
-    weights = {f.label: f.weight for f in scorer.functions}  # an agent program's rewards (rlcore.agents.rewards)
+    # an agent program's rewards (rlcore.rewards.agent_rewards)
+    weights = {f.label: f.weight for f in scorer.functions}
     return with_agent_rewards(batch["agent_reward"], batch["agent_failure"], batch["agent_reward_extras"],
                               lambda index: scorer.score([samples[i] for i in index], what=what,
                                                          model=model_subset(model, index)), weights)
