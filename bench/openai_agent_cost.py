@@ -11,8 +11,9 @@ against a single-turn rollout of the same total tokens, on the same rows, model 
 The model is a random tiny decoder (``--hidden``/``--layers`` for a bigger one), sampled at temperature 1 (each
 agent's rows with their own seeds). Runs alternate (single, openai, single, ...) after a first round that warms
 up everything (the agent processes and the endpoint start once, as in a worker); each reports its median over
-``--repeats``, the openai loop's also its seconds in the engine and its engine calls. The tokens are checked: every agent's turns sampled their ``L`` tokens, and both runs cover the same
-number of tokens (but for a turn whose last token happened to be EOS, after which the template adds none).
+``--repeats``, the openai loop's also its seconds in the engine and its engine calls. The tokens are checked: every
+agent's turns sampled their ``L`` tokens, and both runs cover the same number of tokens (but for a turn whose last
+token happened to be EOS, after which the template adds none).
 
     .venv/bin/python -m bench.openai_agent_cost [--rows 256] [--turns 4] [--turn-tokens 24] [--repeats 5]
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from bench.agent_cost import build
+from bench.agent_cost import add_shape_arguments, build
 from rlcore.agents.openai_loop import EndpointRuntime
 from rlcore.agents.spec import EndpointAgentSpec, ToolRef
 from rlcore.agents.template import TurnTemplate
@@ -89,13 +90,8 @@ def measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=256, help="agents (rows) at once (default: 32 prompts x 8)")
-    ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--turn-tokens", type=int, default=24, help="tokens the model samples per turn")
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=3)
+    add_shape_arguments(ap, "agents (rows) at once", "tokens the model samples per turn")
     ap.add_argument("--processes", type=int, default=2, help="agent processes (rollout.agent.processes)")
-    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     r = measure(args)
     print(json.dumps(r))

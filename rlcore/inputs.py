@@ -24,6 +24,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from rlcore.errors import DataError, InputNotFound
 
@@ -180,6 +181,27 @@ def load_user_module(path: str | Path, prefix: str) -> ModuleType:
         del sys.modules[module_name]
         raise
     return module
+
+
+class MissingUserObject(LookupError):
+    """A user's file that is not there or not Python, or that has no object of the name asked for: the message is
+    one line naming the file."""
+
+
+def load_user_object(path: str | Path, name: str, what: str, prefix: str) -> Any:
+    """Object ``name`` of the user's Python file ``path`` (a ``what`` file: "tool", "agent"), loaded by
+    :func:`load_user_module` under ``prefix``; :class:`MissingUserObject` when the file or the name is missing or
+    the file is not Python (an exception the file's own code raises while importing propagates)."""
+    try:
+        module = load_user_module(path, prefix)
+    except UserFileNotFound:
+        raise MissingUserObject(f"{what} file {path}: not found") from None
+    except NotAPythonFile:
+        raise MissingUserObject(f"{what} file {path}: not a Python file") from None
+    if not hasattr(module, name):
+        defined = defined_functions(module)
+        raise MissingUserObject(f"{what} file {path} has no {name!r} (it defines: {', '.join(defined) or 'nothing'})")
+    return getattr(module, name)
 
 
 def defined_functions(module: ModuleType) -> list[str]:

@@ -17,7 +17,6 @@ the thread that started them if the worker dies first.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import signal
@@ -25,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,6 +31,7 @@ from typing import Any, Callable
 
 from rlcore.agents.sandbox import read_frame, write_frame
 from rlcore.agents.spec import EndpointAgentSpec
+from rlcore.agents.tools import close_at_exit
 
 GRACE_S = 5.0
 """Seconds past a trajectory's time limit before its process is killed from outside."""
@@ -66,15 +65,6 @@ class _Process:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-_POOLS: weakref.WeakSet[AgentPool] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for pool in list(_POOLS):
-        pool.close()
-
-
 class AgentPool:
     """The agent processes of one worker for one :class:`~rlcore.agents.spec.EndpointAgentSpec` (module docstring)."""
 
@@ -83,7 +73,7 @@ class AgentPool:
         self.processes: list[_Process | None] = [None] * max(1, spec.processes)
         self.network: str | None = None
         self.starts = 0
-        _POOLS.add(self)
+        close_at_exit(self)
 
     def _start(self) -> _Process:
         """A new agent process, started (and then read) by a thread of its own: the process dies with the thread

@@ -35,7 +35,7 @@ import openai
 
 from rlcore.agents.event_loop import new_event_loop
 from rlcore.agents.sandbox import _one_line, enter_sandbox, read_frame, write_frame
-from rlcore.inputs import NotAPythonFile, UserFileNotFound, defined_functions, load_user_module
+from rlcore.inputs import MissingUserObject, load_user_object
 
 STALL_CHECK_S = 0.25
 """How often the watchdog thread looks at the loop."""
@@ -45,15 +45,9 @@ def load_agent(path: str, name: str):
     """The agent function ``name`` of the file ``path``; ValueError (one line) when it is missing or not an agent:
     an ``async def`` taking the client and the row (two positional parameters)."""
     try:
-        module = load_user_module(path, "rlcore_agent")
-    except UserFileNotFound:
-        raise ValueError(f"agent file {path}: not found") from None
-    except NotAPythonFile:
-        raise ValueError(f"agent file {path}: not a Python file") from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        defined = defined_functions(module)
-        raise ValueError(f"agent file {path} has no {name!r} (it defines: {', '.join(defined) or 'nothing'})")
+        fn = load_user_object(path, name, "agent", "rlcore_agent")
+    except MissingUserObject as err:
+        raise ValueError(str(err)) from None
     problem = signature_problem(fn)
     if problem:
         raise ValueError(f"agent {name!r} ({path}): {problem}")

@@ -10,7 +10,6 @@ request cost here once the model is fast: thousands of requests a step)."""
 from __future__ import annotations
 
 import json
-from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -20,24 +19,14 @@ from starlette.responses import Response
 
 from rlcore.agents.endpoint import MODEL_NAME, AgentEndpoint
 from rlcore.agents.recording import BAD_REQUEST
-from rlcore.serve.app import add_error_handlers
+from rlcore.serve.app import add_error_handlers, scheduler_lifespan
 from rlcore.serve.http import error_response
 from rlcore.serve.schema import ChatRequest, validation_error
 
 
 def agent_app(endpoint: AgentEndpoint) -> FastAPI:
     """The app; the endpoint's batcher starts and stops with it."""
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await endpoint.batcher.start()
-        try:
-            yield
-        finally:
-            await endpoint.batcher.stop()
-            endpoint.tokenizing.shutdown(wait=False, cancel_futures=True)
-
-    app = FastAPI(title="rlcore agent endpoint", lifespan=lifespan)
+    app = FastAPI(title="rlcore agent endpoint", lifespan=scheduler_lifespan(endpoint))
     add_error_handlers(app, endpoint)
 
     async def chat_completions(request: Request) -> Response:

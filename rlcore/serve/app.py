@@ -100,8 +100,9 @@ def add_error_handlers(app: FastAPI, server: ModelServer) -> None:
         return error_response(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
 
 
-def create_app(server: ModelServer) -> FastAPI:
-    """The FastAPI app over ``server``; its scheduler starts and stops with the app (lifespan)."""
+def scheduler_lifespan(server: ModelServer):
+    """An app's lifespan over ``server`` (or the agent endpoint: anything with its ``batcher`` and ``tokenizing``
+    pool): the scheduler starts with the app, and stops, with the tokenizing threads let go, when it ends."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -112,8 +113,13 @@ def create_app(server: ModelServer) -> FastAPI:
             await server.batcher.stop()
             server.tokenizing.shutdown(wait=False, cancel_futures=True)
 
+    return lifespan
+
+
+def create_app(server: ModelServer) -> FastAPI:
+    """The FastAPI app over ``server``; its scheduler starts and stops with the app (lifespan)."""
     app = FastAPI(title="rlcore serve", description="OpenAI-compatible completions over an rlcore rollout engine",
-                  lifespan=lifespan)
+                  lifespan=scheduler_lifespan(server))
     app.state.server = server
     add_error_handlers(app, server)
 
