@@ -9,7 +9,7 @@ import asyncio
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     try:
-        import uvloop
+        import uvloop  # here, not at the top: asyncio's loop where uvloop is not installed (a dependency, yet optional)
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
