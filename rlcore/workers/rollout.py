@@ -7,6 +7,7 @@ rollout copy it refreshes with the actor's weights after every update.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from rlcore.protocol import Batch
 from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams, reads_weights_in_place
 from rlcore.rollout import make_engine as build_engine
 from rlcore.workers.rank import RankWorker
+
+if TYPE_CHECKING:
+    from rlcore.agents.openai_loop import EndpointRuntime
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,9 @@ class AgentRunners:
     def __init__(self, model_path: str):
         self.model_path = model_path
         self.spec: AgentSpec | EndpointAgentSpec | None = None
-        self.runtime = None
+        self.runtime: AgentRuntime | EndpointRuntime | None = None
 
-    def get(self, spec: AgentSpec | EndpointAgentSpec):
+    def get(self, spec: AgentSpec | EndpointAgentSpec) -> AgentRuntime | EndpointRuntime:
         if spec != self.spec or self.runtime is None:
             self.close()
             tokenizer = load_tokenizer(self.model_path)
@@ -61,9 +65,9 @@ class AgentRunners:
               generator: torch.Generator, device: torch.device) -> Batch:
         """One micro-batch of trajectories of ``spec``'s loop on ``engine``."""
         runtime = self.get(spec)
-        if isinstance(spec, EndpointAgentSpec):
-            return runtime.batch(engine, part, sampling, generator, device)
-        return trajectory_batch(runtime, engine, part, sampling, generator, device)
+        if isinstance(runtime, AgentRuntime):
+            return trajectory_batch(runtime, engine, part, sampling, generator, device)
+        return runtime.batch(engine, part, sampling, generator, device)
 
     def close(self) -> None:
         if self.runtime is not None:
