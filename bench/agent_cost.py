@@ -127,14 +127,20 @@ def measure(args) -> dict:
             "deterministic_ratio": med["deterministic"] / med["single"], "threads": torch.get_num_threads()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=256, help="rows generated at once (default: 32 prompts x 8)")
+def add_shape_arguments(ap: argparse.ArgumentParser, rows: str, turn_tokens: str) -> None:
+    """The options of a multi-turn cost bench (this one's and bench.openai_agent_cost's): the rows, their turns,
+    the model's size and the repeats; ``rows`` and ``turn_tokens``: what those two mean there."""
+    ap.add_argument("--rows", type=int, default=256, help=f"{rows} (default: 32 prompts x 8)")
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--turn-tokens", type=int, default=24, help="model tokens per turn, its EOS included")
+    ap.add_argument("--turn-tokens", type=int, default=24, help=turn_tokens)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shape_arguments(ap, "rows generated at once", "model tokens per turn, its EOS included")
     args = ap.parse_args(argv)
     r = measure(args)
     print(json.dumps(r))

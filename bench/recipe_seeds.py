@@ -79,8 +79,9 @@ def run_seed(recipes: list[str], sets: list[str], seed: int, root: Path, cache: 
     ev = json.loads((root / "metrics" / "eval.json").read_text())
     out = {"seed": seed, "sft": ev["sft/greedy_pass@1"], "final": ev["final/greedy_pass@1"],
            "gain": ev["gain/greedy_pass@1"], "minutes": (time.monotonic() - start) / 60, **provenance(root)}
-    for key in ("agent/tool_calls_per_sample", "agent/error_observations", "agent/truncated_budget"):
-        if f"final/{key}" in ev:  # the tool loop's, in the evaluation of the final model
+    for key in ("agent/tool_calls_per_sample", "agent/error_observations", "agent/truncated_budget", "agent/failed",
+                "agent/split"):
+        if f"final/{key}" in ev:  # the agent loops' (tool, openai), in the evaluation of the final model
             out[f"final {key}"] = ev[f"final/{key}"]
     for rm in sorted((root / "metrics").glob("rm_*.json")):
         out[f"{rm.stem} accuracy"] = json.loads(rm.read_text())["rm/test_accuracy"]

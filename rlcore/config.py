@@ -376,18 +376,52 @@ class ToolConfig(_Section):
     docstring), or a class with reset(row), step(action) and reward() (an environment, the only entry then)."""
 
 
+class AgentFileConfig(_Section):
+    path: str = Field(min_length=1)
+    """Python file (relative to the repository) of the agent, in a folder of its own: the file and its folder are DVC
+    dependencies of the stages that run the agent (score, the PPO rounds, evaluate), recorded by sha256 in
+    inputs/reward by dvc.yaml's agent_file stage."""
+    name: str = Field("run", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The agent function in that file: async def run(client: openai.AsyncOpenAI, row: dict) returning the reward
+    (a number, {"score": ..., **extras} or None: the reward functions score the last completion)."""
+
+    @field_validator("path")
+    @classmethod
+    def _own_folder(cls, v: str) -> str:
+        if Path(v).parent in (Path("."), Path("")):
+            raise ValueError(f"{v!r}: put the agent file in a folder of its own (its folder is a DVC dependency of the "
+                             "stages that run it: the repository's root would be all of the repository)")
+        return v
+
+
 class AgentConfig(_Section):
     loop: str = "single_turn"
-    """How a sample is generated: single_turn (one response) or tool (model turn, tool calls, observation, next turn,
-    up to max_turns; rlcore.agents.loop). docs/how-to/tools.md."""
+    """How a sample is generated: single_turn (one response), tool (model turn, tool calls, observation, next turn,
+    up to max_turns; rlcore.agents.loop; docs/how-to/tools.md) or openai (your agent program, written against the
+    OpenAI API, talks to the policy behind an OpenAI-compatible endpoint; every completion it gets is recorded and
+    trained; rlcore.agents.openai_loop; docs/how-to/openai-agents.md)."""
     tools: list[ToolConfig] = []
     """Loop tool: [{path, name}] tool functions, or one environment class."""
+    agents: list[AgentFileConfig] = []
+    """Loop openai: [{path, name}], one entry: the agent (a list so that dvc.yaml's agent_file stage can depend on its
+    file and folder, and exist only when there is one)."""
+    agent_timeout_s: float = Field(300.0, gt=0, allow_inf_nan=False)
+    """Loop openai: seconds one agent run (a whole trajectory, its waits for the model included) may take; past them
+    it is cancelled, or its process killed if it does not yield, and the trajectory is a failure (timeout)."""
+    on_failure: Literal["reward", "drop"] = "reward"
+    """Loop openai: what a failed trajectory (the agent raised, timed out, died, sent a bad request, ran out of budget,
+    never called the model or returned something that is not a reward; agent/failures/<kind>) gives: reward = its
+    completions are trained with failure_reward; drop = they are not trained at all (and stay out of the group's
+    baseline)."""
+    failure_reward: float = Field(0.0, allow_inf_nan=False)
+    """Loop openai, on_failure reward: the reward of a failed trajectory."""
     parser: str = "hermes"
     """How tool calls are read from a model turn (rlcore.agents.parsers): hermes = <tool_call>{"name": ...,
     "arguments": {...}}</tool_call>."""
     max_turns: int = Field(4, ge=1)
     """Model turns per trajectory; a trajectory whose last allowed turn still calls a tool stops, truncated. The
-    token budget of a whole trajectory (model and observation tokens) is task.max_response_length."""
+    token budget of a whole trajectory (model and observation tokens) is task.max_response_length. Loop openai: the
+    most requests an agent may send the model per trajectory (one more is refused, and the trajectory fails)."""
     min_answer_tokens: int = Field(8, ge=1)
     """Tokens of the trajectory's budget an observation leaves for the model's next turn: an observation that would
     leave fewer is cut to fit (each tool message's text to its longest prefix that does, marked "..."; counted in
@@ -400,9 +434,11 @@ class AgentConfig(_Section):
     """Seconds one tool call (or environment step) may run; past them its process is killed and the call is an error
     observation."""
     memory_mb: int = Field(1024, ge=0)
-    """Address-space limit of each tool process in MiB (resource.setrlimit RLIMIT_AS; 0 = none)."""
+    """Address-space limit of each tool process (loop openai: agent process) in MiB (resource.setrlimit RLIMIT_AS;
+    0 = none)."""
     processes: int = Field(2, ge=1)
-    """Tool processes per generating worker (calls of different rows run in parallel)."""
+    """Tool processes per generating worker (calls of different rows run in parallel); loop openai: agent processes
+    per generating worker, each running its share of the trajectories concurrently (asyncio)."""
     deterministic: bool = False
     """true: each trajectory's numbers are independent of when the other rows' tools answer (observations fed one
     token per decode step, every step over all rows and the whole KV cache; static engine), so a run repeats
@@ -427,6 +463,9 @@ class AgentConfig(_Section):
                 raise ValueError(f"rollout.agent.tools[{i}].name {name!r} appears twice; the model calls tools by name")
         if self.loop == "tool" and not self.tools:
             raise ValueError("rollout.agent.loop tool needs rollout.agent.tools: [{path, name}, ...]")
+        if self.loop == "openai" and len(self.agents) != 1:
+            raise ValueError(f"rollout.agent.loop openai needs one agent in rollout.agent.agents: [{{path, name}}] "
+                             f"(got {len(self.agents)})")
         return self
 
 
@@ -462,7 +501,8 @@ class RolloutConfig(_Section):
     cpus_per_worker: float = Field(1.0, gt=0)
     """ppo.mode async: logical CPUs of each generator's bundle; also its torch thread count (at least 1)."""
     agent: AgentConfig = AgentConfig()
-    """Multi-turn tool use: the loop, the tools, the limits (rlcore.agents)."""
+    """Multi-turn agents: the loop (tool calls by rlcore, or your own agent program), the tools or the agent, the
+    limits (rlcore.agents)."""
 
     @field_validator("engine")
     @classmethod
@@ -1040,7 +1080,8 @@ class Config(_Section):
         """What rollout.engine vllm cannot run, known before any stage starts (rlcore.rollout.vllm_engine)."""
         if self.rollout.agent.loop == "tool":
             raise ValueError("rollout.engine vllm does not run rollout.agent.loop tool (the agent loop samples from "
-                             "full logits, which vLLM does not hand out): use rollout.engine static or hf")
+                             "full logits, which vLLM does not hand out): use rollout.engine static or hf, or "
+                             "rollout.agent.loop openai (an agent program; whole turns per engine call)")
         if self.model.dtype == "float16" and not self.resources.use_gpu:
             raise ValueError("rollout.engine vllm runs float32 or bfloat16 on a CPU: model.dtype float16 needs "
                              "resources.use_gpu true")

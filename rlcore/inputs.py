@@ -2,11 +2,12 @@
 
 DVC can only depend on paths written in ``dvc.yaml``, and the files a user configures (``task.file``,
 ``reward.functions``) live in ``params.yaml``. So ``dvc.yaml`` has one small stage per configured file
-(``task_file@<split>``, ``reward_file@<i>``, ``tool_file@<i>``: a ``foreach`` over the params list, none when it is
-empty)
+(``task_file@<split>``, ``reward_file@<i>``, ``tool_file@<i>``, ``agent_file@<i>``: a ``foreach`` over the params
+list, none when it is empty)
 whose only dependency is that file and whose only output is a manifest, ``{"path", "sha256"}``, in a
 folder the consuming stages depend on (``inputs/task`` for prepare; ``inputs/reward`` for score, the PPO
-rounds and evaluate; ``inputs/tools`` for those and SFT). Editing a file re-runs its manifest stage, which changes the folder, which re-runs
+rounds and evaluate, the stages that run an agent program too, so its manifest goes there; ``inputs/tools`` for those
+and SFT). An agent's manifest records its whole folder (the file and the modules it may import beside it). Editing a file re-runs its manifest stage, which changes the folder, which re-runs
 exactly the stages that read the file; the others stay cached.
 
 A consuming stage checks, before anything heavy starts, that each file it is about to read still has the
@@ -23,6 +24,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from rlcore.errors import DataError, InputNotFound
 
@@ -30,10 +32,12 @@ CHUNK = 1 << 20
 
 
 def sha256_of(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes; of a folder, of its files' relative paths and contents in sorted order."""
+    """Hex sha256 of a file's bytes; of a folder, of its files' relative paths and contents in sorted order (Python's
+    bytecode caches left out, as DVC leaves them out: ``.dvcignore``)."""
     path = Path(path)
     h = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix != ".pyc") if path.is_dir() else [path]
     for f in files:
         if path.is_dir():
             h.update(str(f.relative_to(path)).encode() + b"\0")
@@ -121,6 +125,29 @@ def recorded_tool_inputs(agent, folder: str | Path | None) -> dict[str, dict[str
     return out
 
 
+def agent_folder(path: str | Path) -> str:
+    """The folder of an agent file (``rollout.agent.agents``), as the agent_file stage records it."""
+    return str(Path(path).parent)
+
+
+def recorded_agent_inputs(agent, folder: str | Path | None) -> dict[str, dict[str, str]]:
+    """``{name: {"path", "sha256"}}`` of the agent (``rollout.agent.agents``, with loop ``openai``): its file's folder,
+    checked against its manifest ``agent_<name>`` in ``folder`` (the rewards folder: exactly the stages that run the
+    agent read it), what they log to MLflow. Without ``folder`` (a stage run by hand) it is hashed as it is."""
+    if agent.loop != "openai":
+        return {}
+    out = {}
+    for a in agent.agents:
+        where = agent_folder(a.path)
+        if folder is not None:
+            out[a.name] = {"path": where, "sha256": recorded_sha256(folder, f"agent_{a.name}", where)}
+        elif not Path(a.path).is_file():
+            raise InputNotFound(f"rollout.agent.agents: agent file {a.path} not found")
+        else:
+            out[a.name] = {"path": where, "sha256": sha256_of(where)}
+    return out
+
+
 class NotAPythonFile(ImportError):
     """A user file that Python cannot load as a module."""
 
@@ -154,6 +181,27 @@ def load_user_module(path: str | Path, prefix: str) -> ModuleType:
         del sys.modules[module_name]
         raise
     return module
+
+
+class MissingUserObject(LookupError):
+    """A user's file that is not there or not Python, or that has no object of the name asked for: the message is
+    one line naming the file."""
+
+
+def load_user_object(path: str | Path, name: str, what: str, prefix: str) -> Any:
+    """Object ``name`` of the user's Python file ``path`` (a ``what`` file: "tool", "agent"), loaded by
+    :func:`load_user_module` under ``prefix``; :class:`MissingUserObject` when the file or the name is missing or
+    the file is not Python (an exception the file's own code raises while importing propagates)."""
+    try:
+        module = load_user_module(path, prefix)
+    except UserFileNotFound:
+        raise MissingUserObject(f"{what} file {path}: not found") from None
+    except NotAPythonFile:
+        raise MissingUserObject(f"{what} file {path}: not a Python file") from None
+    if not hasattr(module, name):
+        defined = defined_functions(module)
+        raise MissingUserObject(f"{what} file {path} has no {name!r} (it defines: {', '.join(defined) or 'nothing'})")
+    return getattr(module, name)
 
 
 def defined_functions(module: ModuleType) -> list[str]:

@@ -43,7 +43,7 @@ TASKS = ("arithmetic", "calculator", "file", "gsm8k")
 # rlcore.trainer.round.modes.ROUND_MODES
 PPO_MODES = ("async", "sync")
 # rlcore.agents.LOOPS
-AGENT_LOOPS = ("single_turn", "tool")
+AGENT_LOOPS = ("openai", "single_turn", "tool")
 # rlcore.agents.parsers.PARSERS
 TOOL_PARSERS = ("hermes",)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlcore.agents.check import tool_schemas
+from rlcore.agents.check import check_agent_program, tool_schemas
 from rlcore.config import Config
 from rlcore.diagnose.base import Context
 from rlcore.diagnose.model import check_model
@@ -138,4 +138,8 @@ def check_inputs(cfg: Config, root: Path | None = None) -> list[str]:
         for t in cfg.rollout.agent.tools:
             kind = "a function, schema from its hints and docstring" if t.name in functions else "an environment"
             lines.append(f"tool {t.name} ({t.path}): imports in a tool process, {kind}: ok")
+    if cfg.rollout.agent.loop == "openai":
+        check_agent_program(cfg.rollout.agent)
+        (agent,) = cfg.rollout.agent.agents
+        lines.append(f"agent {agent.name} ({agent.path}): imports, async def {agent.name}(client, row): ok")
     return lines

@@ -272,8 +272,8 @@ def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_r
     """ppo@r1 again, as an asynchronous round (a generator worker beside the trainer's rank, a queue,
     versioned weights) with max_staleness 0, checkpointing after each step, SIGKILLed (its whole process group; its
     actors on the session's Ray head die with it) as soon as the step-1 checkpoint exists; a module the stage does
-    not run (the HTTP server's) is edited, and the same command again says it resumes and ends with exactly the
-    synchronous first run's plot rows, rollouts, metrics and weights (timings aside). The batch handed out before
+    not run (the `rlcore serve` command's) is edited, and the same command again says it resumes and ends with
+    exactly the synchronous first run's plot rows, rollouts, metrics and weights (timings aside). The batch handed out before
     the kill is generated again with the restored weights: no step of the resumed round is stale or drops a batch.
     Outputs go to other paths, so DVC's state is untouched."""
     root, env = workdir
@@ -289,7 +289,7 @@ def test_an_async_round_killed_after_a_checkpoint_resumes_and_ends_as_the_sync_r
     killed_at(checkpoint, cmd, root, env)
     assert not (root / "models/resumed_r1/model.safetensors").exists()
 
-    unrelated = root / "rlcore/serve/app.py"  # the stage's checkpoints depend on its own code only
+    unrelated = root / "rlcore/commands/serve.py"  # the stage's checkpoints depend on its own code only
     original = unrelated.read_text()
     unrelated.write_text(original + "\n# edited after the crash\n")
     try:

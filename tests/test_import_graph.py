@@ -85,17 +85,19 @@ FLOORS = [
                                                                        "rlcore.recipes", "rlcore.pipeline_keys"]),
     ("tensor math and data", ["rlcore.algos", "rlcore.data", "rlcore.viewer"]),
     ("rewards", ["rlcore.rewards"]),
-    ("CPU kernels, models, generation engines and the agent loop", ["rlcore.kernels", "rlcore.engine",
-                                                                    "rlcore.rollout", "rlcore.agents"]),
+    # rlcore.serve, the OpenAI-compatible server over an engine, is below the agent loops: the openai loop serves the
+    # policy to an agent program through it (its command, `rlcore serve`, is a face: rlcore.commands)
+    ("CPU kernels, models, generation engines, the OpenAI-compatible server and the agent loops",
+     ["rlcore.kernels", "rlcore.engine", "rlcore.rollout", "rlcore.serve", "rlcore.agents"]),
     ("the controller's tools and tracking", ["rlcore.controller", "rlcore.tracking"]),
     ("workers: the ranks of worker groups", ["rlcore.workers"]),
     ("the trainer's loop infrastructure", ["rlcore.trainer.loop"]),
     ("samples on worker groups", ["rlcore.trainer.samples"]),
     ("the PPO round's parts", ["rlcore.trainer.round"]),
     ("stage drivers", ["rlcore.trainer"]),
-    ("faces: the stage frame, the command, the server, export, compare, diagnose",
-     ["rlcore.stage", "rlcore.commands", "rlcore.__main__", "rlcore.serve", "rlcore.export", "rlcore.compare",
-      "rlcore.diagnose", "rlcore.preflight"]),
+    ("faces: the stage frame, the command, export, compare, diagnose",
+     ["rlcore.stage", "rlcore.commands", "rlcore.__main__", "rlcore.export", "rlcore.compare", "rlcore.diagnose",
+      "rlcore.preflight"]),
 ]
 
 

@@ -24,8 +24,9 @@ from rlcore.config import Config
 from .conftest import REPO_ROOT
 
 # dvc.yaml stage -> the stage script it runs (python -m stages.<script>)
-SCRIPTS = {"check_params": "check_params", "task_file": "track", "reward_file": "track", "tool_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm",
-           "score": "score", "ppo": "ppo", "evaluate": "evaluate"}
+SCRIPTS = {"check_params": "check_params", "task_file": "track", "reward_file": "track", "tool_file": "track",
+           "agent_file": "track", "prepare": "prepare", "sft": "sft", "rm": "rm", "score": "score", "ppo": "ppo",
+           "evaluate": "evaluate"}
 STAGES = list(SCRIPTS)
 CONFIG_STAGES = [name for name in STAGES if SCRIPTS[name] != "track"]  # the stages that read params.yaml
 INPUT_FLAGS = {"--data", "--init", "--teacher", "--model", "--sft", "--final", "--val-data", "--file", "--inputs", "--rewards", "--tools",
@@ -141,6 +142,7 @@ import numpy, pandas, pyarrow.parquet, pydantic, yaml, torch, torch.distributed.
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 names, raw, config_free = sys.argv[1].split(","), json.loads(sys.argv[2]), sys.argv[3].split(",")
+loop_readers = sys.argv[4].split(",")
 result = {}
 for name in names:
     r, w = os.pipe()
@@ -156,6 +158,15 @@ for name in names:
             if name not in config_free:
                 from rlcore.config import parse_config
                 parse_config(raw)
+            # a worker imports some modules inside its methods, when rollout.agent.loop asks for them (the openai
+            # loop and its server): in a stage that reads that key they may run in its workers, so load those too
+            workers = [m for k, m in list(sys.modules.items()) if k.startswith("rlcore.workers.")]
+            for worker in workers if name in loop_readers else []:
+                for fn in ast.walk(ast.parse(open(worker.__file__).read())):
+                    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        for node in ast.walk(fn):
+                            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlcore"):
+                                importlib.import_module(node.module)
             files = sorted({m.__file__ for k, m in list(sys.modules.items())
                             if (k == "rlcore" or k.startswith("rlcore.")) and getattr(m, "__file__", None)})
             payload = json.dumps(files)
@@ -172,12 +183,19 @@ print(json.dumps(result))
 """
 
 
+def reads_agent_loop(stage: dict) -> bool:
+    """Whether a dvc.yaml stage's params cover rollout.agent.loop (the whole file, or a section above the key)."""
+    params = stage.get("params") or stage.get("do", {}).get("params") or []
+    return any(p == {"params.yaml": None} or p in ("rollout", "rollout.agent", "rollout.agent.loop") for p in params)
+
+
 @pytest.fixture(scope="module")
 def loaded_rlcore_files() -> dict[str, list[str]]:
     raw = Config().model_dump(mode="json")  # explicit values, so every validator runs
     scripts = sorted(set(SCRIPTS.values()))
-    proc = subprocess.run([sys.executable, "-c", MODULES_SCRIPT, ",".join(scripts), json.dumps(raw), "track"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    loop_readers = [SCRIPTS[name] for name in STAGES if reads_agent_loop(dvc_stages()[name])]
+    proc = subprocess.run([sys.executable, "-c", MODULES_SCRIPT, ",".join(scripts), json.dumps(raw), "track",
+                           ",".join(loop_readers)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, files in result.items():

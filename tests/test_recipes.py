@@ -50,6 +50,7 @@ def expected_stages(cfg) -> set[str]:
     stages |= {f"task_file@{k}" for k in cfg.task.file}
     stages |= {f"reward_file@{i}" for i in range(len(cfg.reward.functions))}
     stages |= {f"tool_file@{i}" for i in range(len(cfg.rollout.agent.tools))}
+    stages |= {f"agent_file@{i}" for i in range(len(cfg.rollout.agent.agents))}
     return stages
 
 
@@ -106,6 +107,7 @@ def test_every_recipe_copied_over_params_yaml_gives_dvc_the_pipeline_it_asks_for
 SHOWS = {
     "async": ("plots/ppo_r1.csv", "async/staleness"),
     "calculator": ("metrics/ppo_r1.json", "ppo/agent/error_observations_last10"),
+    "calculator-openai": ("metrics/ppo_r1.json", "ppo/agent/failures_last10"),
     "dapo": ("plots/ppo_r1.csv", "rollout/sample_tries"),
     "distill": ("plots/ppo_r1.csv", "distill/reverse_kl"),
     "lora": ("models/ppo/r1/adapter_config.json", None),

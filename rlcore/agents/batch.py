@@ -20,7 +20,9 @@ import numpy as np
 import torch
 
 from rlcore.agents.loop import ANSWER, AgentRuntime
+from rlcore.agents.recording import FAILURE_KINDS
 from rlcore.agents.tools import ERROR_KINDS
+from rlcore.agents.trajectory_rows import endpoint_metrics, main_rows
 from rlcore.protocol import Batch
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ def agent_metrics(batch: Batch, prefix: str = "agent") -> dict[str, float]:
     environment's ``env_reward_mean`` and ``turn_reward_mean`` (its steps' rewards); nothing for a single-turn batch."""
     if "agent_turns" not in batch:
         return {}
+    if "agent_failure" in batch:  # the openai loop's trajectories
+        return {f"{prefix}/{k}": v for k, v in endpoint_metrics(main_rows(batch), FAILURE_KINDS).items()}
     stops = list(batch["agent_stop"])
     kinds = {k: sum(int(e.get(k, 0)) for e in batch["agent_errors"]) for k in ERROR_KINDS}
     observed = (batch["response_attention_mask"] - batch["response_mask"]).sum(-1).float()

@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from rlcore.inputs import NotAPythonFile, UserFileNotFound, defined_functions, load_user_module
+from rlcore.inputs import MissingUserObject, load_user_object
 
 HEADER = struct.Struct(">I")
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
@@ -133,20 +133,6 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {message}" if message else type(err).__name__
 
 
-def _load(path: str, name: str) -> Any:
-    """Object ``name`` of the Python file ``path`` (its folder on ``sys.path``, as when run as a script)."""
-    try:
-        module = load_user_module(path, "rlcore_tool")
-    except UserFileNotFound:
-        raise FileNotFoundError(f"tool file {path}: not found") from None
-    except NotAPythonFile:
-        raise ImportError(f"tool file {path}: not a Python file") from None
-    if not hasattr(module, name):
-        defined = defined_functions(module)
-        raise AttributeError(f"tool file {path} has no {name!r} (it defines: {', '.join(defined) or 'nothing'})")
-    return getattr(module, name)
-
-
 def as_text(value: Any) -> str:
     """A tool's return value as observation text: strings as they are, everything else as JSON (``str`` for what
     JSON cannot hold)."""
@@ -166,7 +152,9 @@ class Sandbox:
         self.broken: dict[str, str] = {}
         for t in tools:
             try:
-                self.objects[t["name"]] = _load(t["path"], t["name"])
+                self.objects[t["name"]] = load_user_object(t["path"], t["name"], "tool", "rlcore_tool")
+            except MissingUserObject as err:
+                self.broken[t["name"]] = f"tool {t['name']!r} ({t['path']}) did not load: {err}"
             except BaseException as err:  # noqa: BLE001 - reported per tool, at every use
                 self.broken[t["name"]] = f"tool {t['name']!r} ({t['path']}) did not load: {_one_line(err)}"
         self.envs: dict[str, Any] = {}
@@ -246,18 +234,25 @@ def _step_reply(out: Any, cap: int) -> dict:
     return {"ok": True, "text": text[:cap], "chars": len(text), "reward": reward, "done": done}
 
 
-def main(argv: list[str]) -> None:
-    """The tool process: ``argv`` = [tools JSON, memory_mb]."""
+def enter_sandbox(memory_mb: int) -> tuple[BinaryIO, BinaryIO, str]:
+    """This process in the sandbox (module docstring): dying with the thread that started it, its output to
+    ``/dev/null``, out of the network, its memory capped. Returns the reply channel (a copy of stdout), the request
+    channel (stdin) and how the network is refused (:func:`_leave_network`)."""
     _die_with_parent()
     reply = os.fdopen(os.dup(1), "wb")
-    requests = sys.stdin.buffer
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
     sys.stdout = sys.__stdout__ = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     sys.stderr = sys.__stderr__ = sys.stdout
     network = _leave_network()
-    _limit_memory(int(argv[1]))
+    _limit_memory(memory_mb)
+    return reply, sys.stdin.buffer, network
+
+
+def main(argv: list[str]) -> None:
+    """The tool process: ``argv`` = [tools JSON, memory_mb]."""
+    reply, requests, network = enter_sandbox(int(argv[1]))
     box = Sandbox(json.loads(argv[0]))
     write_frame(reply, {"ok": True, "network": network, "broken": box.broken})
     while (req := read_frame(requests)) is not None:

@@ -240,13 +240,19 @@ class _Slot:
             self.process = None
 
 
-_POOLS: weakref.WeakSet[ToolPool] = weakref.WeakSet()
+_POOLS: weakref.WeakSet = weakref.WeakSet()  # the open process pools of this process: tool and agent pools
 
 
 @atexit.register
 def _close_all() -> None:
     for pool in list(_POOLS):
         pool.close()
+
+
+def close_at_exit(pool) -> None:
+    """``pool.close()`` when this process exits, if ``pool`` is still there then (its processes must not outlive
+    the worker)."""
+    _POOLS.add(pool)
 
 
 class ToolPool:
@@ -263,7 +269,7 @@ class ToolPool:
         self.shared: deque[_Job] = deque()
         self.closed = False
         self.slots = [_Slot(self, i) for i in range(max(1, spec.processes))]
-        _POOLS.add(self)
+        close_at_exit(self)
 
     def submit(self, request: dict, *, slot: int | None = None, timeout_s: float | None = None) -> Future:
         """Run ``request`` on ``slot``, or on the first free one; a future of the process's reply dict."""

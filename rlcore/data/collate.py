@@ -57,8 +57,9 @@ def encode_responses(tokenizer, texts: Sequence[str], max_len: int, source: str)
 
 def prompt_batch(df: pd.DataFrame, tokenizer, max_prompt_length: int, source: str,
                  tools: list[dict] | None = None) -> Batch:
-    """Prompt tensors plus what rewards need: data_source, ground_truth, extra_info, a group ``uid``. ``tools``: the
-    tool loop's function schemas, for chat templates that show them."""
+    """Prompt tensors plus what rewards need: data_source, ground_truth, extra_info, a group ``uid``; and the prompt's
+    chat ``messages`` (what an agent program starts from). ``tools``: the tool loop's function schemas, for chat
+    templates that show them."""
     prompts, mask = encode_prompts(tokenizer, list(df["prompt"]), max_prompt_length, source, tools)
     return Batch(
         {"prompts": prompts, "prompt_mask": mask},
@@ -68,6 +69,8 @@ def prompt_batch(df: pd.DataFrame, tokenizer, max_prompt_length: int, source: st
             "uid": np.array([f"{e['split']}-{e['index']}" for e in df["extra_info"]], dtype=object),
             "question": np.array([e["question"] for e in df["extra_info"]], dtype=object),
             "extra_info": [dict(e) for e in df["extra_info"]],
+            # the chat messages themselves: an agent program's row (rollout.agent.loop openai) starts from them
+            "messages": [[{k: v for k, v in dict(m).items() if v is not None} for m in p] for p in df["prompt"]],
         },
     )
 

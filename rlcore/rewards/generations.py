@@ -3,11 +3,14 @@
 A generations file has one row per prompt with a ``responses`` list (``rlcore generate`` writes one), the
 row's ``data_source`` (which selects the built-in rule), its ground truth (``reward_model.ground_truth`` as in
 the pipeline's row schema, or a top-level ``ground_truth``) and, optionally, its ``extra_info``. Each response is
-scored with params.yaml's reward functions, as the pipeline does. Importing this module loads no torch.
+scored with params.yaml's reward functions, as the pipeline does, unless an agent program gave its reward
+(``agent_rewards``: rollout.agent.loop openai), which stands, as in the pipeline. Importing this module loads no
+torch.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,6 +19,7 @@ import numpy as np
 
 from rlcore.data.tables import read_records as read_table
 from rlcore.errors import DataError
+from rlcore.rewards.agent_rewards import model_subset, with_agent_rewards
 from rlcore.rewards.rule import RULES
 from rlcore.rewards.scoring import Rewards, RewardScorer, samples_of
 
@@ -96,9 +100,30 @@ def score_records(rows: list[dict], source: str, scorer: RewardScorer,
         extras += [extra] * len(responses)
         sizes.append(len(responses))
     model = (lambda: reward_model(prompts, texts, ended)) if reward_model is not None else None
-    rewards = scorer.score(samples_of(sources, texts, truths, extras), what=source, model=model)
+    samples = samples_of(sources, texts, truths, extras)
+    agent = agent_columns(rows, sizes)
+    if agent is None:
+        rewards = scorer.score(samples, what=source, model=model)
+    else:  # an agent program's rewards stand (rlcore generate with rollout.agent.loop openai)
+        rewards = with_agent_rewards(*agent, lambda index: scorer.score(
+            [samples[i] for i in index], what=source, model=model_subset(model, index)),
+            {f.label: f.weight for f in scorer.functions})
     starts = np.cumsum([0] + sizes[:-1])
     return [(sources[a], rewards.select(np.arange(a, a + size))) for a, size in zip(starts, sizes)]
+
+
+def agent_columns(rows: list[dict], sizes: list[int]) -> tuple[list, list, list] | None:
+    """Each response's agent reward, failure kind and extras (``agent_rewards``, ``agent_failures``,
+    ``agent_reward_extras`` as JSON: what ``rlcore generate`` writes for an agent program), flat; None when the file
+    has none."""
+    if not rows or "agent_rewards" not in rows[0]:
+        return None
+    returned, failures, extras = [], [], []
+    for row, size in zip(rows, sizes):
+        returned += [None if r is None or r != r else float(r) for r in row["agent_rewards"]][:size]
+        failures += [str(f or "") for f in row.get("agent_failures", [""] * size)][:size]
+        extras += [json.loads(e) if e else {} for e in row.get("agent_reward_extras", [""] * size)][:size]
+    return returned, failures, extras
 
 
 def summarize(rewards: list[Rewards], k: int) -> dict[str, float]:

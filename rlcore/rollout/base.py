@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
@@ -67,12 +67,15 @@ class RolloutEngine(Protocol):
         end). The weight-sync check compares them with the trainer's (``rlcore.engine.sync_check``)."""
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                 generator: torch.Generator | None = None, *, seeds: Sequence[int] | None = None
+                 ) -> dict[str, torch.Tensor]:
         """Sample responses for left-padded prompts ``[batch, prompt_len]``.
 
         Returns ``responses`` ``[batch, max_new_tokens]`` (pad after EOS),
         ``response_mask`` (1 up to and including EOS) and ``log_probs`` of the sampled
-        tokens under ``softmax(logits / temperature)``.
+        tokens under ``softmax(logits / temperature)``. ``seeds`` (one per row): each row sampled from its own
+        random stream (:func:`~rlcore.rollout.sampling.row_uniforms`; vLLM: its per-request seed) instead of the
+        call's ``generator``, so its tokens do not depend on the other rows of the call.
         """
 
     def open_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams, *,

@@ -8,12 +8,14 @@ prompt once (a group's ``n`` rows share one prompt) and copies its KV cache to t
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from transformers import DynamicCache
 
 from rlcore.engine.sequence import position_ids, trim_left_padding
 from rlcore.rollout.base import SamplingParams, load_into
-from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
+from rlcore.rollout.sampling import distinct_rows, filter_logits, row_uniforms, sample_from
 from rlcore.rollout.turns import Trajectories
 
 
@@ -57,7 +59,8 @@ class HFRolloutEngine:
 
     @torch.inference_mode()  # no autograd bookkeeping at all (a few % of each small decode op on a CPU)
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                 generator: torch.Generator | None = None, *, seeds: Sequence[int] | None = None
+                 ) -> dict[str, torch.Tensor]:
         input_ids, attention_mask = trim_left_padding(input_ids, attention_mask)
         batch = input_ids.shape[0]
         device = input_ids.device
@@ -75,6 +78,7 @@ class HFRolloutEngine:
         cache.reorder_cache(row_of)
         logits = out.logits[row_of, -1].float()
         step_pos = pos[:, -1:]
+        own = None if seeds is None or params.greedy else row_uniforms(seeds, params.max_new_tokens, device)
         for t in range(params.max_new_tokens):
             if t > 0:
                 out = self.model(input_ids=tokens[:, t - 1 : t], attention_mask=mask, position_ids=step_pos,
@@ -85,7 +89,7 @@ class HFRolloutEngine:
                 next_tok = logits.argmax(-1)
             else:
                 probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
-                next_tok = sample_from(probs, generator)
+                next_tok = sample_from(probs, generator, u=None if own is None else own[:, t:t + 1])
             logp = scaled.log_softmax(-1).gather(-1, next_tok[:, None]).squeeze(-1)
             tokens[:, t] = torch.where(alive, next_tok, self.pad_token_id)
             log_probs[:, t] = torch.where(alive, logp, 0.0)

@@ -4,6 +4,7 @@ and the de-duplication of prompts that a group's ``n`` rows share."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -44,6 +45,16 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None, *
     if u is None:
         u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
     return (cdf <= u * cdf[:, -1:]).sum(-1)
+
+
+def row_uniforms(seeds: Sequence[int], steps: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[len(seeds), steps]`` float64 uniforms in [0, 1): row ``i``'s from a generator seeded with ``seeds[i]``
+    alone, so a row's draws depend on its seed and nothing else (not on the other rows of its call, nor on their
+    number): what a generation call with per-row seeds samples each position with (:func:`sample_from`'s ``u``)."""
+    out = torch.empty((len(seeds), steps), dtype=torch.float64)
+    for i, seed in enumerate(seeds):
+        out[i] = torch.rand(steps, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float64)
+    return out.to(device)
 
 
 def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor

@@ -25,13 +25,14 @@ every step, so with bitwise-equal logits the two engines sample the same tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from rlcore.engine.lora import is_peft
 from rlcore.rollout.base import SamplingParams, WeightRefresh, load_into
-from rlcore.rollout.sampling import distinct_rows, filter_logits, sample_from
+from rlcore.rollout.sampling import distinct_rows, filter_logits, row_uniforms, sample_from
 from rlcore.rollout.turns import Trajectories
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -463,12 +464,13 @@ class StaticRolloutEngine:
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-                 generator: torch.Generator | None = None,
-                 refresh: WeightRefresh | None = None) -> dict[str, torch.Tensor]:
+                 generator: torch.Generator | None = None, *, refresh: WeightRefresh | None = None,
+                 seeds: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
         """The engine interface's generate (:class:`~rlcore.rollout.base.RolloutEngine`). With ``refresh`` (partial
         rollouts), newer weights are taken between decode steps: :meth:`WeightRefresh.poll` loads them into the model,
         the running rows' KV cache is computed again with them (:meth:`_refill`), and ``token_versions`` ``[batch,
-        max_new_tokens]`` says which version sampled each token (its ``log_probs`` are that version's)."""
+        max_new_tokens]`` says which version sampled each token (its ``log_probs`` are that version's). With ``seeds``,
+        each row samples from uniforms of its own seed (``row_uniforms``), whatever rows it is batched with."""
         batch, width = input_ids.shape
         device = input_ids.device
         new = params.max_new_tokens
@@ -507,12 +509,14 @@ class StaticRolloutEngine:
         slots = rows.clone()  # its cache slot
         dense = size == batch  # slots == arange(size): no gather/scatter around the step
         pos = lengths.clone()  # the position (= cache index) its next token is written at
+        own = None if seeds is None or params.greedy else row_uniforms(seeds, new, device)  # [batch, new]
         for t in range(new):
             scaled = logits / params.temperature
             if params.greedy:
                 next_tok = logits.argmax(-1)
             else:
-                u = torch.rand((batch, 1), generator=generator, device=device, dtype=torch.float64)
+                u = own[:, t:t + 1] if own is not None else \
+                    torch.rand((batch, 1), generator=generator, device=device, dtype=torch.float64)
                 probs = filter_logits(scaled, params.top_k, params.top_p).softmax(-1)
                 next_tok = sample_from(probs, u=u if len(rows) == batch else u[rows])
             logp = scaled.log_softmax(-1).gather(-1, next_tok[:, None]).squeeze(-1)

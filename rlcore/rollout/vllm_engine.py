@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -117,11 +118,16 @@ class VllmRolloutEngine:
         return out.to(responses.device)
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
-                 generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                 generator: torch.Generator | None = None, *, seeds: Sequence[int] | None = None
+                 ) -> dict[str, torch.Tensor]:
+        """``seeds``: each row's own seed (vLLM's per-request ``seed``); by default drawn from ``generator``."""
         input_ids, attention_mask = trim_left_padding(input_ids, attention_mask)
         rows = self._rows(input_ids, attention_mask)
-        seeds = torch.randint(0, 2**31 - 1, (len(rows),), generator=generator, device=generator.device
-                              if generator is not None else "cpu").tolist()
+        if seeds is None:
+            seeds = torch.randint(0, 2**31 - 1, (len(rows),), generator=generator, device=generator.device
+                                  if generator is not None else "cpu").tolist()
+        else:
+            seeds = [int(s) for s in seeds]
         room = self.max_len - max(len(r) for r in rows)
         if room < params.max_new_tokens:
             raise ValueError(f"rollout engine vllm: prompts of {self.max_len - room} tokens leave room for {room} "

@@ -76,21 +76,8 @@ from rlcore.serve.server import ModelServer
 
 # --------------------------------------------------------------------------------------------------- app
 
-def create_app(server: ModelServer) -> FastAPI:
-    """The FastAPI app over ``server``; its scheduler starts and stops with the app (lifespan)."""
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await server.batcher.start()
-        try:
-            yield
-        finally:
-            await server.batcher.stop()
-            server.tokenizing.shutdown(wait=False, cancel_futures=True)
-
-    app = FastAPI(title="rlcore serve", description="OpenAI-compatible completions over an rlcore rollout engine",
-                  lifespan=lifespan)
-    app.state.server = server
+def add_error_handlers(app: FastAPI, server: ModelServer) -> None:
+    """The body limit and OpenAI's error bodies (module docstring) on ``app``, over ``server``."""
     app.add_middleware(BodyLimit, max_bytes=server.options.max_body_bytes, timeout_s=server.options.request_timeout_s)
 
     @app.exception_handler(APIError)
@@ -103,6 +90,39 @@ def create_app(server: ModelServer) -> FastAPI:
         api = server.internal_error(f"{request.method} {request.url.path} failed", err)
         return error_response(api.status, api.message, type=api.type)
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        message, param = validation_error(err)
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return error_response(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
+
+
+def scheduler_lifespan(server: ModelServer):
+    """An app's lifespan over ``server`` (or the agent endpoint: anything with its ``batcher`` and ``tokenizing``
+    pool): the scheduler starts with the app, and stops, with the tokenizing threads let go, when it ends."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await server.batcher.start()
+        try:
+            yield
+        finally:
+            await server.batcher.stop()
+            server.tokenizing.shutdown(wait=False, cancel_futures=True)
+
+    return lifespan
+
+
+def create_app(server: ModelServer) -> FastAPI:
+    """The FastAPI app over ``server``; its scheduler starts and stops with the app (lifespan)."""
+    app = FastAPI(title="rlcore serve", description="OpenAI-compatible completions over an rlcore rollout engine",
+                  lifespan=scheduler_lifespan(server))
+    app.state.server = server
+    add_error_handlers(app, server)
+
     async def answered(work) -> dict[str, Any]:
         """``await work`` within ``--request-timeout``; past it, 504 (the batcher drops the job)."""
         timeout = server.options.request_timeout_s
@@ -112,15 +132,6 @@ def create_app(server: ModelServer) -> FastAPI:
             server.counters["timeouts"] += 1
             raise APIError(504, f"The request was not answered within --request-timeout {timeout:g} s; retry later "
                                 "or ask for fewer tokens", type="server_error", code="timeout") from None
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        message, param = validation_error(err)
-        return error_response(400, message, param=param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        return error_response(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
 
     @app.get("/health")
     async def health():

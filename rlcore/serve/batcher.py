@@ -24,7 +24,10 @@ them:
 shared with whatever else is in the same call, so its text depends on the traffic around it. A job
 with a ``seed`` runs as its own engine call, with a generator seeded by ``seed`` alone: the same
 prompt, settings and seed give the same tokens whatever else is in flight (on the same engine,
-model and device), at the price of not sharing a call with other requests.
+model and device), at the price of not sharing a call with other requests. A job with ``row_seeds`` (one per
+row: the agent endpoint's, :mod:`rlcore.agents.endpoint`) shares calls with other such jobs of the same settings
+whatever their ``max_tokens`` (the call generates the most any of them asks, and each job's rows are cut to its
+own): each row is sampled from its own seed (the engines' ``seeds``), so its tokens do not depend on the call.
 
 ``batching=False`` makes every job its own engine call, for comparison (``bench/serve_load.py``).
 """
@@ -37,7 +40,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -87,23 +90,44 @@ class Job:
     sampling: Sampling
     seed: int | None
     future: asyncio.Future = field(repr=False)
+    row_seeds: list[int] | None = None
+    """Each row's own seed (module docstring)."""
+
+    def call_key(self) -> Sampling | tuple[str, Sampling]:
+        """What the jobs of one engine call share: the settings (for row-seeded jobs, all but ``max_tokens``)."""
+        if self.row_seeds is None:
+            return self.sampling
+        return "row_seeds", Sampling(0, self.sampling.temperature, self.sampling.top_p, self.sampling.top_k)
 
 
-def plan(jobs: list[Job], max_rows: int, batching: bool = True) -> Iterator[list[Job]]:
+def _fits(call: list[Job], job: Job, max_rows: int, context_length: int | None) -> bool:
+    """Whether ``job`` may join ``call``: the rows stay within ``max_rows``, and (row-seeded jobs, which run the most
+    tokens any of them asks) the longest prompt plus those tokens within ``context_length``."""
+    if sum(len(j.rows) for j in call) + len(job.rows) > max_rows:
+        return False
+    if context_length is None or job.row_seeds is None:
+        return True
+    jobs = [*call, job]
+    longest = max(len(r) for j in jobs for r in j.rows)
+    return longest + max(j.sampling.max_tokens for j in jobs) <= context_length
+
+
+def plan(jobs: list[Job], max_rows: int, batching: bool = True, context_length: int | None = None
+         ) -> Iterator[list[Job]]:
     """The engine calls for ``jobs``, each a list of jobs, in the order of their first job's arrival.
 
     Seeded jobs, and every job when not ``batching``, are calls of their own; other jobs share a call
     with earlier jobs of the same :class:`Sampling` while the call stays within ``max_rows`` rows (a
-    job larger than that runs alone)."""
-    open_calls: dict[Sampling, list[Job]] = {}
+    job larger than that runs alone) and, for row-seeded jobs, ``context_length`` (:func:`_fits`)."""
+    open_calls: dict[Sampling | tuple[str, Sampling], list[Job]] = {}
     calls: list[list[Job]] = []
     for job in jobs:
         if not batching or job.seed is not None:
             calls.append([job])
             continue
-        call = open_calls.get(job.sampling)
-        if call is None or sum(len(j.rows) for j in call) + len(job.rows) > max_rows:
-            call = open_calls[job.sampling] = []
+        call = open_calls.get(job.call_key())
+        if call is None or not _fits(call, job, max_rows, context_length):
+            call = open_calls[job.call_key()] = []
             calls.append(call)
         call.append(job)
     return iter(calls)
@@ -125,8 +149,15 @@ class Batcher:
     loop that will submit (:meth:`start`), and :meth:`stop` it there."""
 
     def __init__(self, engine: RolloutEngine, *, device: torch.device, pad_token_id: int, max_batch_rows: int = 64,
-                 wait_s: float = 0.005, batching: bool = True, seed: int = 0, max_waiting: int = 128):
+                 wait_s: float = 0.005, batching: bool = True, seed: int = 0, max_waiting: int = 128,
+                 context_length: int | None = None, expected_rows: Callable[[], int] | None = None,
+                 quiet_s: float | None = None):
+        """``context_length``: row-seeded jobs share a call only while its longest prompt plus the most tokens any
+        of them asks fit it. ``expected_rows()``: how many rows are worth waiting for when the engine was idle
+        (default ``max_batch_rows``): the agent endpoint's count of running agents. ``quiet_s``: that wait (at most
+        ``wait_s``) also ends once no job has come in for this long."""
         self.engine = engine
+        self.context_length, self.expected_rows, self.quiet_s = context_length, expected_rows, quiet_s
         self.device = device
         self.pad_token_id = pad_token_id
         self.max_batch_rows = max_batch_rows
@@ -176,9 +207,13 @@ class Batcher:
         per_call = self.stats["engine_seconds"] / max(self.stats["engine_calls"], 1)
         return max(1, math.ceil(calls * per_call))
 
-    async def generate(self, rows: list[list[int]], sampling: Sampling, seed: int | None = None) -> Rows:
+    async def generate(self, rows: list[list[int]], sampling: Sampling, seed: int | None = None,
+                       row_seeds: list[int] | None = None) -> Rows:
         """The engine's rows for these prompts (awaits the scheduler). Raises :class:`Busy` at once when
-        ``max_waiting`` jobs are already waiting. Cancelled (the caller's timeout), the job leaves the queue."""
+        ``max_waiting`` jobs are already waiting. Cancelled (the caller's timeout), the job leaves the queue.
+        ``row_seeds``: one seed per row (module docstring)."""
+        if row_seeds is not None and len(row_seeds) != len(rows):
+            raise ValueError(f"{len(row_seeds)} row seeds for {len(rows)} rows")
         if self._task is None or self._arrived is None:
             raise RuntimeError("Batcher.start() was not called")
         if self._task.done():  # a bug in the scheduler: surface it rather than hang
@@ -186,7 +221,7 @@ class Batcher:
         if len(self._pending) >= self.max_waiting:
             self.stats["refused_busy"] += 1
             raise Busy(len(self._pending), self.retry_after_s())
-        job = Job(rows, sampling, seed, asyncio.get_running_loop().create_future())
+        job = Job(rows, sampling, seed, asyncio.get_running_loop().create_future(), row_seeds)
         self._pending.append(job)
         self.stats["requests"] += 1
         self._arrived.set()
@@ -208,17 +243,19 @@ class Batcher:
                 await self._arrived.wait()
             if self.batching and idle:  # the engine was idle: give the jobs sent with this one a moment
                 deadline = loop.time() + self.wait_s
-                while sum(len(j.rows) for j in self._pending) < self.max_batch_rows:
+                want = self.max_batch_rows if self.expected_rows is None else \
+                    max(1, min(self.max_batch_rows, self.expected_rows()))
+                while sum(len(j.rows) for j in self._pending) < want:
                     left = deadline - loop.time()
                     if left <= 0:
                         break
                     self._arrived.clear()
-                    try:
-                        await asyncio.wait_for(self._arrived.wait(), left)
+                    try:  # (with quiet_s: give up once no job came in for that long)
+                        await asyncio.wait_for(self._arrived.wait(), min(left, self.quiet_s or left))
                     except TimeoutError:
                         break
             # a job stays in the queue (and counts as waiting) until its call starts
-            for call in plan(list(self._pending), self.max_batch_rows, self.batching):
+            for call in plan(list(self._pending), self.max_batch_rows, self.batching, self.context_length):
                 for job in call:
                     if job in self._pending:
                         self._pending.remove(job)
@@ -230,12 +267,17 @@ class Batcher:
         rows = [r for job in call for r in job.rows]
         seed = call[0].seed
         generator = self.generator if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+        sampling, seeds = call[0].sampling, None
+        if call[0].row_seeds is not None:  # the most tokens any job asks (each job's rows are cut to its own below)
+            sampling = Sampling(max(j.sampling.max_tokens for j in call), sampling.temperature, sampling.top_p,
+                                sampling.top_k)
+            seeds = [s for job in call for s in job.row_seeds or ()]
         loop = asyncio.get_running_loop()
         self.stats["engine_calls"] += 1
         self.stats["rows"] += len(rows)
         start = time.perf_counter()
         try:
-            out = await loop.run_in_executor(self._executor, self._generate, rows, call[0].sampling, generator)
+            out = await loop.run_in_executor(self._executor, self._generate, rows, sampling, generator, seeds)
         except Exception as err:  # noqa: BLE001 - the requests of this call fail, the server goes on
             self.stats["engine_errors"] += 1
             for job in call:
@@ -248,13 +290,18 @@ class Batcher:
         for job in call:
             n = len(job.rows)
             if not job.future.done():  # a cancelled request (client gone) is skipped
-                job.future.set_result(Rows(out.tokens[i:i + n], out.log_probs[i:i + n]))
+                cut = job.sampling.max_tokens if job.row_seeds is not None else None
+                job.future.set_result(Rows([t[:cut] for t in out.tokens[i:i + n]],
+                                           [lp[:cut] for lp in out.log_probs[i:i + n]]))
             i += n
 
-    def _generate(self, rows: list[list[int]], sampling: Sampling, generator: torch.Generator) -> Rows:
+    def _generate(self, rows: list[list[int]], sampling: Sampling, generator: torch.Generator,
+                  seeds: list[int] | None = None) -> Rows:
         """One engine call (in the worker thread): pad, generate, and cut each row at its mask."""
         ids, mask = left_pad(rows, self.pad_token_id)
-        out = self.engine.generate(ids.to(self.device), mask.to(self.device), sampling.params(), generator=generator)
+        kwargs = {} if seeds is None else {"seeds": seeds}  # (engines without per-row seeds never get any)
+        out = self.engine.generate(ids.to(self.device), mask.to(self.device), sampling.params(), generator=generator,
+                                   **kwargs)
         lengths = out["response_mask"].sum(-1).tolist()
         tokens = out["responses"].cpu().tolist()
         log_probs = out["log_probs"].float().cpu().tolist()

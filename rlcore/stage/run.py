@@ -12,18 +12,23 @@ from typing import Any
 
 from rlcore.stage.frame import REPO_ROOT, stage_config
 from rlcore.config import Config
-from rlcore.inputs import recorded_reward_inputs, recorded_tool_inputs
+from rlcore.agents.check import check_agent_program
+from rlcore.inputs import recorded_agent_inputs, recorded_reward_inputs, recorded_tool_inputs
 from rlcore.pipeline_run import pipeline_params
 from rlcore.tracking import open_run
 
 
 def stage_setup(args: argparse.Namespace, sections: tuple[str, ...], stage: str) -> tuple[Config, dict[str, Any]]:
     """:func:`stage_config` of ``args.params``, and the params a stage logs: its sections, with the recorded
-    hashes of the reward files and model (``reward_inputs``) if its parser takes ``--rewards``, of the tool files
-    (``tool_inputs``, when the agent loop has tools) if it takes ``--tools``."""
+    hashes of the reward files and model (``reward_inputs``) and of an agent program's folder (``agent_inputs``, its
+    file checked first) if its parser takes ``--rewards``, of the tool files (``tool_inputs``, when the agent loop has
+    tools) if it takes ``--tools``."""
     cfg, params = stage_config(args.params, sections, stage)
     if hasattr(args, "rewards"):
         params = {**params, "reward_inputs": recorded_reward_inputs(cfg.reward, args.rewards)}
+        if agent := recorded_agent_inputs(cfg.rollout.agent, args.rewards):  # the stages that run an agent program
+            check_agent_program(cfg.rollout.agent)
+            params = {**params, "agent_inputs": agent}
     if hasattr(args, "tools"):
         if tools := recorded_tool_inputs(cfg.rollout.agent, args.tools):
             params = {**params, "tool_inputs": tools}

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlcore.agents.check import tool_schemas
+from rlcore.agents.check import check_agent_program, tool_schemas
 from rlcore.config import Config
 from rlcore.engine.lora import architecture_folder
 from rlcore.errors import DataError
@@ -36,7 +36,7 @@ from rlcore.rewards.generations import read_records
 
 OUTPUT_COLUMNS = ("responses", "response_tokens", "response_logprobs", "finish_reasons")
 AGENT_COLUMNS = ("trajectories", "tool_calls")  # with the tool loop, besides OUTPUT_COLUMNS
-AGENT_FINISH = {"answer": "stop", "budget": "length", "max_turns": "max_turns"}
+AGENT_FINISH = {"answer": "stop", "budget": "length", "max_turns": "max_turns", "failed": "failed"}
 METADATA_KEY = b"rlcore.generate"
 
 
@@ -106,14 +106,17 @@ def generate_records(cfg: Config, *, model_dir: str, data_path: str, settings: G
     from rlcore.trainer.loop.pool import start_pool
     from rlcore.trainer.samples.generation import rollout_worker_group, sample_chunks
 
+    check_agent_program(cfg.rollout.agent)  # an agent program's file, before Ray starts
     rows = read_records(data_path)
     messages = [chat_messages(r, f"{data_path}: row {i}") for i, r in enumerate(rows)]
     tokenizer = load_tokenizer(model_dir)
     ids, mask = encode_for_generation(tokenizer, messages, min_width=cfg.task.max_prompt_length,
                                       context=model_context(model_dir), max_new_tokens=settings.max_new_tokens,
                                       source=data_path, tools=tool_schemas(cfg.rollout.agent))
-    # the row fields an environment's reset reads, where the rows have them (the pipeline's row schema)
+    # the row fields an environment's reset reads, where the rows have them (the pipeline's row schema), and the
+    # messages (an agent program's row)
     fields: dict[str, Any] = {k: [r.get(k) for r in rows] for k in ROW_FIELDS if all(k in r for r in rows)}
+    fields["messages"] = messages
     if "reward_model" in rows[0] and all(isinstance(r.get("reward_model"), dict) for r in rows):
         fields["ground_truth"] = [r["reward_model"].get("ground_truth") for r in rows]
     prompts = Batch({"prompts": ids, "prompt_mask": mask}, fields)
@@ -150,6 +153,10 @@ def generation_records(rows: list[dict], gen, tokenizer, n: int) -> list[dict]:
         if "agent_messages" in gen:
             record["trajectories"] = [[{"name": None, **m} for m in t] for t in gen["agent_messages"][part]]
             record["tool_calls"] = gen["agent_tool_calls"][part].tolist()
+        if "agent_reward" in gen:  # an agent program's own rewards, which rlcore eval keeps
+            record["agent_rewards"] = [None if r is None else float(r) for r in gen["agent_reward"][part]]
+            record["agent_failures"] = list(gen["agent_failure"][part])
+            record["agent_reward_extras"] = [json.dumps(e) for e in gen["agent_reward_extras"][part]]
         out.append(record)
     return out
 

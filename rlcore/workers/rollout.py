@@ -7,12 +7,13 @@ rollout copy it refreshes with the actor's weights after every update.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlcore.agents.batch import trajectory_batch
 from rlcore.agents.loop import AgentRuntime
-from rlcore.agents.spec import AgentSpec
+from rlcore.agents.spec import AgentSpec, EndpointAgentSpec
 from rlcore.controller.decorator import Dispatch, RankPlacement, register
 from rlcore.engine.model import ModelSpec, load_rollout_model, load_tokenizer
 from rlcore.protocol import Batch
@@ -20,6 +21,9 @@ from rlcore.rollout import EngineSpec, RolloutEngine, SamplingParams, reads_weig
 from rlcore.rollout.base import WeightRefresh
 from rlcore.rollout import make_engine as build_engine
 from rlcore.workers.rank import RankWorker
+
+if TYPE_CHECKING:
+    from rlcore.agents.openai_loop import EndpointRuntime
 
 
 @dataclass(frozen=True)
@@ -29,25 +33,42 @@ class GenerateSpec:
     sampling: SamplingParams
     seed: int
     micro_batch_size: int
-    agent: AgentSpec | None = None
-    """The tool loop of ``rollout.agent`` (rlcore.agents); None: one response per prompt. ``sampling.max_new_tokens``
-    is then the token budget of a whole trajectory."""
+    agent: AgentSpec | EndpointAgentSpec | None = None
+    """The agent loop of ``rollout.agent`` (rlcore.agents: the tool loop, or the openai loop's agent program); None:
+    one response per prompt. ``sampling.max_new_tokens`` is then the token budget of a trajectory (of each of its
+    rows, with the openai loop)."""
 
 
 class AgentRunners:
-    """A worker's agent runtime (tool processes, parser, chat template) for the AgentSpec of its calls: started on
-    the first call that has one, kept across calls, replaced when the spec changes."""
+    """A worker's agent runtime for the spec of its calls: the tool loop's (tool processes, parser, chat template) or
+    the openai loop's (agent processes, endpoint): started on the first call that has one, kept across calls,
+    replaced when the spec changes."""
 
     def __init__(self, model_path: str):
         self.model_path = model_path
-        self.spec: AgentSpec | None = None
-        self.runtime: AgentRuntime | None = None
+        self.spec: AgentSpec | EndpointAgentSpec | None = None
+        self.runtime: AgentRuntime | EndpointRuntime | None = None
 
-    def get(self, spec: AgentSpec) -> AgentRuntime:
+    def get(self, spec: AgentSpec | EndpointAgentSpec) -> AgentRuntime | EndpointRuntime:
         if spec != self.spec or self.runtime is None:
             self.close()
-            self.runtime, self.spec = AgentRuntime(spec, load_tokenizer(self.model_path)), spec
+            tokenizer = load_tokenizer(self.model_path)
+            if isinstance(spec, EndpointAgentSpec):
+                from rlcore.agents.openai_loop import EndpointRuntime  # fastapi and uvicorn: only where agents run
+
+                self.runtime = EndpointRuntime(spec, tokenizer)
+            else:
+                self.runtime = AgentRuntime(spec, tokenizer)
+            self.spec = spec
         return self.runtime
+
+    def batch(self, spec: AgentSpec | EndpointAgentSpec, engine: RolloutEngine, part: Batch, sampling: SamplingParams,
+              generator: torch.Generator, device: torch.device) -> Batch:
+        """One micro-batch of trajectories of ``spec``'s loop on ``engine``."""
+        runtime = self.get(spec)
+        if isinstance(runtime, AgentRuntime):
+            return trajectory_batch(runtime, engine, part, sampling, generator, device)
+        return runtime.batch(engine, part, sampling, generator, device)
 
     def close(self) -> None:
         if self.runtime is not None:
@@ -89,7 +110,7 @@ def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank
     for part in batch.split(spec.micro_batch_size):
         if spec.agent is not None:
             assert agents is not None, "an agent generation call needs the worker's AgentRunners"
-            outs.append(trajectory_batch(agents.get(spec.agent), engine, part, spec.sampling, gen, device))
+            outs.append(agents.batch(spec.agent, engine, part, spec.sampling, gen, device))
             continue
         extra = {} if refresh is None else {"refresh": refresh}
         out = engine.generate(part["prompts"].to(device), part["prompt_mask"].to(device), spec.sampling,

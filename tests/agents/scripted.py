@@ -56,3 +56,31 @@ class ScriptedEngine:
         logits = torch.stack([self.rows.next_logits(r) for r in range(len(self.script))])
         return Trajectories(self.rows, logits, params, budget=budget, eos_token_id=self.tok.eos_token_id,
                             pad_token_id=self.tok.pad_token_id, generator=generator)
+
+
+class ScriptedChatEngine:
+    """A policy behind the engines' ``generate`` whose completion is ``reply(prompt_text)`` (its characters, then EOS;
+    cut at ``max_new_tokens``), for exact tests of the openai loop: the log-prob of the token at response position
+    ``j`` is ``-(j + 1) / 100``. ``calls`` keeps every engine call's prompts (token ids) and ``seeds``."""
+
+    def __init__(self, tokenizer, reply, *, context: int = 512):
+        from types import SimpleNamespace
+
+        self.tok, self.reply = tokenizer, reply
+        self.model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=context,
+                                                            vocab_size=len(tokenizer)))
+        self.calls: list[tuple[list[list[int]], list[int] | None]] = []
+
+    def generate(self, input_ids, attention_mask, params: SamplingParams, generator=None, *, seeds=None):
+        prompts = [ids[m.bool()].tolist() for ids, m in zip(input_ids, attention_mask)]
+        self.calls.append((prompts, None if seeds is None else list(seeds)))
+        width = params.max_new_tokens
+        out = torch.full((len(prompts), width), self.tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            text = self.reply(self.tok.decode(p, skip_special_tokens=False))
+            ids = (self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id])[:width]
+            out[i, :len(ids)] = torch.tensor(ids)
+            mask[i, :len(ids)] = 1
+        log_probs = -(torch.arange(width, dtype=torch.float32) + 1)[None, :].expand(len(prompts), -1) / 100 * mask
+        return {"responses": out, "response_mask": mask, "log_probs": log_probs}

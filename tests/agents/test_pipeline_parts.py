@@ -83,7 +83,7 @@ def test_sft_trains_on_the_assistant_turns_of_multi_turn_demonstrations(splits):
 
 @pytest.mark.parametrize("agent, message", [
     ({"loop": "tool"}, "rollout.agent.loop tool needs rollout.agent.tools"),
-    ({"loop": "multi"}, "unknown agent loop 'multi'; allowed: single_turn, tool"),
+    ({"loop": "multi"}, "unknown agent loop 'multi'; allowed: openai, single_turn, tool"),
     ({"parser": "json"}, "unknown tool-call parser 'json'; allowed: hermes"),
     ({"tools": [{"path": "a.py", "name": "f"}, {"path": "b.py", "name": "f"}]}, "name 'f' appears twice"),
     ({"max_turns": 0}, "max_turns"),

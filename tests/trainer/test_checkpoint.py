@@ -256,4 +256,5 @@ def test_the_real_sft_stage_keeps_its_checkpoints_when_the_server_code_changes()
     assert {"stages/sft.py", "rlcore/workers/sft.py", "rlcore/trainer/loop/checkpoint.py"} <= set(code)
     assert not [f for f in code if f.startswith(("rlcore/serve/", "rlcore/trainer/ppo", "rlcore/algos/losses"))]
     ppo = code_digests(REPO_ROOT, stage_code(REPO_ROOT, "ppo@r1"))
-    assert "rlcore/algos/losses.py" in ppo and "rlcore/viewer/page.js" in ppo and "rlcore/serve/app.py" not in ppo
+    assert "rlcore/algos/losses.py" in ppo and "rlcore/viewer/page.js" in ppo
+    assert "rlcore/serve/app.py" in ppo  # a round may run an agent program against the endpoint (the server's app)

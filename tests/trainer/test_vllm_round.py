@@ -4,13 +4,17 @@ Sync: a GRPO round on a reward the tiny random model's samples spread on (the sh
 response) learns it within a few steps; every step's weights reach vLLM in memory, and the weight-sync check after
 each update passes (it raises otherwise); vLLM's log-probs of its sampled tokens agree with the trainer's recomputed
 ones (the mismatch metric). Async: a generator worker with its own vLLM engine takes the versioned weights from the
-object store, checks them, and the round trains. Runs where vLLM is installed (`make test-vllm`, CI).
+object store, checks them, and the round trains. The openai loop: an agent program's two-turn conversations, served
+by vLLM a whole turn per engine call, rewarded by the agent itself, learn the same reward, and the trainer's
+log-probs of the recorded rows are vLLM's (the rows hold exactly the sampled tokens). Runs where vLLM is installed
+(`make test-vllm`, CI).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from contextlib import contextmanager
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -54,13 +58,13 @@ def policy(tmp_path_factory):
     return folder, load_tokenizer(folder), rows
 
 
-def config(mode: str):
+def config(mode: str, agent: dict | None = None, max_response_length: int = 8):
     return parse_config({
         "ray": {"num_cpus": 2}, "tracking": {"enabled": False},
         "model": {"tiny": {"hidden_size": 32, "num_heads": 1}},
         "resources": {"n_workers": 1, "cpus_per_worker": 1},
-        "task": {"max_response_length": 8},
-        "rollout": {"engine": "vllm", "n": 4, "n_workers": 1, "kv_cache_gib": 0.125},
+        "task": {"max_response_length": max_response_length},
+        "rollout": {"engine": "vllm", "n": 4, "n_workers": 1, "kv_cache_gib": 0.125, "agent": agent or {}},
         "algorithm": {"adv_estimator": "grpo"},
         "actor": {"ppo_mini_batch_size": 8, "lr": 0.02, "use_kl_loss": False,
                   "recompute_log_prob": mode == "sync"},
@@ -88,6 +92,21 @@ def test_a_sync_round_learns_with_vllm_generating_and_every_sync_checked(policy,
     print("rewards", [round(r, 3) for r in rewards])
     assert last > first + 0.1, rewards
     # vLLM's log-probs of what it sampled are the trainer's own (same weights, float32, other kernels)
+    assert max(m["rollout/logprob_abs_diff_max"] for m in metrics) < 1e-3
+
+
+def test_an_agent_program_served_by_vllm_learns_its_own_reward(policy, ray_local):
+    folder, tok, rows = policy
+    agent = {"loop": "openai", "agents": [{"path": str(Path(__file__).parent / "vllm_agent" / "agent.py")}],
+             "processes": 1, "max_turns": 2}
+    cfg = config("sync", agent, max_response_length=24)
+    with worker_groups(cfg, folder) as groups:
+        runner = sync_round_runner(cfg, groups, tokenizer=tok, prompts=prompt_batch(rows, tok, 64, "rows"), seed=0)
+        metrics = [runner.step(s) for s in range(12)]
+    rewards = [m["rollout/reward_mean"] for m in metrics]
+    print("agent rewards", [round(r, 3) for r in rewards])
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+    assert all(m["agent/requests"] == 2 and m["agent/split"] == 0 and m["agent/failures"] == 0 for m in metrics)
     assert max(m["rollout/logprob_abs_diff_max"] for m in metrics) < 1e-3
 
 

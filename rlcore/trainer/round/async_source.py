@@ -53,7 +53,7 @@ from rlcore.trainer.round.prompt_sampler import PromptSampler
 from rlcore.trainer.round.scoring import RoundScoring
 from rlcore.trainer.round.seeds import step_seed
 from rlcore.trainer.round.source import ScoredBatch
-from rlcore.trainer.samples.generation import generate_spec, generation_input
+from rlcore.trainer.samples.generation import generate_spec, generation_input, with_generated
 from rlcore.workers.actor import ActorRolloutRefWorker
 from rlcore.workers.generator import GeneratorWorker
 from rlcore.workers.rollout import GenerateSpec
@@ -166,8 +166,8 @@ class AsyncSource:
         """The generated batch with its prompts' fields and rewards, and the reward metrics (``reward/*``)."""
         rows, _ = self.outstanding[got.item_id]
         start = time.perf_counter()
-        batch, rewards = self.scoring.score(self.prompts.select(rows).repeat(self.cfg.rollout.n).union(got.batch),
-                                            f"ppo step {step}")
+        prompts = self.prompts.select(rows).repeat(self.cfg.rollout.n)
+        batch, rewards = self.scoring.score(with_generated(prompts, got.batch), f"ppo step {step}")
         return batch, {**rewards.metrics(), "timing_s/reward": time.perf_counter() - start}
 
     def next(self, step: int, version: int, t: Metrics) -> ScoredBatch:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rlcore.agents.trajectory_rows import mini_batch_rows, training_rows
 from rlcore.algos.advantage import ESTIMATORS, AdvantageOptions, compute_advantage
 from rlcore.algos.kl import kl_penalty
 from rlcore.algos.kl_control import controller_options, make_kl_controller
@@ -135,6 +136,7 @@ class PPOStep:
                                             reward_weights=reward_weights,
                                             distill_reward_weight=cfg.distill.reward_weight)
         self.policy_version = 0  # actor updates so far: the version of the weights the next rollouts use
+        self.row_scale = 1.0  # the step's rows over its samples (an agent program's trajectories of several rows)
 
     def train(self, batch: Batch, step: int, t: Metrics,
               during_update: Callable[[Pending], None] | None = None) -> tuple[Batch, Metrics]:
@@ -143,6 +145,7 @@ class PPOStep:
         ranks. The policy version goes up by one with each actor update."""
         m: Metrics = {}
         batch = self._balanced(batch, m, t)
+        batch, self.row_scale = training_rows(batch, self.cfg.resources.n_workers)  # an agent program's other rows
         batch = self._old_log_probs(batch, t)
         batch = self._reference(batch, t)
         batch = self._teacher(batch, m, t)
@@ -236,7 +239,8 @@ class PPOStep:
             return {}
         with timer(t, "update_critic"):
             return self.critic.call(CriticWorker.update_critic, batch.only(*CRITIC_UPDATE_KEYS),
-                                    dataclasses.replace(self.critic_spec, seed=self.seed + step))
+                                    dataclasses.replace(self.critic_spec, seed=self.seed + step, mini_batch_size=(
+                                        mini_batch_rows(self.critic_spec.mini_batch_size, self.row_scale))))
 
     def _update_actor(self, batch: Batch, step: int, t: Metrics,
                       during_update: Callable[[Pending], None] | None) -> Metrics:
@@ -248,7 +252,8 @@ class PPOStep:
         keys = ACTOR_UPDATE_KEYS + self.proximal.sent
         with timer(t, "update_actor"):
             pending = self.actor.submit(ActorRolloutRefWorker.update_actor, batch.only(*keys),
-                                        dataclasses.replace(self.actor_spec, seed=self.seed + step))
+                                        dataclasses.replace(self.actor_spec, seed=self.seed + step, mini_batch_size=(
+                                            mini_batch_rows(self.actor_spec.mini_batch_size, self.row_scale))))
             if during_update is not None:
                 during_update(pending)
             m = pending.result()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.agents.batch import agent_metrics
+from rlcore.agents.trajectory_rows import main_rows
 from rlcore.config import Config
 from rlcore.engine.sequence import response_attention
 from rlcore.protocol import Batch, Metrics
@@ -54,6 +55,7 @@ class RoundRunner:
                 scored = self.source.next(step, self.ppo.policy_version, t)
             batch, m = self.ppo.train(scored.batch, step, t, during_update=partial(self.source.during_update, step))
             self.source.updated(step, self.ppo.policy_version, t)
+        batch = main_rows(batch)  # one row per sample (an agent program's trajectory may train as several)
         self.samples += sample_rows(batch, self.tok, step, self.cfg.ppo.log_samples, policy_version=scored.version)
         self.last_batch = batch
         return {**scored.metrics, **m, **rollout_metrics(batch, t), **self.source.step_metrics(scored, batch, t), **t}

@@ -9,7 +9,6 @@ from typing import Callable, TypeVar
 from tqdm import tqdm
 
 from rlcore.agents import agent_spec
-from rlcore.agents.batch import ROW_FIELDS
 from rlcore.config import Config
 from rlcore.controller.worker_group import WorkerGroup
 from rlcore.protocol import Batch
@@ -31,12 +30,22 @@ def generate_spec(cfg: Config, *, temperature: float, seed: int, greedy: bool = 
 
 
 def generation_input(prompts: Batch, spec: GenerateSpec) -> Batch:
-    """What a generation call ships to the ranks: the prompt tensors and, for the tool loop, each row's
-    ``data_source``, ``ground_truth`` and ``extra_info`` (an environment's ``reset`` reads them)."""
+    """What a generation call ships to the ranks: the prompt tensors and, for an agent loop, the row fields it reads
+    (the tool loop: ``data_source``, ``ground_truth`` and ``extra_info``, for an environment's ``reset``; the openai
+    loop: those and the prompt's ``messages``, the agent's ``row``)."""
     tensors = prompts.only("prompts", "prompt_mask")
     if spec.agent is None:
         return tensors
-    return Batch(tensors.tensors, {k: prompts[k] for k in ROW_FIELDS if k in prompts})
+    return Batch(tensors.tensors, {k: prompts[k] for k in spec.agent.row_fields if k in prompts})
+
+
+def with_generated(prompts: Batch, generated: Batch) -> Batch:
+    """``prompts``' fields and the ``generated`` ones. Rows an agent program generated come with the prompts it sent
+    (``prompts``/``prompt_mask``), which replace the dataset's."""
+    if "prompts" in generated:
+        prompts = Batch({k: v for k, v in prompts.tensors.items() if k not in ("prompts", "prompt_mask")},
+                        prompts.non_tensors)
+    return prompts.union(generated)
 
 
 def generate(group: WorkerGroup[W], method: Callable[[W, Batch, GenerateSpec], Batch], prompts: Batch,
@@ -47,7 +56,7 @@ def generate(group: WorkerGroup[W], method: Callable[[W, Batch, GenerateSpec], B
     A batch that does not split evenly over the ranks is padded with copies of its first
     rows for the call and trimmed after, so any number of prompts works."""
     tensors, _ = generation_input(prompts, spec).pad_to_multiple(group.world_size)
-    return prompts.union(group.call(method, tensors, spec).slice(0, len(prompts)))
+    return with_generated(prompts, group.call(method, tensors, spec).slice(0, len(prompts)))
 
 
 CHUNK_PROMPTS = 128  # prompts per generate call, so the progress bar moves

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rlcore.config import RewardConfig
 from rlcore.data.collate import decode_responses
 from rlcore.protocol import Batch
+from rlcore.rewards.agent_rewards import model_subset, with_agent_rewards
 from rlcore.rewards.scoring import Rewards, RewardScorer, probe, samples_of
 
 
@@ -30,8 +31,15 @@ def score_responses(tokenizer, batch: Batch, scorer: RewardScorer, *, what: str,
     is the training reward and ``acc`` the accuracy score. A batch where every function fails on every sample
     raises :class:`~rlcore.rewards.guard.RewardError` naming ``what``."""
     model = reward_model.submit(batch) if reward_model is not None else None
-    return scorer.score(samples_of(batch["data_source"], response_texts(tokenizer, batch), batch["ground_truth"],
-                                   reward_extra_info(batch)), what=what, model=model)
+    samples = samples_of(batch["data_source"], response_texts(tokenizer, batch), batch["ground_truth"],
+                         reward_extra_info(batch))
+    if "agent_reward" not in batch:
+        return scorer.score(samples, what=what, model=model)
+    # an agent program's rewards (rlcore.rewards.agent_rewards)
+    weights = {f.label: f.weight for f in scorer.functions}
+    return with_agent_rewards(batch["agent_reward"], batch["agent_failure"], batch["agent_reward_extras"],
+                              lambda index: scorer.score([samples[i] for i in index], what=what,
+                                                         model=model_subset(model, index)), weights)
 
 
 def response_texts(tokenizer, batch: Batch) -> list[str]:

@@ -1,0 +1,108 @@
+"""What the openai loop costs (``make bench-agent``): agent programs talking to the policy through the endpoint,
+against a single-turn rollout of the same total tokens, on the same rows, model and CPU threads (static engine).
+
+* single-turn: ``engine.generate`` of ``T`` tokens per row (EOS never ends a row early);
+* openai loop: ``rows`` agents (``bench/openai_agent.py``: ``K`` requests of ``max_tokens=L``, a tool message after
+  each but the last, the history sent back each time), run by the loop's agent processes against the worker's
+  endpoint: every request is a chat completion over HTTP, its prompt the row's own tokens (the previous
+  completions and the template's ``O`` tokens for the tool message, EOS included: the turns end at ``max_tokens``),
+  the agents' requests batched into one engine call per turn; ``T = K * L + (K - 1) * O``;
+
+The model is a random tiny decoder (``--hidden``/``--layers`` for a bigger one), sampled at temperature 1 (each
+agent's rows with their own seeds). Runs alternate (single, openai, single, ...) after a first round that warms
+up everything (the agent processes and the endpoint start once, as in a worker); each reports its median over
+``--repeats``, the openai loop's also its seconds in the engine and its engine calls. The tokens are checked: every
+agent's turns sampled their ``L`` tokens, and both runs cover the same number of tokens (but for a turn whose last
+token happened to be EOS, after which the template adds none).
+
+    .venv/bin/python -m bench.openai_agent_cost [--rows 256] [--turns 4] [--turn-tokens 24] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.agent_cost import add_shape_arguments, build
+from rlcore.agents.openai_loop import EndpointRuntime
+from rlcore.agents.spec import EndpointAgentSpec, ToolRef
+from rlcore.agents.template import TurnTemplate
+from rlcore.protocol import Batch
+from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.static import StaticRolloutEngine
+
+AGENT = str(Path(__file__).with_name("openai_agent.py"))
+
+
+def measure(args) -> dict:
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tok = build(args.hidden, args.layers, Path(tmp))
+    messages = [{"role": "user", "content": "12*34"}]
+    obs_ids = TurnTemplate(tok).observation_ids([{"role": "tool", "content": "k"}])
+    obs = len(obs_ids) + 1  # the template's EOS after a turn cut at max_tokens, then the tool message
+    total = args.turns * args.turn_tokens + (args.turns - 1) * obs
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]] * args.rows)
+    mask = torch.ones_like(ids)
+    part = Batch({"prompts": ids, "prompt_mask": mask},
+                 {"messages": [messages] * args.rows, "extra_info": [{"turns": args.turns,
+                                                                      "turn_tokens": args.turn_tokens}] * args.rows})
+    never_stops = StaticRolloutEngine(model, eos_token_id=-1, pad_token_id=tok.pad_token_id)
+    agents = EndpointRuntime(EndpointAgentSpec(agent=ToolRef(AGENT, "run"), max_requests=args.turns,
+                                               processes=args.processes), tok)
+    single = SamplingParams(max_new_tokens=total, temperature=1.0)
+    times: dict[str, list[float]] = {"single": [], "openai": [], "engine": [], "engine_calls": []}
+    tokens: dict[str, int] = {}
+    try:
+        for i in range(args.repeats + 1):  # the first round warms everything up and is not counted
+            g = torch.Generator().manual_seed(i)
+            start = time.perf_counter()
+            out = never_stops.generate(ids, mask, single, g)
+            times["single"].append(time.perf_counter() - start)
+            tokens["single"] = int(out["response_mask"].sum())
+            before = dict(agents.endpoint.batcher.stats) if agents.endpoint is not None else {}
+            start = time.perf_counter()
+            out = agents.batch(never_stops, part, SamplingParams(max_new_tokens=total, temperature=1.0), g,
+                               torch.device("cpu"))
+            times["openai"].append(time.perf_counter() - start)
+            stats = agents.endpoint.batcher.stats
+            times["engine"].append(stats["engine_seconds"] - before.get("engine_seconds", 0.0))
+            times["engine_calls"].append(stats["engine_calls"] - before.get("engine_calls", 0))
+            assert not any(out["agent_failure"]), set(out["agent_failure"])
+            tokens["openai"] = int(out["response_attention_mask"].sum())
+            tokens["openai_sampled"] = int(out["response_mask"].sum())
+    finally:
+        agents.close()
+    med = {k: statistics.median(v[1:]) for k, v in times.items()}
+    return {"rows": args.rows, "hidden": args.hidden, "layers": args.layers, "turns": args.turns,
+            "turn_tokens": args.turn_tokens, "observation_tokens": obs, "tokens_per_row": total, "tokens": tokens,
+            "single_s": med["single"], "openai_s": med["openai"], "ratio": med["openai"] / med["single"],
+            "openai_engine_s": med["engine"], "openai_engine_calls": med["engine_calls"],
+            "agent_processes": args.processes, "threads": torch.get_num_threads()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_shape_arguments(ap, "agents (rows) at once", "tokens the model samples per turn")
+    ap.add_argument("--processes", type=int, default=2, help="agent processes (rollout.agent.processes)")
+    args = ap.parse_args(argv)
+    r = measure(args)
+    print(json.dumps(r))
+    # (a turn whose last sampled token happens to be EOS gets no template EOS after it: a token fewer)
+    assert r["tokens"]["openai_sampled"] == args.rows * args.turns * args.turn_tokens
+    assert abs(r["tokens"]["single"] - r["tokens"]["openai"]) <= args.rows * (args.turns - 1) // 10
+    print(f"{args.rows} agents x {r['tokens_per_row']} tokens ({args.turns} requests of {args.turn_tokens} tokens, "
+          f"{args.turns - 1} tool messages of {r['observation_tokens']} template tokens): single-turn "
+          f"{r['single_s']:.3f} s, openai loop {r['openai_s']:.3f} s (ratio {r['ratio']:.2f}; in the engine "
+          f"{r['openai_engine_s']:.3f} s over {r['openai_engine_calls']:g} calls)")
+
+
+if __name__ == "__main__":
+    main()

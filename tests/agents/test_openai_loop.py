@@ -1,0 +1,170 @@
+"""The openai loop (rlcore.agents.openai_loop): agent programs from tests/agents/openai_agents/agents.py run in real
+agent processes against the endpoint, over a scripted policy (exact token layouts: tests/agents/scripted.py) or the
+tiny model on the static engine (reproducibility)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from rlcore.agents.openai_loop import EndpointRuntime
+from rlcore.agents.recording import FAILURE_KINDS
+from rlcore.agents.spec import EndpointAgentSpec, ToolRef
+from rlcore.agents.template import TurnTemplate
+from rlcore.agents.trajectory_rows import endpoint_metrics
+from rlcore.data.collate import encode_prompts
+from rlcore.engine.tiny_model import build_char_tokenizer, build_tiny_model
+from rlcore.protocol import Batch
+from rlcore.rollout.base import SamplingParams
+from rlcore.rollout.static import StaticRolloutEngine
+from tests.agents.scripted import ScriptedChatEngine
+
+AGENTS = str(Path(__file__).parent / "openai_agents" / "agents.py")
+BUDGET = 96
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+
+def scripted_reply(prompt: str) -> str:
+    if "<|tool|>" in prompt:
+        return "5"
+    if "call add" in prompt:
+        return CALL
+    if "malformed" in prompt:
+        return '<tool_call>{"name": add}</tool_call>'
+    return "hi"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def part_of(tok, questions: list[str], **extra) -> Batch:
+    messages = [[{"role": "user", "content": q}] for q in questions]
+    prompts, mask = encode_prompts(tok, messages, 32, "test")
+    infos = [{"index": i, **{k: v[i] for k, v in extra.items()}} for i in range(len(questions))]
+    return Batch({"prompts": prompts, "prompt_mask": mask},
+                 {"messages": messages, "data_source": ["test"] * len(questions), "ground_truth": ["5"] * len(questions),
+                  "extra_info": infos})
+
+
+def run_agents(tok, engine, part: Batch, name: str, *, greedy: bool = True, seed: int = 0,
+               runtime_options: dict | None = None, **spec) -> Batch:
+    runtime = EndpointRuntime(EndpointAgentSpec(agent=ToolRef(AGENTS, name), **{"processes": 1, **spec}), tok,
+                              **(runtime_options or {}))
+    try:
+        return runtime.batch(engine, part, SamplingParams(max_new_tokens=BUDGET, greedy=greedy),
+                             torch.Generator().manual_seed(seed), torch.device("cpu"))
+    finally:
+        runtime.close()
+
+
+def response_of(out: Batch, i: int) -> list[int]:
+    return out["responses"][i][out["response_attention_mask"][i].bool()].tolist()
+
+
+def test_a_react_agent_is_one_row_of_the_tokens_sampled_and_the_template_between(tok):
+    """Call, tool result, answer: one row whose prompt is what the agent sent first and whose response is the first
+    completion as sampled (EOS included), the chat template's tokens for the tool message (mask 0), the answer; the
+    second engine call's prompt is that row's own token ids (nothing re-tokenized); the log-probs are the engine's;
+    the agent's return value is the reward; the call came back in OpenAI's tool_calls format."""
+    engine = ScriptedChatEngine(tok, scripted_reply)
+    out = run_agents(tok, engine, part_of(tok, ["call add"]), "react")
+    eos = tok.eos_token_id
+    prompt = ids(tok, "<s><|user|>call add<|assistant|>")
+    observation = TurnTemplate(tok).observation_ids([{"role": "tool", "content": "5"}])
+    assert tok.decode(observation) == "<|tool|>5<|assistant|>"
+    first, answer = ids(tok, CALL) + [eos], ids(tok, "5") + [eos]
+    assert out["prompts"][0][out["prompt_mask"][0].bool()].tolist() == prompt
+    assert response_of(out, 0) == first + observation + answer
+    mask = out["response_mask"][0][: len(first + observation + answer)].tolist()
+    assert mask == [1] * len(first) + [0] * len(observation) + [1] * len(answer)
+    expected = [-(j + 1) / 100 for j in range(len(first))] + [0.0] * len(observation) + [-0.01, -0.02]
+    assert torch.allclose(out["rollout_log_probs"][0][: len(expected)], torch.tensor(expected), atol=0, rtol=0)
+    assert [p for p, _ in engine.calls] == [[prompt], [prompt + first + observation]]
+    assert out["agent_reward"][0] == 1.0 and out["agent_reward_extras"][0] == {"turns": 4}
+    assert out["agent_failure"][0] == "" and out["agent_rows"][0] == 1 and out["agent_turns"][0] == 2
+    assert out["agent_tool_calls"][0] == 1 and out["agent_final"][0] == "5"
+    assert [m["role"] for m in out["agent_messages"][0]] == ["user", "assistant", "tool", "assistant"]
+
+
+def test_an_agent_that_edits_its_history_gets_a_row_per_conversation(tok):
+    """The second request does not extend the first completion: its completion is a row of its own (its prompt its
+    messages through the template), the first conversation's row goes with it for training, and it is counted."""
+    engine = ScriptedChatEngine(tok, scripted_reply)
+    out = run_agents(tok, engine, part_of(tok, ["hello"]), "edit_history")
+    eos = tok.eos_token_id
+    assert out["agent_rows"][0] == 2 and out["agent_reward"][0] == 0.5
+    assert out["prompts"][0][out["prompt_mask"][0].bool()].tolist() == ids(tok, "<s><|user|>summary: hi<|assistant|>")
+    assert response_of(out, 0) == ids(tok, "hi") + [eos]
+    (extra,) = out["agent_extra_rows"][0]
+    assert extra["prompt"] == ids(tok, "<s><|user|>hello<|assistant|>") and extra["response"] == ids(tok, "hi") + [eos]
+    assert extra["mask"] == [1] * 3
+    assert endpoint_metrics(out, FAILURE_KINDS)["split"] == 1.0
+
+
+def test_a_call_that_cannot_be_read_comes_back_as_plain_content(tok):
+    out = run_agents(tok, ScriptedChatEngine(tok, scripted_reply), part_of(tok, ["malformed"]), "malformed")
+    assert out["agent_reward"][0] == 1.0 and out["agent_tool_calls"][0] == 0
+
+
+def test_every_way_an_agent_fails_is_counted_and_the_others_go_on(tok):
+    """One batch: each row's agent misbehaves in its own way; each failure has its kind and the failure reward, the
+    well-behaved rows (and the one whose agent finds no network) their reward, and the agents' processes are gone
+    after the runtime closes."""
+    behaviors = ["ok", "raise", "sleep", "bad_return", "bad_request", "budget", "max_turns", "no_call", "network"]
+    part = part_of(tok, ["hello"] * len(behaviors), behavior=behaviors)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    out = run_agents(tok, ScriptedChatEngine(tok, scripted_reply), part, "misbehave", processes=2, timeout_s=3.0,
+                     max_requests=3, failure_reward=-1.0)
+    kinds = dict(zip(behaviors, out["agent_failure"]))
+    assert kinds == {"ok": "", "raise": "raised", "sleep": "timeout", "bad_return": "bad_return",
+                     "bad_request": "bad_request", "budget": "budget", "max_turns": "max_turns",
+                     "no_call": "no_model_call", "network": ""}
+    assert [out["agent_reward"][i] for i in range(len(behaviors))] == [1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, 1.0]
+    m = endpoint_metrics(out, FAILURE_KINDS)
+    assert m["failures"] == 7 and m["failures/timeout"] == 1 and m["failures/budget"] == 1
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_an_agent_that_holds_its_process_is_a_timeout_and_its_neighbours_are_lost(tok):
+    """Row 0 never yields (time.sleep): past its time limit its process ends itself naming it; the rows that shared
+    the process are lost, the other process's rows finish; the next call gets a fresh process."""
+    part = part_of(tok, ["hello"] * 4)
+    out = run_agents(tok, ScriptedChatEngine(tok, scripted_reply), part, "block", processes=2, timeout_s=2.0)
+    assert list(out["agent_failure"]) == ["timeout", "", "lost", ""]
+    out = run_agents(tok, ScriptedChatEngine(tok, scripted_reply), part, "exits", processes=1, timeout_s=30.0)
+    assert set(out["agent_failure"]) == {"exited"}
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tok):
+    model = build_tiny_model(tok, arch="llama", hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                             max_position_embeddings=256, seed=3).eval()
+    return StaticRolloutEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+def test_agents_give_the_same_rows_however_their_requests_interleave(tok, tiny_engine):
+    """The same agents, seed and model: the same tokens, masks, log-probs and rewards, bit for bit, with one agent
+    process or three, the engine batching everything it can or each request alone, and agents that pause for
+    random times before each request (each request is sampled with its own seed, and the static engine's rows do
+    not depend on their company)."""
+    part = part_of(tok, [f"what is {i}+{i}?" for i in range(6)])
+    runs = []
+    for processes, rows, wait_s in ((1, 512, 0.5), (3, 1, 0.0)):
+        runs.append(run_agents(tok, tiny_engine, part, "chatty", greedy=False, seed=5, processes=processes,
+                               runtime_options={"max_batch_rows": rows, "fill_wait_s": wait_s}))
+    first, second = runs
+    for key in ("prompts", "responses", "response_mask", "rollout_log_probs"):
+        assert torch.equal(first[key], second[key]), key
+    assert list(first["agent_reward"]) == list(second["agent_reward"])
+    assert len({tuple(r) for r in first["responses"].tolist()}) > 1  # the rows differ from each other
+
