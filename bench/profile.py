@@ -34,7 +34,7 @@ WORKER_RULES = {
                  ("sampling loop (KV-cache decode)", ("RolloutEngine.generate",))],
     "compute_ref_log_prob": [("forward", ("response_log_probs",))],
     "compute_log_prob": [("forward", ("response_log_probs",))],
-    "update_actor": [("reference forward (colocated reference)", ("ActorRolloutRefWorker._log_probs",)),
+    "update_actor": [("reference forward (colocated reference)", ("ActorRolloutRefWorker._ref_log_probs",)),
                      ("collectives (all_reduce of counts/metrics)", ("all_reduce_sum", "all_reduce_mean")),
                      ("grad clip + AdamW step", ("clipped_step",)),
                      ("backward (incl. any FSDP reduce-scatter)", ("backward",)),

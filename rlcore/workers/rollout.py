@@ -7,7 +7,7 @@ rollout copy it refreshes with the actor's weights after every update.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -112,7 +112,7 @@ def generate_on(engine: RolloutEngine, batch: Batch, spec: GenerateSpec, *, rank
             assert agents is not None, "an agent generation call needs the worker's AgentRunners"
             outs.append(agents.batch(spec.agent, engine, part, spec.sampling, gen, device))
             continue
-        extra = {} if refresh is None else {"refresh": refresh}
+        extra: dict[str, Any] = {} if refresh is None else {"refresh": refresh}  # only engines that take it
         out = engine.generate(part["prompts"].to(device), part["prompt_mask"].to(device), spec.sampling,
                               generator=gen, **extra)
         outs.append(Batch({"responses": out["responses"].cpu(), "response_mask": out["response_mask"].cpu(),
