@@ -32,6 +32,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlcore.algos.losses import POLICY_LOSSES
 from rlcore.config import parse_config
 from rlcore.data.collate import prompt_batch
 from rlcore.engine.model import ModelSpec, load_tokenizer
@@ -204,8 +205,11 @@ def test_every_row_of_a_group_configuration_trains(index, models, ray_local, tmp
             assert ("agent/turns" in m) == (run["agent"] == "tool"), what
             corrected = run["correction"] != "none"
             # the off-policy statistics come with every proximal policy that is not the rollout's: a correction's, or
-            # a stale async batch's (partial rollouts run at max_staleness 1; correction none weighs every token 1)
-            assert ("off_policy/is_weight_mean" in m) == (corrected or (run["mode"] == "async" and run["partial"])), what
+            # a stale async batch's (partial rollouts run at max_staleness 1; correction none weighs every token 1);
+            # a loss whose old policy is the behaviour policy (bypass_mode, correction none) has no proximal one
+            proximal = not POLICY_LOSSES.get(run["loss"]).old_is_behaviour
+            assert ("off_policy/is_weight_mean" in m) == (proximal and (corrected or (run["mode"] == "async"
+                                                                                       and run["partial"]))), what
             if not corrected and "off_policy/is_weight_mean" in m:
                 assert m["off_policy/is_weight_mean"] == m["off_policy/is_weight_max"] == 1.0, what
             assert ("async/staleness" in m) == (run["mode"] == "async"), what
