@@ -1,4 +1,6 @@
 import json
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -150,3 +152,19 @@ def test_a_solution_whose_final_answer_is_right_is_not_a_wrong_demonstration(tmp
         [False, False, True, True]
     assert [wrong_demonstration(row("my_task", a, "up")) for a in ("up", "up.")] == [False, True]
     assert wrong_demonstration(row("arithmetic", "46", "forty-six"))  # a truth the rule cannot read
+
+
+def test_example_files_hold_no_calculation_twice():
+    """examples/gsm8k/: every worked answer is right, and no calculation (numbers and operation, whatever the names)
+    appears twice across train and test, so the recipe's test split cannot be passed by recalling a training
+    problem."""
+    folder = Path(__file__).resolve().parents[2] / "examples" / "gsm8k"
+    seen = set()
+    for name in ("train", "test"):
+        for line in (folder / f"{name}.jsonl").read_text().splitlines():
+            answer = json.loads(line)["answer"]
+            a, op, b, c, final = re.fullmatch(r"(\d+) ([+-]) (\d+) = (\d+)\n#### (\d+)", answer).groups()
+            assert int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b)) == int(final), answer
+            assert (op, a, b) not in seen, (name, answer)
+            seen.add((op, a, b))
+    assert len(seen) == 10500
