@@ -106,24 +106,27 @@ def _calculator_splits(*, seed: int, n_sft: int, n_rl: int, n_test: int, min_dig
 
 @TASKS.register("gsm8k")
 def _gsm8k_splits(*, n_sft: int, n_rl: int, n_test: int, file: Mapping[str, str]) -> Splits:
-    """Splits the GSM8K train file (``task.file.train``) in file order and takes test from ``task.file.test``.
+    """Splits GSM8K-format files in file order: ``test`` is the first ``n_test`` rows of ``task.file.test``.
 
-    ``sft_train`` is the first ``n_sft`` train rows and ``rl_train`` the next ``n_rl``;
-    ``test`` is the first ``n_test`` test rows. When a file has fewer rows than asked
-    for, a split gets all that is left (so it may be shorter than requested), but a
-    split left with no rows at all is an error.
+    Without ``task.file.sft``, ``sft_train`` is the first ``n_sft`` rows of ``task.file.train`` and ``rl_train``
+    the next ``n_rl``; with it (demonstrations of their own, e.g. worked answers from another source than the
+    answers the reward checks), ``sft_train`` is its first ``n_sft`` rows and ``rl_train`` the train file's first
+    ``n_rl``. When a file has fewer rows than asked for, a split gets all that is left (so it may be shorter than
+    requested), but a split left with no rows at all is an error.
     """
     missing = [k for k in ("train", "test") if k not in file]
     if missing:
         raise ConfigError(f"task 'gsm8k' needs task.file.{missing[0]} (a local .jsonl or .parquet file)")
     train = gsm8k_rows(file["train"], split="train")
     test = gsm8k_rows(file["test"], split="test")
+    sft_path, sft = (file["sft"], gsm8k_rows(file["sft"], split="sft")) if "sft" in file else (file["train"], train)
+    rl_start = 0 if "sft" in file else n_sft
     splits = {
-        "sft_train": _reindexed(train[:n_sft], "sft_train"),
-        "rl_train": _reindexed(train[n_sft : n_sft + n_rl], "rl_train"),
+        "sft_train": _reindexed(sft[:n_sft], "sft_train"),
+        "rl_train": _reindexed(train[rl_start : rl_start + n_rl], "rl_train"),
         "test": _reindexed(test[:n_test], "test"),
     }
-    sources = {"sft_train": (file["train"], train), "rl_train": (file["train"], train), "test": (file["test"], test)}
+    sources = {"sft_train": (sft_path, sft), "rl_train": (file["train"], train), "test": (file["test"], test)}
     for name, rows in splits.items():
         if not rows:
             path, file_rows = sources[name]

@@ -1,4 +1,6 @@
 import json
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -117,6 +119,20 @@ def test_gsm8k_splits(tmp_path):
         assert labels == [(name, i) for i in range(len(rows))]
 
 
+def test_gsm8k_sft_file_gives_the_demonstrations_and_train_all_its_rows_to_rl(tmp_path):
+    """With task.file.sft the SFT split is that file's rows (their worked answers the demonstrations) and the RL
+    prompts start at the train file's first row."""
+    sft = _write_jsonl(tmp_path / "sft.jsonl", [{"question": "Q1?", "answer": "wrong\n#### 9"},
+                                                {"question": "Q2?", "answer": "also\n#### 8"}])
+    train = _write_jsonl(tmp_path / "train.jsonl", RECORDS)
+    splits = build_splits(task="gsm8k", n_sft=5, n_rl=3, n_test=1,
+                          file={"sft": str(sft), "train": str(train), "test": str(train)})
+    assert [r["extra_info"]["question"] for r in splits["sft_train"]] == ["Q1?", "Q2?"]
+    assert [r["extra_info"]["answer"] for r in splits["sft_train"]] == ["wrong\n#### 9", "also\n#### 8"]
+    assert [r["extra_info"]["question"] for r in splits["rl_train"]] == [r["question"] for r in RECORDS[:3]]
+    assert [r["reward_model"]["ground_truth"] for r in splits["rl_train"]] == ["5", "2000", "1234"]
+
+
 def test_gsm8k_split_with_no_rows_left_fails(tmp_path):
     train = _write_jsonl(tmp_path / "train.jsonl", RECORDS)
     with pytest.raises(ValueError, match=r"train\.jsonl: no rows left for split 'rl_train'"):
@@ -150,3 +166,25 @@ def test_a_solution_whose_final_answer_is_right_is_not_a_wrong_demonstration(tmp
         [False, False, True, True]
     assert [wrong_demonstration(row("my_task", a, "up")) for a in ("up", "up.")] == [False, True]
     assert wrong_demonstration(row("arithmetic", "46", "forty-six"))  # a truth the rule cannot read
+
+
+def test_example_files_hold_no_calculation_twice():
+    """examples/gsm8k/: the answers the reward checks (train, test) are right, the SFT file's are right or forget
+    every carry or borrow (its annotator's slip, on some of the problems that carry or borrow), and no calculation
+    (numbers and operation, whatever the names) appears twice across the files, so the recipe's test split cannot
+    be passed by recalling a problem trained on."""
+    folder = Path(__file__).resolve().parents[2] / "examples" / "gsm8k"
+    seen, slips = set(), 0
+    for name in ("sft", "train", "test"):
+        for line in (folder / f"{name}.jsonl").read_text().splitlines():
+            answer = json.loads(line)["answer"]
+            a, op, b, c, final = re.fullmatch(r"(\d+) ([+-]) (\d+) = (\d+)\n#### (\d+)", answer).groups()
+            assert c == final, answer
+            right = int(a) + int(b) if op == "+" else int(a) - int(b)
+            digits = [(int(x), int(y)) for x, y in zip(a.zfill(2), b.zfill(2))]
+            no_carry = int("".join(str((x + y) % 10 if op == "+" else abs(x - y)) for x, y in digits))
+            assert int(c) == right or (name == "sft" and int(c) == no_carry), (name, answer)
+            slips += int(c) != right
+            assert (op, a, b) not in seen, (name, answer)
+            seen.add((op, a, b))
+    assert len(seen) == 10500 and 1000 < slips < 2000
