@@ -30,6 +30,7 @@ concurrent requests into one engine call) with these differences:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import sys
 import threading
@@ -83,6 +84,7 @@ class AgentEndpoint(ModelServer):
         self.max_requests = 1
         self.templates: dict[str, TurnTemplate | None] = {}
         self.bugs: list[BaseException] = []  # what internal_error saw: the caller raises them
+        self.id_prefix, self.answered = secrets.token_hex(6), itertools.count()  # completion ids, unique per endpoint
 
     # -- trajectories (called on the server's loop: EndpointServer.call) -------------------------------------
     async def open(self, records: list[TrajectoryRecord], sampling: Sampling, max_requests: int) -> list[str]:
@@ -156,7 +158,7 @@ class AgentEndpoint(ModelServer):
             raise Failed(MAX_TURNS, 400, f"This trajectory has made its {self.max_requests} requests "
                                          "(rollout.agent.max_turns)", code="too_many_requests")
         try:
-            plan, keys, tools = await self.off_loop(self._plan, record, req)
+            plan, given, keys, tools = await self.off_loop(self._plan, record, req)
         except BudgetError as err:
             raise Failed(BUDGET, 400, str(err), code="context_length_exceeded", param="messages") from None
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -173,15 +175,15 @@ class AgentEndpoint(ModelServer):
                    at_eos=bool(out.tokens) and out.tokens[-1] == self.tokenizer.eos_token_id)
         record.tool_calls += len(message.get("tool_calls") or ())
         record.last_text = out.text
-        record.last_messages = [m.model_dump(exclude_none=True) for m in req.messages] + [message]
+        record.last_messages = [*given, message]
         choice = {"index": 0, "message": message, "finish_reason": finish_reason,
                   "logprobs": self.chat_logprobs(out) if req.logprobs else None}
-        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": self.created,
-                "model": MODEL_NAME, "choices": [choice], "usage": _usage([plan.prompt], [out])}
+        return {"id": f"chatcmpl-{self.id_prefix}{next(self.answered)}", "object": "chat.completion",
+                "created": self.created, "model": MODEL_NAME, "choices": [choice], "usage": _usage([plan.prompt], [out])}
 
     def _plan(self, record: TrajectoryRecord, req: ChatRequest):
-        """(In the tokenizing thread.) The request's :class:`~rlcore.agents.recording.Plan`, its messages' keys and
-        its tools' key."""
+        """(In the tokenizing thread.) The request's :class:`~rlcore.agents.recording.Plan`, its messages as dicts,
+        their keys and its tools' key."""
         given = [m.model_dump(exclude_none=True) for m in req.messages]
         keys = [message_key(m) for m in given]
         schemas = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else []
@@ -197,7 +199,7 @@ class AgentEndpoint(ModelServer):
             except ValueError:  # the template renders earlier turns differently once more follow
                 return None
 
-        return record.plan(keys, tools, observation, lambda: self.chat_prompt(req)), keys, tools
+        return record.plan(keys, tools, observation, lambda: self.chat_prompt(req)), given, keys, tools
 
     def _template(self, key: str, schemas: list[dict]) -> TurnTemplate | None:
         """The chat template as token ids between turns, with these tools (None: it cannot give them)."""
