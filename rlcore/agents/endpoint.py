@@ -23,8 +23,11 @@ concurrent requests into one engine call) with these differences:
   400 ``context_length_exceeded``), or one the API refuses (``bad_request``: a body that does not validate, an
   unsupported field, ``n`` > 1). Later requests of a failed trajectory get 400 too.
 * **batches wait for the agents**: when the engine is idle, a call starts once every running agent has a request
-  waiting, once none has come in for :data:`QUIET_S`, or :data:`FILL_WAIT_S` after the first, so the agents' turns
-  go through the engine together.
+  waiting, once none has come in for :data:`QUIET_S`, or :data:`FILL_WAIT_S` after the first (each as long as the
+  last engine call took when that is longer: :meth:`~rlcore.serve.batcher.Batcher.patience`), so the agents' turns go
+  through the engine together. The engine waits so before every call, not only when no request was waiting: the
+  agents whose requests came late for one call (and went through the next one on their own) and those answered by
+  that next call join again in one call rather than taking turns at the engine from then on.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ from rlcore.serve.schema import ChatRequest
 from rlcore.serve.server import ModelServer, ServeOptions, _stops, _usage
 
 FILL_WAIT_S = 1.0
-"""The most an idle engine waits for the running agents' next requests before it starts a call without them."""
+"""The most an idle engine waits for the running agents' next requests before it starts a call without them (or as
+long as its last call took, when that is longer)."""
 QUIET_S = 0.05
 """An idle engine's wait for the agents' next requests also ends once none has come in for this long (an agent busy
 with its own tools does not hold the others up for :data:`FILL_WAIT_S`)."""
