@@ -23,13 +23,17 @@ concurrent requests into one engine call) with these differences:
   400 ``context_length_exceeded``), or one the API refuses (``bad_request``: a body that does not validate, an
   unsupported field, ``n`` > 1). Later requests of a failed trajectory get 400 too.
 * **batches wait for the agents**: when the engine is idle, a call starts once every running agent has a request
-  waiting, once none has come in for :data:`QUIET_S`, or :data:`FILL_WAIT_S` after the first, so the agents' turns
-  go through the engine together.
+  waiting, once none has come in for :data:`QUIET_S`, or :data:`FILL_WAIT_S` after the first (each as long as the
+  last engine call took when that is longer: :meth:`~rlcore.serve.batcher.Batcher.patience`), so the agents' turns go
+  through the engine together. The engine waits so before every call, not only when no request was waiting: the
+  agents whose requests came late for one call (and went through the next one on their own) and those answered by
+  that next call join again in one call rather than taking turns at the engine from then on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import sys
 import threading
@@ -49,7 +53,8 @@ from rlcore.serve.schema import ChatRequest
 from rlcore.serve.server import ModelServer, ServeOptions, _stops, _usage
 
 FILL_WAIT_S = 1.0
-"""The most an idle engine waits for the running agents' next requests before it starts a call without them."""
+"""The most an idle engine waits for the running agents' next requests before it starts a call without them (or as
+long as its last call took, when that is longer)."""
 QUIET_S = 0.05
 """An idle engine's wait for the agents' next requests also ends once none has come in for this long (an agent busy
 with its own tools does not hold the others up for :data:`FILL_WAIT_S`)."""
@@ -83,6 +88,7 @@ class AgentEndpoint(ModelServer):
         self.max_requests = 1
         self.templates: dict[str, TurnTemplate | None] = {}
         self.bugs: list[BaseException] = []  # what internal_error saw: the caller raises them
+        self.id_prefix, self.answered = secrets.token_hex(6), itertools.count()  # completion ids, unique per endpoint
 
     # -- trajectories (called on the server's loop: EndpointServer.call) -------------------------------------
     async def open(self, records: list[TrajectoryRecord], sampling: Sampling, max_requests: int) -> list[str]:
@@ -156,7 +162,7 @@ class AgentEndpoint(ModelServer):
             raise Failed(MAX_TURNS, 400, f"This trajectory has made its {self.max_requests} requests "
                                          "(rollout.agent.max_turns)", code="too_many_requests")
         try:
-            plan, keys, tools = await self.off_loop(self._plan, record, req)
+            plan, given, keys, tools = await self.off_loop(self._plan, record, req)
         except BudgetError as err:
             raise Failed(BUDGET, 400, str(err), code="context_length_exceeded", param="messages") from None
         asked = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -173,15 +179,15 @@ class AgentEndpoint(ModelServer):
                    at_eos=bool(out.tokens) and out.tokens[-1] == self.tokenizer.eos_token_id)
         record.tool_calls += len(message.get("tool_calls") or ())
         record.last_text = out.text
-        record.last_messages = [m.model_dump(exclude_none=True) for m in req.messages] + [message]
+        record.last_messages = [*given, message]
         choice = {"index": 0, "message": message, "finish_reason": finish_reason,
                   "logprobs": self.chat_logprobs(out) if req.logprobs else None}
-        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": self.created,
-                "model": MODEL_NAME, "choices": [choice], "usage": _usage([plan.prompt], [out])}
+        return {"id": f"chatcmpl-{self.id_prefix}{next(self.answered)}", "object": "chat.completion",
+                "created": self.created, "model": MODEL_NAME, "choices": [choice], "usage": _usage([plan.prompt], [out])}
 
     def _plan(self, record: TrajectoryRecord, req: ChatRequest):
-        """(In the tokenizing thread.) The request's :class:`~rlcore.agents.recording.Plan`, its messages' keys and
-        its tools' key."""
+        """(In the tokenizing thread.) The request's :class:`~rlcore.agents.recording.Plan`, its messages as dicts,
+        their keys and its tools' key."""
         given = [m.model_dump(exclude_none=True) for m in req.messages]
         keys = [message_key(m) for m in given]
         schemas = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else []
@@ -197,7 +203,7 @@ class AgentEndpoint(ModelServer):
             except ValueError:  # the template renders earlier turns differently once more follow
                 return None
 
-        return record.plan(keys, tools, observation, lambda: self.chat_prompt(req)), keys, tools
+        return record.plan(keys, tools, observation, lambda: self.chat_prompt(req)), given, keys, tools
 
     def _template(self, key: str, schemas: list[dict]) -> TurnTemplate | None:
         """The chat template as token ids between turns, with these tools (None: it cannot give them)."""

@@ -154,8 +154,9 @@ class Batcher:
                  quiet_s: float | None = None):
         """``context_length``: row-seeded jobs share a call only while its longest prompt plus the most tokens any
         of them asks fit it. ``expected_rows()``: how many rows are worth waiting for when the engine was idle
-        (default ``max_batch_rows``): the agent endpoint's count of running agents. ``quiet_s``: that wait (at most
-        ``wait_s``) also ends once no job has come in for this long."""
+        (default ``max_batch_rows``): the agent endpoint's count of running agents, with which the scheduler waits so
+        before every call, not only when the engine was idle. ``quiet_s``: that wait (at most ``wait_s``) also ends
+        once no job has come in for this long (both longer with ``expected_rows``: :meth:`patience`)."""
         self.engine = engine
         self.context_length, self.expected_rows, self.quiet_s = context_length, expected_rows, quiet_s
         self.device = device
@@ -165,6 +166,8 @@ class Batcher:
         self.batching = batching
         self.max_waiting = max_waiting
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.last_call_s = 0.0
+        """Seconds the last engine call took."""
         self.stats = {"requests": 0, "engine_calls": 0, "rows": 0, "engine_errors": 0, "engine_seconds": 0.0,
                       "refused_busy": 0, "abandoned": 0}
         """Counters since start: jobs submitted, engine calls made, rows generated, calls that raised,
@@ -241,19 +244,10 @@ class Batcher:
             while not self._pending:
                 self._arrived.clear()
                 await self._arrived.wait()
-            if self.batching and idle:  # the engine was idle: give the jobs sent with this one a moment
-                deadline = loop.time() + self.wait_s
-                want = self.max_batch_rows if self.expected_rows is None else \
-                    max(1, min(self.max_batch_rows, self.expected_rows()))
-                while sum(len(j.rows) for j in self._pending) < want:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    self._arrived.clear()
-                    try:  # (with quiet_s: give up once no job came in for that long)
-                        await asyncio.wait_for(self._arrived.wait(), min(left, self.quiet_s or left))
-                    except TimeoutError:
-                        break
+            # the engine was idle: give the jobs sent with this one a moment; with expected_rows, also when jobs
+            # wait but fewer than expected (those that came late for the last call, while the others are answered)
+            if self.batching and (idle or self.expected_rows is not None):
+                await self._fill(loop)
             # a job stays in the queue (and counts as waiting) until its call starts
             for call in plan(list(self._pending), self.max_batch_rows, self.batching, self.context_length):
                 for job in call:
@@ -262,6 +256,37 @@ class Batcher:
                 call = [job for job in call if not job.future.done()]  # a caller that stopped waiting is skipped
                 if call:
                     await self._run(call)
+
+    def patience(self) -> tuple[float, float | None]:
+        """How long the wait for more jobs lasts at most, and how long it goes on once none comes in (None: to the
+        end): ``wait_s`` and ``quiet_s``; with ``expected_rows``, each at least as long as the last engine call
+        took. Rows that come later than the call go through a call of their own, which costs about a call more:
+        waiting up to that long for them costs at most twice the best choice made knowing when they come. (Fixed
+        short waits fail on a loaded machine, where the agents' processes may wait longer than ``quiet_s`` for a
+        core, and answering the last call's requests takes longer than ``wait_s``.)"""
+        if self.expected_rows is None:
+            return self.wait_s, self.quiet_s
+        return max(self.wait_s, self.last_call_s), None if self.quiet_s is None else max(self.quiet_s,
+                                                                                          self.last_call_s)
+
+    async def _fill(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait until the rows worth waiting for are pending (``expected_rows()``, else ``max_batch_rows``), or
+        for as long as :meth:`patience` allows."""
+        assert self._arrived is not None
+        longest, quiet = self.patience()
+        deadline = loop.time() + longest
+        want = self.max_batch_rows if self.expected_rows is None else \
+            max(1, min(self.max_batch_rows, self.expected_rows()))
+        while sum(len(j.rows) for j in self._pending) < want:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout(min(left, quiet or left)):  # (a timeout scope: no task per wait)
+                    await self._arrived.wait()
+            except TimeoutError:
+                return
 
     async def _run(self, call: list[Job]) -> None:
         rows = [r for job in call for r in job.rows]
@@ -285,7 +310,8 @@ class Batcher:
                     job.future.set_exception(err)
             return
         finally:
-            self.stats["engine_seconds"] += time.perf_counter() - start
+            self.last_call_s = time.perf_counter() - start
+            self.stats["engine_seconds"] += self.last_call_s
         i = 0
         for job in call:
             n = len(job.rows)

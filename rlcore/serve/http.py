@@ -60,8 +60,9 @@ class BodyLimit:
                     pass
             return await self._refuse(send, 413, f"The request body is too large: {what}; this server takes at most "
                                                  f"{self.max_bytes} (--max-body-bytes)", "request_too_large")
-        try:
-            read = await asyncio.wait_for(self._read(receive), self.timeout_s)
+        try:  # (a timeout scope, not wait_for: no task of its own per request)
+            async with asyncio.timeout(self.timeout_s):
+                read = await self._read(receive)
         except TimeoutError:
             return await self._refuse(send, 408, f"The request body did not arrive within --request-timeout "
                                                  f"{self.timeout_s:g} s", "timeout")
