@@ -119,8 +119,10 @@ def _gsm8k_splits(*, n_sft: int, n_rl: int, n_test: int, file: Mapping[str, str]
         raise ConfigError(f"task 'gsm8k' needs task.file.{missing[0]} (a local .jsonl or .parquet file)")
     train = gsm8k_rows(file["train"], split="train")
     test = gsm8k_rows(file["test"], split="test")
-    sft_path, sft = (file["sft"], gsm8k_rows(file["sft"], split="sft")) if "sft" in file else (file["train"], train)
-    rl_start = 0 if "sft" in file else n_sft
+    if "sft" in file:  # demonstrations of their own: RL takes the train file from its first row
+        sft_path, sft, rl_start = file["sft"], gsm8k_rows(file["sft"], split="sft"), 0
+    else:
+        sft_path, sft, rl_start = file["train"], train, n_sft
     splits = {
         "sft_train": _reindexed(sft[:n_sft], "sft_train"),
         "rl_train": _reindexed(train[rl_start : rl_start + n_rl], "rl_train"),
