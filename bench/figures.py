@@ -32,8 +32,8 @@ from pathlib import Path
 import yaml
 
 from bench.sections import sections
-from rlcore.compare.report import format_stat
-from rlcore.compare.stats import t_interval
+from rlcore.compare.report import format_p, format_stat
+from rlcore.compare.stats import paired_difference, t_interval
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs" / "results" / "data"
@@ -140,6 +140,36 @@ def recipe_seeds(key: str, extra: list[Column] = (), recipe: str | None = None) 
     def render() -> str:
         command = f"python -m bench.recipe_seeds --recipe examples/{recipe or key}.yaml --seeds 1,2,3"
         return seed_table(_recipes()[key], [*SEED_COLUMNS, *extra], command)
+    return render
+
+
+def paired_seeds(key: str, base: str, label: str, base_label: str, command: str) -> Callable[[], str]:
+    """Two variants of one recipe seed by seed (``key`` and ``base``: rows of recipes.json from the same seeds, so
+    the same data, test problems and, where only the round differs, SFT model): each seed's held-out figures and the
+    round's wall seconds and trained tokens per second side by side, then the mean difference of the gains with its
+    95% confidence interval and paired t test (rlcore.compare.stats) and the median ratio of the round's speed."""
+    def render() -> str:
+        data = _recipes()
+        rows, base_rows = ({r["seed"]: r for r in data[k]} for k in (key, base))
+        seeds = [s for s in rows if s in base_rows]
+        lines = [f"| seed | SFT greedy pass@1 | after RL: {label} / {base_label} | gain: {label} / {base_label} | "
+                 f"{label} minus {base_label} | round s: {label} / {base_label} | trained tokens/s: {label} / "
+                 f"{base_label} |", "|---|---|---|---|---|---|---|"]
+        for s in seeds:
+            a, b = rows[s], base_rows[s]
+            sft = f"{a['sft']:.3f}" if a["sft"] == b["sft"] else f"{a['sft']:.3f} / {b['sft']:.3f}"
+            lines.append(f"| {s} | {sft} | {a['final']:.3f} / {b['final']:.3f} | {a['gain']:+.3f} / {b['gain']:+.3f} "
+                         f"| **{a['gain'] - b['gain']:+.3f}** | {a['round_s']:.0f} / {b['round_s']:.0f} | "
+                         f"{a['trained_tokens_per_s']:.0f} / {b['trained_tokens_per_s']:.0f} |")
+        diff = paired_difference({str(s): rows[s]["gain"] for s in seeds}, {str(s): base_rows[s]["gain"] for s in seeds})
+        time = statistics.median(rows[s]["round_s"] / base_rows[s]["round_s"] for s in seeds)
+        steps = statistics.median(rows[s]["steps_per_s"] / base_rows[s]["steps_per_s"] for s in seeds)
+        where = _where([*(rows[s] for s in seeds), *(base_rows[s] for s in seeds)])
+        return "\n".join([*lines, "", f"Gain, {label} minus {base_label}: **{format_stat(diff.interval, signed=True)}** "
+                          f"(mean [95% CI] over seeds {', '.join(str(s) for s in seeds)}; paired t test p = "
+                          f"{format_p(diff.p)}). The round's wall time, {label} over {base_label}: **{time:.2f}x** "
+                          f"(median over the seeds; steps per second {steps:.2f}x).", "",
+                          f"`{command}`: {where}."])
     return render
 
 

@@ -11,7 +11,9 @@ median minutes per seed (where the rows kept them), and when and where it was me
 seeds, Holm's correction over the recipes, the seeds 80% power needs; rlcore.compare.report): only the recipes on
 ``grpo``'s task (the same test problems for a seed) measured on the same machine with the same kernels as a set of
 ``grpo``'s rows. Those are ``grpo``'s own and any kept under ``grpo_<why>`` (``grpo``'s rows from before a change of
-the kernels' arithmetic), so each recipe is paired with the default recipe as it ran beside it.
+the kernels' arithmetic), so each recipe is paired with the default recipe as it ran beside it. A recipe with a control
+of its own, kept as ``<recipe>_grpo`` (the same recipe with ``algorithm.adv_estimator=grpo``: ``distill``'s student
+trained by GRPO from the same SFT models), is compared with that instead (bench.figures renders the pair).
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def against_grpo(results: dict[str, list[dict]], alpha: float = 0.05) -> list[st
             left_out.append(f"`{name}` (not measured)")
         elif compose([REPO / "examples" / f"{name}.yaml"])[0].task.model_dump(exclude={"pairs"}) != task:
             left_out.append(f"`{name}` (another task)")
+        elif f"{name}_grpo" in results:  # its own control: the recipe with GRPO, from the same SFT models
+            left_out.append(f"`{name}` (compared with its own GRPO control `{name}_grpo`)")
         elif (where := machine(runs[0].get("measured", ""))) not in baselines:
             left_out.append(f"`{name}` (no `grpo` rows on {' with '.join(p for p in where if p)})")
         else:

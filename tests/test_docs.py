@@ -201,6 +201,29 @@ def test_every_figure_block_is_what_its_stored_results_render():
         assert all(r.get("measured") and r.get("commit") for r in rows), name
 
 
+def test_two_variants_of_a_recipe_are_set_side_by_side_seed_by_seed(monkeypatch):
+    """distill - grpo gains: 0.25, 0.125, 0.375 (mean 0.25, sd 0.125, t(0.975, 2) = 4.3027: 0.25 +- 0.3105, p of
+    t = 0.25 / (0.125 / sqrt 3) = 3.464 with 2 degrees of freedom: 0.0742); round seconds 120 / 100, 90 / 100,
+    150 / 100: median ratio 1.20; a seed only one variant has is left out."""
+    import bench.figures
+
+    def row(seed, sft, final, round_s):
+        return {"seed": seed, "sft": sft, "final": final, "gain": final - sft, "round_s": round_s,
+                "steps_per_s": 400 / round_s, "trained_tokens_per_s": 1000.0, "measured": "today, here",
+                "commit": "abc"}
+
+    data = {"distill": [row(1, 0.25, 0.75, 120), row(2, 0.5, 0.75, 90), row(3, 0.125, 0.75, 150)],
+            "distill_grpo": [row(1, 0.25, 0.5, 100), row(2, 0.5, 0.625, 100), row(3, 0.125, 0.375, 100),
+                             row(4, 0.5, 0.5, 100)]}
+    monkeypatch.setattr(bench.figures, "_recipes", lambda: data)
+    out = bench.figures.paired_seeds("distill", "distill_grpo", "distill", "GRPO", "the command")()
+    assert "| 1 | 0.250 | 0.750 / 0.500 | +0.500 / +0.250 | **+0.250** | 120 / 100 | 1000 / 1000 |" in out
+    assert "| 4 |" not in out
+    assert "**+0.250 [-0.061, +0.561]**" in out and "p = 0.074" in out
+    assert "**1.20x**" in out and "steps per second 0.83x" in out
+    assert "`the command`: today, here; code: abc." in out
+
+
 def test_the_built_in_models_size_is_stated_as_the_code_builds_it():
     from rlcore.config import Config
     from rlcore.engine.tiny_model import build_char_tokenizer, build_tiny_model

@@ -181,8 +181,8 @@ def test_the_recipes_table_gives_each_recipe_its_spread_and_says_which_are_not_m
 
 def test_the_recipes_are_compared_with_grpo_seed_by_seed_where_they_share_its_task_and_machine():
     """rloo - grpo: 0.25, 0, 0.25 (mean 1/6, sd 0.1443, t = 2 with 2 degrees of freedom: p = 1 - 2 / sqrt(6));
-    gsm8k has another task, lora another machine, dapo no rows: all left out, each with its reason, so Holm's
-    correction is over one test."""
+    gsm8k has another task, lora another machine, dapo no rows, distill a control of its own (distill_grpo): all left
+    out, each with its reason, so Holm's correction is over one test."""
     from bench.recipe_table import against_grpo
     here = "2026-11-27, 2-core AMD EPYC (AVX2), portable kernels"
     there = "2026-11-26, 2-core Intel Xeon, native kernels"
@@ -192,13 +192,15 @@ def test_the_recipes_are_compared_with_grpo_seed_by_seed_where_they_share_its_ta
                 for s, g in enumerate(gains, 1)]
 
     out = "\n".join(against_grpo({"grpo": rows([0.25, 0.125, 0.25]), "rloo": rows([0.5, 0.125, 0.5]),
-                                   "gsm8k": rows([0.1, 0.1, 0.1]), "lora": rows([0.2, 0.2, 0.2], there)}))
+                                   "gsm8k": rows([0.1, 0.1, 0.1]), "lora": rows([0.2, 0.2, 0.2], there),
+                                   "distill": rows([0.3, 0.3, 0.3]), "distill_grpo": rows([0.2, 0.2, 0.2])}))
     assert "## Against `grpo`" in out and "adjusted for the 1 test by" in out
     p = f"{1 - 2 / math.sqrt(6):.3f}"
     assert f"| rloo | 3 | +0.167 [-0.192, +0.525] | {p} | {p} | no |" in out
     left_out = out.rsplit("Not compared with `grpo`: ", 1)[1]
     assert {"`gsm8k` (another task)", "`lora` (no `grpo` rows on 2-core Intel Xeon with native kernels)",
-            "`dapo` (not measured)"} <= set(left_out.removesuffix(".").split(", ")), left_out
+            "`dapo` (not measured)", "`distill` (compared with its own GRPO control `distill_grpo`)"} \
+        <= set(left_out.removesuffix(".").split(", ")), left_out
     assert "`rloo`" not in left_out
 
 
