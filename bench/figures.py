@@ -208,6 +208,9 @@ BLOCKS: dict[str, Callable[[], str]] = {
         ("tool errors after RL", lambda r: str(r["tool_errors_final"])),
         ("minutes", lambda r: f"{r['minutes']:.1f}")], recipe="calculator"),
     "seeds.default-11": default_recipe_seeds,
+    "async-schedules": paired_seeds("async_fixed_schedule", "async_free_schedule", "fixed", "free",
+                                    "python -m bench.recipe_seeds --recipe examples/async.yaml --seeds 1,2,3 "
+                                    "[--set ppo.async.schedule=fixed]"),
     "distill-vs-grpo": paired_seeds("distill", "distill_grpo", "distill", "GRPO",
                                     "python -m bench.recipe_seeds --recipe examples/distill.yaml --seeds 1,2,3 "
                                     "--copy models/ppo/r1=models/teacher [--set algorithm.adv_estimator=grpo]"),
