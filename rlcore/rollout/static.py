@@ -477,11 +477,9 @@ class StaticRolloutEngine:
         tokens = torch.full((batch, new), self.pad_token_id, dtype=torch.long, device=device)
         log_probs = torch.zeros((batch, new), dtype=torch.float32, device=device)
         resp_mask = torch.zeros((batch, new), dtype=torch.long, device=device)
-        versions = None if refresh is None else torch.full((batch, new), refresh.version, dtype=torch.long,
-                                                             device=device)
+        step_versions = None if refresh is None else [refresh.version] * new  # the version that sampled step t
         if batch == 0 or new == 0:
-            return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs,
-                    **({} if versions is None else {"token_versions": versions})}
+            return self._generated(tokens, resp_mask, log_probs, step_versions)
         lengths = attention_mask.long().sum(-1)
         if int(lengths.min()) < 1:
             raise ValueError("static rollout engine: every prompt needs at least one token")
@@ -523,8 +521,8 @@ class StaticRolloutEngine:
             tokens[rows, t] = next_tok
             log_probs[rows, t] = logp
             resp_mask[rows, t] = 1
-            if versions is not None:
-                versions[rows, t] = refresh.version
+            if step_versions is not None:
+                step_versions[t] = refresh.version
             if t == new - 1:
                 break
             alive = next_tok != self.eos_token_id
@@ -557,8 +555,18 @@ class StaticRolloutEngine:
             pos = pos + 1
             self.stats["decode_steps"] += 1
             self.stats["decode_rows"] += size
-        return {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs,
-                **({} if versions is None else {"token_versions": versions})}
+        return self._generated(tokens, resp_mask, log_probs, step_versions)
+
+    @staticmethod
+    def _generated(tokens: torch.Tensor, resp_mask: torch.Tensor, log_probs: torch.Tensor,
+                   step_versions: list[int] | None) -> dict[str, torch.Tensor]:
+        """generate's result; with partial rollouts ``token_versions``: every token sampled at step t by the version
+        the engine held then (the same for every row running at t; a row's columns after its end are masked)."""
+        out = {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}
+        if step_versions is not None:
+            steps = torch.tensor(step_versions, dtype=torch.long, device=tokens.device)
+            out["token_versions"] = steps[None, :].expand(tokens.shape[0], -1).clone()
+        return out
 
     def _refill(self, rows: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, right: torch.Tensor,
                 lengths: torch.Tensor, tokens: torch.Tensor) -> None:

@@ -7,15 +7,16 @@ generates the batch as the trainer's ranks would have
 (:func:`~rlcore.workers.rollout.generate_sharded`), tags it with the version it used and puts it into the
 queue, waiting there while the queue is full.
 
-With ``ppo.async.partial_rollout`` it also takes a newer version in the middle of a batch: it keeps one
-``wait_newer`` call pending on the version actor (:class:`InFlightWeights`), and the engine looks at it between
-decode steps; when a version comes, its weights are loaded and checked as before a batch, the running rows' KV
+With ``ppo.async.partial_rollout`` it also takes a newer version in the middle of a batch: a thread keeps one
+``wait_newer`` call pending on the version actor (:class:`InFlightWeights`), and the engine looks at what it heard
+between decode steps; when a version comes, its weights are loaded and checked as before a batch, the running rows' KV
 cache is computed again with them, and each token is tagged with the version that sampled it (``token_versions``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import ray
@@ -31,39 +32,44 @@ from rlcore.workers.rank import RankWorker
 from rlcore.workers.rollout import AgentRunners, GenerateSpec, generate_sharded, make_engine
 
 
-# how often, at most, a generator in the middle of a batch looks whether a newer version came (a look is a ray.wait on
-# a local reference: cheap, but a tiny model's decode step is cheaper still, and an update takes many of them)
-LOOK_EVERY_S = 0.005
-
-
 class InFlightWeights:
-    """A generator's :class:`~rlcore.rollout.base.WeightRefresh`: one ``wait_newer`` call kept pending on the version
-    actor, looked at (not waited for) at a :meth:`poll` at most every :data:`LOOK_EVERY_S`; a newer version is loaded
-    into the generator's engine."""
+    """A generator's :class:`~rlcore.rollout.base.WeightRefresh`. A watcher thread keeps one ``wait_newer`` call
+    pending on the version actor (blocked in ``ray.get``, which lets go of the GIL) and notes each version it
+    returns; :meth:`poll`, between decode steps, only reads that note (no Ray call: a ``ray.wait`` at every look cost
+    a tiny model's batch a fifth of its generation time), and loads the version it names when it is newer than the
+    one the engine holds. The thread ends when the version actor goes (the round's end) or at :meth:`close`."""
 
     def __init__(self, generator: GeneratorWorker):
         self.generator = generator
-        self.pending = generator.weights.wait_newer.remote(generator.version)
-        self.next_look = 0.0
+        self.arrived: tuple[int, ray.ObjectRef] | None = None  # the newest version the watcher saw, and its weights
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"weights-watcher-{generator.index}", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        seen = self.generator.version
+        while not self._closed.is_set():
+            try:
+                version, (ref,) = ray.get(self.generator.weights.wait_newer.remote(seen))
+            except ray.exceptions.RayError:
+                return  # the version actor is gone: the round ended
+            seen = version
+            self.arrived = (version, ref)  # one assignment: poll reads a whole pair or the previous one
+
+    def close(self) -> None:
+        self._closed.set()
 
     @property
     def version(self) -> int:
         return self.generator.version
 
     def poll(self) -> bool:
-        now = time.monotonic()
-        if now < self.next_look:
+        arrived = self.arrived
+        if arrived is None or arrived[0] <= self.generator.version:  # (the batch may have started on it already)
             return False
-        self.next_look = now + LOOK_EVERY_S
-        ready, _ = ray.wait([self.pending], timeout=0)
-        if not ready:
-            return False
-        version, (ref,) = ray.get(self.pending)
-        newer = version > self.generator.version  # (not when the batch started on it already)
-        if newer:
-            self.generator.load(ray.get(ref), version)
-        self.pending = self.generator.weights.wait_newer.remote(self.generator.version)
-        return newer
+        version, ref = arrived
+        self.generator.load(ray.get(ref), version)
+        return True
 
 
 class GeneratorWorker(RankWorker):
