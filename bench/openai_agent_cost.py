@@ -55,10 +55,13 @@ def measure(args) -> dict:
                  {"messages": [messages] * args.rows, "extra_info": [{"turns": args.turns,
                                                                       "turn_tokens": args.turn_tokens}] * args.rows})
     never_stops = StaticRolloutEngine(model, eos_token_id=-1, pad_token_id=tok.pad_token_id)
-    agents = EndpointRuntime(EndpointAgentSpec(agent=ToolRef(AGENT, "run"), max_requests=args.turns,
-                                               processes=args.processes), tok)
+    spec = EndpointAgentSpec(agent=ToolRef(AGENT, "run"), max_requests=args.turns, processes=args.processes)
+    loops = {"openai": EndpointRuntime(spec, tok)}  # each request continues from its trajectory's kept keys/values
+    if args.compare_whole_history:
+        loops["openai_whole"] = EndpointRuntime(spec, tok, prefix_cache_bytes=0)  # each computes its whole history
     single = SamplingParams(max_new_tokens=total, temperature=1.0)
-    times: dict[str, list[float]] = {"single": [], "openai": [], "engine": [], "engine_calls": []}
+    times: dict[str, list[float]] = {"single": [], **{f"{k}{part}": [] for k in loops
+                                                       for part in ("", "_engine", "_engine_calls", "_reused")}}
     tokens: dict[str, int] = {}
     try:
         for i in range(args.repeats + 1):  # the first round warms everything up and is not counted
@@ -67,41 +70,57 @@ def measure(args) -> dict:
             out = never_stops.generate(ids, mask, single, g)
             times["single"].append(time.perf_counter() - start)
             tokens["single"] = int(out["response_mask"].sum())
-            before = dict(agents.endpoint.batcher.stats) if agents.endpoint is not None else {}
-            start = time.perf_counter()
-            out = agents.batch(never_stops, part, SamplingParams(max_new_tokens=total, temperature=1.0), g,
-                               torch.device("cpu"))
-            times["openai"].append(time.perf_counter() - start)
-            stats = agents.endpoint.batcher.stats
-            times["engine"].append(stats["engine_seconds"] - before.get("engine_seconds", 0.0))
-            times["engine_calls"].append(stats["engine_calls"] - before.get("engine_calls", 0))
-            assert not any(out["agent_failure"]), set(out["agent_failure"])
-            tokens["openai"] = int(out["response_attention_mask"].sum())
-            tokens["openai_sampled"] = int(out["response_mask"].sum())
+            for name, agents in loops.items():
+                before = dict(agents.endpoint.batcher.stats) if agents.endpoint is not None else {}
+                reused = never_stops.stats["prefix_tokens"]
+                start = time.perf_counter()
+                out = agents.batch(never_stops, part, SamplingParams(max_new_tokens=total, temperature=1.0),
+                                   torch.Generator().manual_seed(i), torch.device("cpu"))
+                times[name].append(time.perf_counter() - start)
+                stats = agents.endpoint.batcher.stats
+                times[f"{name}_engine"].append(stats["engine_seconds"] - before.get("engine_seconds", 0.0))
+                times[f"{name}_engine_calls"].append(stats["engine_calls"] - before.get("engine_calls", 0))
+                times[f"{name}_reused"].append(never_stops.stats["prefix_tokens"] - reused)
+                assert not any(out["agent_failure"]), set(out["agent_failure"])
+                tokens[name] = int(out["response_attention_mask"].sum())
+                tokens[f"{name}_sampled"] = int(out["response_mask"].sum())
     finally:
-        agents.close()
+        for agents in loops.values():
+            agents.close()
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
-    return {"rows": args.rows, "hidden": args.hidden, "layers": args.layers, "turns": args.turns,
-            "turn_tokens": args.turn_tokens, "observation_tokens": obs, "tokens_per_row": total, "tokens": tokens,
-            "single_s": med["single"], "openai_s": med["openai"], "ratio": med["openai"] / med["single"],
-            "openai_engine_s": med["engine"], "openai_engine_calls": med["engine_calls"],
-            "agent_processes": args.processes, "threads": torch.get_num_threads()}
+    out = {"rows": args.rows, "hidden": args.hidden, "layers": args.layers, "turns": args.turns,
+           "turn_tokens": args.turn_tokens, "observation_tokens": obs, "tokens_per_row": total, "tokens": tokens,
+           "single_s": med["single"], "agent_processes": args.processes, "threads": torch.get_num_threads()}
+    for name in loops:
+        out.update({f"{name}_s": med[name], f"{name}_ratio": med[name] / med["single"],
+                    f"{name}_engine_s": med[f"{name}_engine"], f"{name}_engine_calls": med[f"{name}_engine_calls"],
+                    f"{name}_reused_tokens": med[f"{name}_reused"]})
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shape_arguments(ap, "agents (rows) at once", "tokens the model samples per turn")
     ap.add_argument("--processes", type=int, default=2, help="agent processes (rollout.agent.processes)")
+    ap.add_argument("--compare-whole-history", action="store_true",
+                    help="also the loop with no kept keys and values (each request computes its whole history), "
+                         "alternating with the others")
     args = ap.parse_args(argv)
     r = measure(args)
     print(json.dumps(r))
     # (a turn whose last sampled token happens to be EOS gets no template EOS after it: a token fewer)
-    assert r["tokens"]["openai_sampled"] == args.rows * args.turns * args.turn_tokens
-    assert abs(r["tokens"]["single"] - r["tokens"]["openai"]) <= args.rows * (args.turns - 1) // 10
+    loops = [k[:-len("_ratio")] for k in r if k.endswith("_ratio")]
+    for name in loops:
+        assert r["tokens"][f"{name}_sampled"] == args.rows * args.turns * args.turn_tokens
+        assert abs(r["tokens"]["single"] - r["tokens"][name]) <= args.rows * (args.turns - 1) // 10
     print(f"{args.rows} agents x {r['tokens_per_row']} tokens ({args.turns} requests of {args.turn_tokens} tokens, "
           f"{args.turns - 1} tool messages of {r['observation_tokens']} template tokens): single-turn "
-          f"{r['single_s']:.3f} s, openai loop {r['openai_s']:.3f} s (ratio {r['ratio']:.2f}; in the engine "
-          f"{r['openai_engine_s']:.3f} s over {r['openai_engine_calls']:g} calls)")
+          f"{r['single_s']:.3f} s")
+    for name in loops:
+        what = "history from kept keys/values" if name == "openai" else "whole history computed per request"
+        print(f"  openai loop ({what}): {r[f'{name}_s']:.3f} s (ratio {r[f'{name}_ratio']:.2f}; in the engine "
+              f"{r[f'{name}_engine_s']:.3f} s over {r[f'{name}_engine_calls']:g} calls; "
+              f"{r[f'{name}_reused_tokens']:g} prompt tokens reused)")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ QUIET_S = 0.05
 """An idle engine's wait for the agents' next requests also ends once none has come in for this long (an agent busy
 with its own tools does not hold the others up for :data:`FILL_WAIT_S`)."""
 MODEL_NAME = "policy"
+PREFIX_CACHE_BYTES = 1 << 30
+"""The most memory (on the engine's device) the kept keys and values of the live trajectories take: past it, a
+trajectory's next request computes its whole history again (``prefix_stats["full"]``)."""
 
 
 class Failed(APIError):
@@ -73,7 +76,8 @@ class AgentEndpoint(ModelServer):
     """The server behind the agents' base URLs (module docstring)."""
 
     def __init__(self, tokenizer, engine, *, device: torch.device, context_length: int, vocab_size: int,
-                 parser: str = "hermes", max_batch_rows: int = 512, fill_wait_s: float = FILL_WAIT_S):
+                 parser: str = "hermes", max_batch_rows: int = 512, fill_wait_s: float = FILL_WAIT_S,
+                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         options = ServeOptions(served_model_name=MODEL_NAME, max_batch_size=max_batch_rows,
                                batch_wait_ms=fill_wait_s * 1000, max_n=1, max_tokens=context_length,
                                max_queue=1 << 30, request_timeout_s=1e9)
@@ -89,6 +93,13 @@ class AgentEndpoint(ModelServer):
         self.templates: dict[str, TurnTemplate | None] = {}
         self.bugs: list[BaseException] = []  # what internal_error saw: the caller raises them
         self.id_prefix, self.answered = secrets.token_hex(6), itertools.count()  # completion ids, unique per endpoint
+        # each live trajectory's keys and values after its last completion (engines that reuse them: static)
+        self.reuse = bool(getattr(engine, "reuses_prefixes", False)) and prefix_cache_bytes > 0
+        self.prefix_cap, self.prefix_bytes = prefix_cache_bytes, 0
+        self.prefixes: dict[str, Any] = {}
+        self.prefix_stats = {"kept": 0, "full": 0}
+        """Completions whose keys and values were kept for the trajectory's next request, and those that were not
+        for want of room (:data:`PREFIX_CACHE_BYTES`)."""
 
     # -- trajectories (called on the server's loop: EndpointServer.call) -------------------------------------
     async def open(self, records: list[TrajectoryRecord], sampling: Sampling, max_requests: int) -> list[str]:
@@ -111,6 +122,7 @@ class AgentEndpoint(ModelServer):
         while self.inflight[token] and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.005)
         self.inflight.pop(token, None)
+        self._drop_prefix(token)
         return self.records.pop(token)
 
     def internal_error(self, what: str, err: BaseException | None = None) -> APIError:
@@ -132,7 +144,7 @@ class AgentEndpoint(ModelServer):
             if record.failure is not None:
                 raise APIError(400, f"This trajectory already failed ({record.failure}: {record.failure_text})",
                                code="trajectory_failed")
-            return await self._answer(record, req)
+            return await self._answer(token, record, req)
         except Failed as err:
             record.fail(err.kind, err.message)
             raise
@@ -155,7 +167,7 @@ class AgentEndpoint(ModelServer):
         finally:
             req.model = model
 
-    async def _answer(self, record: TrajectoryRecord, req: ChatRequest) -> dict[str, Any]:
+    async def _answer(self, token: str, record: TrajectoryRecord, req: ChatRequest) -> dict[str, Any]:
         self.check_agent_request(req)
         record.requests += 1
         if record.requests > self.max_requests:
@@ -172,7 +184,7 @@ class AgentEndpoint(ModelServer):
                                       f"context of {self.context_length}", code="context_length_exceeded")
         sampling = replace(self.sampling, max_tokens=min(asked or room, room))
         seed = record.request_seed(canonical([keys, tools, asked, req.stop]))
-        rows = await self._generate(plan.prompt, sampling, seed)
+        rows = await self._generate(token, plan.prompt, sampling, seed)
         out = self.finish(rows.tokens[0], rows.log_probs[0], _stops(req))
         message, finish_reason = self.assistant_message(out, bool(req.tools) and req.tool_choice != "none")
         record.add(plan, keys, tools, out.tokens, out.log_probs, message_key(message),
@@ -214,11 +226,34 @@ class AgentEndpoint(ModelServer):
                 self.templates[key] = None
         return self.templates[key]
 
-    async def _generate(self, prompt: list[int], sampling: Sampling, seed: int):
+    async def _generate(self, token: str, prompt: list[int], sampling: Sampling, seed: int):
+        """The engine's answer to a trajectory's request. With an engine that reuses prefixes, the request continues
+        from the keys and values the trajectory's last completion left (as far as the prompt repeats its tokens: the
+        usual request extends the last answer) and leaves its own for the next."""
+        prefix = self._drop_prefix(token) if self.reuse else None
         try:
-            return await self.batcher.generate([prompt], sampling, row_seeds=[seed])
+            if not self.reuse:
+                return await self.batcher.generate([prompt], sampling, row_seeds=[seed])
+            rows = await self.batcher.generate([prompt], sampling, row_seeds=[seed], prefixes=[prefix],
+                                               keep_prefixes=True)
         except Exception:  # noqa: BLE001 - an engine failure: a 500 here, raised by the generation call after
             raise self.internal_error("generation failed") from None
+        kept = rows.prefixes[0] if rows.prefixes else None
+        if kept is not None and token in self.live:
+            if self.prefix_bytes + kept.nbytes <= self.prefix_cap:
+                self.prefixes[token] = kept
+                self.prefix_bytes += kept.nbytes
+                self.prefix_stats["kept"] += 1
+            else:
+                self.prefix_stats["full"] += 1
+        return rows
+
+    def _drop_prefix(self, token: str):
+        """The trajectory's kept keys and values, no longer counted (None if it has none)."""
+        prefix = self.prefixes.pop(token, None)
+        if prefix is not None:
+            self.prefix_bytes -= prefix.nbytes
+        return prefix
 
 
 class EndpointServer:

@@ -37,7 +37,7 @@ import torch
 
 from rlcore.agents.agent_pool import AgentPool, AgentResult
 from rlcore.agents.batch import jsonable
-from rlcore.agents.endpoint import FILL_WAIT_S, AgentEndpoint, EndpointServer
+from rlcore.agents.endpoint import FILL_WAIT_S, PREFIX_CACHE_BYTES, AgentEndpoint, EndpointServer
 from rlcore.agents.endpoint_app import agent_app
 from rlcore.agents.recording import TrajectoryRecord
 from rlcore.agents.spec import EndpointAgentSpec
@@ -50,11 +50,14 @@ class EndpointRuntime:
     serves the engine of the latest call (a new one when the engine object changes)."""
 
     def __init__(self, spec: EndpointAgentSpec, tokenizer, *, max_batch_rows: int | None = None,
-                 fill_wait_s: float = FILL_WAIT_S):
+                 fill_wait_s: float = FILL_WAIT_S, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         """``max_batch_rows``: requests per engine call (default: a call's trajectories); ``fill_wait_s``: how long
-        an idle engine waits for the agents' next requests (:data:`~rlcore.agents.endpoint.FILL_WAIT_S`)."""
+        an idle engine waits for the agents' next requests (:data:`~rlcore.agents.endpoint.FILL_WAIT_S`);
+        ``prefix_cache_bytes``: the most the trajectories' kept keys and values take (0: none kept; every request
+        computes its whole history)."""
         self.spec, self.tok = spec, tokenizer
         self.max_batch_rows, self.fill_wait_s = max_batch_rows, fill_wait_s
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.folder = tempfile.mkdtemp(prefix="rlcore-agents-")
         self.socket = str(Path(self.folder) / "endpoint.sock")
         self.pool = AgentPool(spec, self.socket)
@@ -71,7 +74,8 @@ class EndpointRuntime:
         config = engine.model.config
         self.endpoint = AgentEndpoint(self.tok, engine, device=device, context_length=config.max_position_embeddings,
                                       vocab_size=config.vocab_size, parser=self.spec.parser,
-                                      max_batch_rows=self.max_batch_rows or max_rows, fill_wait_s=self.fill_wait_s)
+                                      max_batch_rows=self.max_batch_rows or max_rows, fill_wait_s=self.fill_wait_s,
+                                      prefix_cache_bytes=self.prefix_cache_bytes)
         self.server = EndpointServer(agent_app(self.endpoint), self.socket).__enter__()
         return self.server
 

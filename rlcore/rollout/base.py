@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rlcore.config import RolloutConfig
     from rlcore.rollout.turns import Trajectories
 
-__all__ = ["EngineSpec", "RolloutEngine", "SamplingParams", "WeightRefresh", "engine_spec", "load_into"]
+__all__ = ["CachedPrefix", "EngineSpec", "RolloutEngine", "SamplingParams", "WeightRefresh", "engine_spec", "load_into"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,37 @@ def engine_spec(rollout: RolloutConfig) -> EngineSpec:
     """The engine params.yaml ``rollout`` names, as the workers, the generators and ``rlcore serve`` build it."""
     return EngineSpec(name=rollout.engine, compile=rollout.compile, cuda_graphs=rollout.cuda_graphs,
                       kv_cache_gib=rollout.kv_cache_gib, max_batch=rollout.micro_batch_size)
+
+
+@dataclass(frozen=True, eq=False)
+class CachedPrefix:
+    """The keys and values a generation call left for one row: its prompt and the tokens it sampled but the last
+    (which was never fed). An engine that takes them (``reuses_prefixes``: the static engine) continues a later
+    row whose prompt starts with the same tokens from them, computing only the rest (the openai loop's next
+    request of a trajectory: its history, the model's answer, then the agent's new messages)."""
+
+    ids: tuple[int, ...]
+    """The tokens at positions ``0..len(ids)-1``."""
+    keys: tuple[torch.Tensor, ...]
+    """Per layer ``[kv_heads, len(ids), head_dim]``."""
+    values: tuple[torch.Tensor, ...]
+    weights: int
+    """The engine's weight load count when they were computed: after :meth:`RolloutEngine.load_weights` they are not
+    used (they belong to other weights)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def common_length(self, ids: Sequence[int]) -> int:
+        """How many leading tokens of ``ids`` these keys and values hold."""
+        n = min(len(self.ids), len(ids))
+        if self.ids[:n] == tuple(ids[:n]):  # the usual case, compared in C
+            return n
+        for i in range(n):
+            if self.ids[i] != ids[i]:
+                return i
+        return n
 
 
 class WeightRefresh(Protocol):

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from rlcore.engine.lora import is_peft
-from rlcore.rollout.base import SamplingParams, WeightRefresh, load_into
+from rlcore.rollout.base import CachedPrefix, SamplingParams, WeightRefresh, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, row_uniforms, sample_from
 from rlcore.rollout.turns import Trajectories
 
@@ -339,6 +339,8 @@ class StaticRolloutEngine:
 
     takes_weights_mid_generation = True
     """:meth:`generate` takes a ``refresh`` (partial rollouts): no other engine does."""
+    reuses_prefixes = True
+    """:meth:`generate` takes ``prefixes`` and ``keep_prefixes`` (:class:`~rlcore.rollout.base.CachedPrefix`)."""
 
     def __init__(self, model, *, eos_token_id: int, pad_token_id: int, compile: bool = False,
                  cuda_graphs: bool = True):
@@ -360,11 +362,13 @@ class StaticRolloutEngine:
         self.graphs: dict[int, _GraphedStep] = {}
         self.graph_pool = None
         self.stats = {"compactions": 0, "graph_captures": 0, "decode_rows": 0, "decode_steps": 0, "extends": 0,
-                      "refills": 0}
+                      "refills": 0, "prefix_tokens": 0}
+        self.weights_loaded = 0  # load_weights calls: a CachedPrefix of other weights is not used
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         # load_state_dict copies into the existing tensors: compiled steps and graphs keep reading them
         load_into(self.model, state_dict)
+        self.weights_loaded += 1
 
     @torch.inference_mode()
     def log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor
@@ -450,27 +454,27 @@ class StaticRolloutEngine:
     def _prefill_rows(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Prefill each distinct left-padded prompt once into cache slots ``0..batch-1``; each row's logits."""
         batch, width = input_ids.shape
-        max_len = int(lengths.max())
-        cols = torch.arange(max_len, device=input_ids.device)
+        cols = torch.arange(int(lengths.max()), device=input_ids.device)
         src = (width - lengths)[:, None] + cols[None, :]
         right = torch.where(cols[None, :] < lengths[:, None], input_ids.gather(1, src.clamp(max=width - 1)),
                             torch.zeros((), dtype=input_ids.dtype, device=input_ids.device))
-        uniq, uniq_mask, row_of = distinct_rows(right, (cols[None, :] < lengths[:, None]).long())
-        logits, keys, values = self.decoder.prefill(uniq, uniq_mask.sum(-1))
-        for kc, vc, k, v in zip(*self.cache, keys, values):
-            kc[:batch, :, :max_len] = k[row_of]
-            vc[:batch, :, :max_len] = v[row_of]
-        return logits[row_of]
+        return self._prefill(right, lengths, torch.arange(batch, device=input_ids.device))
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams,
                  generator: torch.Generator | None = None, *, refresh: WeightRefresh | None = None,
-                 seeds: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+                 seeds: Sequence[int] | None = None, prefixes: Sequence[CachedPrefix | None] | None = None,
+                 keep_prefixes: bool = False) -> dict:
         """The engine interface's generate (:class:`~rlcore.rollout.base.RolloutEngine`). With ``refresh`` (partial
         rollouts), newer weights are taken between decode steps: :meth:`WeightRefresh.poll` loads them into the model,
         the running rows' KV cache is computed again with them (:meth:`_refill`), and ``token_versions`` ``[batch,
         max_new_tokens]`` says which version sampled each token (its ``log_probs`` are that version's). With ``seeds``,
-        each row samples from uniforms of its own seed (``row_uniforms``), whatever rows it is batched with."""
+        each row samples from uniforms of its own seed (``row_uniforms``), whatever rows it is batched with.
+
+        ``prefixes`` (one per row, or None): a row whose prompt starts with a prefix's tokens takes that prefix's keys
+        and values and computes only the rest of its prompt (:meth:`Decoder.extend`; at least its last token).
+        ``keep_prefixes``: ``prefixes`` in the result, each row's keys and values at its end (its prompt and tokens
+        but the last), for a later call."""
         batch, width = input_ids.shape
         device = input_ids.device
         new = params.max_new_tokens
@@ -479,7 +483,8 @@ class StaticRolloutEngine:
         resp_mask = torch.zeros((batch, new), dtype=torch.long, device=device)
         step_versions = None if refresh is None else [refresh.version] * new  # the version that sampled step t
         if batch == 0 or new == 0:
-            return self._generated(tokens, resp_mask, log_probs, step_versions)
+            return self._generated(tokens, resp_mask, log_probs, step_versions,
+                                   [None] * batch if keep_prefixes else None)
         lengths = attention_mask.long().sum(-1)
         if int(lengths.min()) < 1:
             raise ValueError("static rollout engine: every prompt needs at least one token")
@@ -493,15 +498,15 @@ class StaticRolloutEngine:
         src = (width - lengths)[:, None] + cols[None, :]
         right = torch.where(cols[None, :] < lengths[:, None], input_ids.gather(1, src.clamp(max=width - 1)),
                             torch.zeros((), dtype=input_ids.dtype, device=device))
-        self._ensure_cache(bucket_of(batch, buckets_for(batch)) if self.use_graphs else batch, length)
+        # (a prefix's rows are continued by extend, whose padding columns write at the cache's last index)
+        self._ensure_cache(bucket_of(batch, buckets_for(batch)) if self.use_graphs else batch,
+                           length + (prefixes is not None))
         k_cache, v_cache = self.cache
-        # prefill each distinct prompt once; every row gets its prompt's keys, values and logits
-        uniq, uniq_mask, row_of = distinct_rows(right, (cols[None, :] < lengths[:, None]).long())
-        logits, keys, values = self.decoder.prefill(uniq, uniq_mask.sum(-1))
-        for kc, vc, k, v in zip(k_cache, v_cache, keys, values):
-            kc[:batch, :, :max_len] = k[row_of]
-            vc[:batch, :, :max_len] = v[row_of]
-        logits = logits[row_of]
+        reuse = self._reusable(prefixes, right, lengths)
+        logits = self._prefill(right, lengths, torch.nonzero(reuse == 0).squeeze(-1))
+        if bool((reuse > 0).any()):
+            logits = self._continue(right, lengths, reuse, prefixes, logits)
+        kept: list[CachedPrefix | None] | None = [None] * batch if keep_prefixes else None
         size = bucket_of(batch, buckets_for(batch)) if self.use_graphs else batch  # slots a decode step runs
         rows = torch.arange(batch, device=device)  # original row of each running sequence
         slots = rows.clone()  # its cache slot
@@ -523,9 +528,12 @@ class StaticRolloutEngine:
             resp_mask[rows, t] = 1
             if step_versions is not None:
                 step_versions[t] = refresh.version
+            alive = next_tok != self.eos_token_id
+            if kept is not None:  # rows that end here: their slots are theirs until a compaction below
+                done = torch.ones_like(alive) if t == new - 1 else ~alive
+                self._keep(kept, rows[done], slots[done], pos[done], right, lengths, tokens)
             if t == new - 1:
                 break
-            alive = next_tok != self.eos_token_id
             n_alive = int(alive.sum())
             if n_alive == 0:
                 break
@@ -555,18 +563,97 @@ class StaticRolloutEngine:
             pos = pos + 1
             self.stats["decode_steps"] += 1
             self.stats["decode_rows"] += size
-        return self._generated(tokens, resp_mask, log_probs, step_versions)
+        return self._generated(tokens, resp_mask, log_probs, step_versions, kept)
 
     @staticmethod
     def _generated(tokens: torch.Tensor, resp_mask: torch.Tensor, log_probs: torch.Tensor,
-                   step_versions: list[int] | None) -> dict[str, torch.Tensor]:
+                   step_versions: list[int] | None, kept: list[CachedPrefix | None] | None) -> dict:
         """generate's result; with partial rollouts ``token_versions``: every token sampled at step t by the version
         the engine held then (the same for every row running at t; a row's columns after its end are masked)."""
-        out = {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}
+        out: dict = {"responses": tokens, "response_mask": resp_mask, "log_probs": log_probs}
         if step_versions is not None:
             steps = torch.tensor(step_versions, dtype=torch.long, device=tokens.device)
             out["token_versions"] = steps[None, :].expand(tokens.shape[0], -1).clone()
+        if kept is not None:
+            out["prefixes"] = kept
         return out
+
+    def _prefill(self, right: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Prefill each distinct prompt among ``rows`` (of the right-padded prompts) once, into those rows' cache
+        slots; the logits after every row's prompt ``[batch, vocab]`` (the other rows' are left for
+        :meth:`_continue`)."""
+        batch = right.shape[0]
+        logits = torch.empty((batch, self.decoder.lm_head.shape[0]), dtype=torch.float32, device=right.device)
+        if len(rows) == 0:
+            return logits
+        every = len(rows) == batch
+        sub, sub_len = (right, lengths) if every else (right[rows], lengths[rows])
+        width = int(sub_len.max())
+        cols = torch.arange(width, device=right.device)
+        uniq, uniq_mask, row_of = distinct_rows(sub[:, :width], (cols[None, :] < sub_len[:, None]).long())
+        got, keys, values = self.decoder.prefill(uniq, uniq_mask.sum(-1))
+        for kc, vc, k, v in zip(*self.cache, keys, values):
+            if every:
+                kc[:batch, :, :width] = k[row_of]
+                vc[:batch, :, :width] = v[row_of]
+            else:
+                kc[rows, :, :width] = k[row_of]
+                vc[rows, :, :width] = v[row_of]
+        if every:
+            return got[row_of]
+        logits[rows] = got[row_of]
+        return logits
+
+    def _reusable(self, prefixes: Sequence[CachedPrefix | None] | None, right: torch.Tensor, lengths: torch.Tensor
+                  ) -> torch.Tensor:
+        """``[batch]``: how many leading tokens of each row's prompt its prefix holds (0: none, or prefixes of
+        other weights), at most all but the prompt's last token (whose logits the first step samples from)."""
+        reuse = torch.zeros(right.shape[0], dtype=torch.long)
+        if prefixes is None:
+            return reuse.to(right.device)
+        if len(prefixes) != right.shape[0]:
+            raise ValueError(f"{len(prefixes)} prefixes for {right.shape[0]} rows")
+        for i, prefix in enumerate(prefixes):
+            if prefix is not None and prefix.weights == self.weights_loaded:
+                n = int(lengths[i])
+                reuse[i] = min(prefix.common_length(right[i, :n].tolist()), n - 1)
+        return reuse.to(right.device)
+
+    def _continue(self, right: torch.Tensor, lengths: torch.Tensor, reuse: torch.Tensor,
+                  prefixes: Sequence[CachedPrefix | None], logits: torch.Tensor) -> torch.Tensor:
+        """The rows with ``reuse`` > 0: their prefixes' keys and values into their slots, the rest of their prompts
+        computed from there (one chunked prefill); their logits into ``logits``."""
+        rows = torch.nonzero(reuse > 0).squeeze(-1)
+        k_cache, v_cache = self.cache
+        for i in rows.tolist():
+            m, prefix = int(reuse[i]), prefixes[i]
+            for kc, vc, k, v in zip(k_cache, v_cache, prefix.keys, prefix.values):
+                kc[i, :, :m] = k[:, :m]
+                vc[i, :, :m] = v[:, :m]
+        start, rest = reuse[rows], lengths[rows] - reuse[rows]
+        width = int(rest.max())
+        cols = torch.arange(width, device=right.device)[None, :]
+        ids = right[rows].gather(1, (start[:, None] + cols).clamp(max=right.shape[1] - 1))
+        ids = torch.where(cols < rest[:, None], ids, torch.zeros((), dtype=ids.dtype, device=ids.device))
+        logits[rows] = self.decoder.extend(ids, rest, start, rows, k_cache, v_cache)
+        self.stats["prefix_tokens"] += int(start.sum())
+        self.stats["extends"] += 1
+        return logits
+
+    def _keep(self, kept: list[CachedPrefix | None], rows: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor,
+              right: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Rows that just sampled their last token (at ``pos``, never fed): their keys and values, copied out of
+        their ``slots`` (one gather per layer; each row's prefix a view of its part), into ``kept`` as
+        :class:`~rlcore.rollout.base.CachedPrefix`."""
+        if len(rows) == 0:
+            return
+        width = int(pos.max())
+        k_cache, v_cache = self.cache
+        keys, values = [kc[slots, :, :width] for kc in k_cache], [vc[slots, :, :width] for vc in v_cache]
+        prompts, sampled = right[rows].tolist(), tokens[rows].tolist()
+        for j, (row, n, end) in enumerate(zip(rows.tolist(), lengths[rows].tolist(), pos.tolist())):
+            kept[row] = CachedPrefix(tuple(prompts[j][:n] + sampled[j][:end - n]), tuple(k[j, :, :end] for k in keys),
+                                     tuple(v[j, :, :end] for v in values), self.weights_loaded)
 
     def _refill(self, rows: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, right: torch.Tensor,
                 lengths: torch.Tensor, tokens: torch.Tensor) -> None:

@@ -73,6 +73,9 @@ class Rows:
 
     tokens: list[list[int]]
     log_probs: list[list[float]]
+    prefixes: list | None = None
+    """With ``keep_prefixes``: each row's :class:`~rlcore.rollout.base.CachedPrefix` (its keys and values at its end,
+    which may run past the tokens it was cut to: an engine uses a prefix only as far as a later prompt matches)."""
 
 
 class Busy(Exception):
@@ -92,6 +95,11 @@ class Job:
     future: asyncio.Future = field(repr=False)
     row_seeds: list[int] | None = None
     """Each row's own seed (module docstring)."""
+    prefixes: list | None = None
+    """Each row's :class:`~rlcore.rollout.base.CachedPrefix` to continue from, or None (engines with
+    ``reuses_prefixes``)."""
+    keep_prefixes: bool = False
+    """Return each row's keys and values at its end (:attr:`Rows.prefixes`)."""
 
     def call_key(self) -> Sampling | tuple[str, Sampling]:
         """What the jobs of one engine call share: the settings (for row-seeded jobs, all but ``max_tokens``)."""
@@ -211,12 +219,16 @@ class Batcher:
         return max(1, math.ceil(calls * per_call))
 
     async def generate(self, rows: list[list[int]], sampling: Sampling, seed: int | None = None,
-                       row_seeds: list[int] | None = None) -> Rows:
+                       row_seeds: list[int] | None = None, prefixes: list | None = None,
+                       keep_prefixes: bool = False) -> Rows:
         """The engine's rows for these prompts (awaits the scheduler). Raises :class:`Busy` at once when
         ``max_waiting`` jobs are already waiting. Cancelled (the caller's timeout), the job leaves the queue.
-        ``row_seeds``: one seed per row (module docstring)."""
+        ``row_seeds``: one seed per row (module docstring). ``prefixes``, ``keep_prefixes``: the keys and values to
+        continue each row from, and whether to return each row's (:class:`Job`; the engine must reuse prefixes)."""
         if row_seeds is not None and len(row_seeds) != len(rows):
             raise ValueError(f"{len(row_seeds)} row seeds for {len(rows)} rows")
+        if prefixes is not None and len(prefixes) != len(rows):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(rows)} rows")
         if self._task is None or self._arrived is None:
             raise RuntimeError("Batcher.start() was not called")
         if self._task.done():  # a bug in the scheduler: surface it rather than hang
@@ -224,7 +236,7 @@ class Batcher:
         if len(self._pending) >= self.max_waiting:
             self.stats["refused_busy"] += 1
             raise Busy(len(self._pending), self.retry_after_s())
-        job = Job(rows, sampling, seed, asyncio.get_running_loop().create_future(), row_seeds)
+        job = Job(rows, sampling, seed, asyncio.get_running_loop().create_future(), row_seeds, prefixes, keep_prefixes)
         self._pending.append(job)
         self.stats["requests"] += 1
         self._arrived.set()
@@ -297,12 +309,16 @@ class Batcher:
             sampling = Sampling(max(j.sampling.max_tokens for j in call), sampling.temperature, sampling.top_p,
                                 sampling.top_k)
             seeds = [s for job in call for s in job.row_seeds or ()]
+        prefixes, keep = None, any(job.keep_prefixes for job in call)
+        if keep or any(job.prefixes is not None for job in call):
+            prefixes = [p for job in call for p in (job.prefixes or [None] * len(job.rows))]
         loop = asyncio.get_running_loop()
         self.stats["engine_calls"] += 1
         self.stats["rows"] += len(rows)
         start = time.perf_counter()
         try:
-            out = await loop.run_in_executor(self._executor, self._generate, rows, sampling, generator, seeds)
+            out = await loop.run_in_executor(self._executor, self._generate, rows, sampling, generator, seeds,
+                                             prefixes, keep)
         except Exception as err:  # noqa: BLE001 - the requests of this call fail, the server goes on
             self.stats["engine_errors"] += 1
             for job in call:
@@ -318,17 +334,21 @@ class Batcher:
             if not job.future.done():  # a cancelled request (client gone) is skipped
                 cut = job.sampling.max_tokens if job.row_seeds is not None else None
                 job.future.set_result(Rows([t[:cut] for t in out.tokens[i:i + n]],
-                                           [lp[:cut] for lp in out.log_probs[i:i + n]]))
+                                           [lp[:cut] for lp in out.log_probs[i:i + n]],
+                                           out.prefixes[i:i + n] if job.keep_prefixes and out.prefixes else None))
             i += n
 
     def _generate(self, rows: list[list[int]], sampling: Sampling, generator: torch.Generator,
-                  seeds: list[int] | None = None) -> Rows:
+                  seeds: list[int] | None = None, prefixes: list | None = None, keep: bool = False) -> Rows:
         """One engine call (in the worker thread): pad, generate, and cut each row at its mask."""
         ids, mask = left_pad(rows, self.pad_token_id)
-        kwargs = {} if seeds is None else {"seeds": seeds}  # (engines without per-row seeds never get any)
+        kwargs: dict = {} if seeds is None else {"seeds": seeds}  # (engines without per-row seeds never get any)
+        if prefixes is not None:  # (nor engines that keep no prefixes)
+            kwargs.update(prefixes=prefixes, keep_prefixes=keep)
         out = self.engine.generate(ids.to(self.device), mask.to(self.device), sampling.params(), generator=generator,
                                    **kwargs)
         lengths = out["response_mask"].sum(-1).tolist()
         tokens = out["responses"].cpu().tolist()
         log_probs = out["log_probs"].float().cpu().tolist()
-        return Rows([t[:n] for t, n in zip(tokens, lengths)], [lp[:n] for lp, n in zip(log_probs, lengths)])
+        return Rows([t[:n] for t, n in zip(tokens, lengths)], [lp[:n] for lp, n in zip(log_probs, lengths)],
+                    out.get("prefixes"))

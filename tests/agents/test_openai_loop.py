@@ -160,11 +160,39 @@ def test_agents_give_the_same_rows_however_their_requests_interleave(tok, tiny_e
     part = part_of(tok, [f"what is {i}+{i}?" for i in range(6)])
     runs = []
     for processes, rows, wait_s in ((1, 512, 0.5), (3, 1, 0.0)):
+        reused = tiny_engine.stats["prefix_tokens"]
         runs.append(run_agents(tok, tiny_engine, part, "chatty", greedy=False, seed=5, processes=processes,
                                runtime_options={"max_batch_rows": rows, "fill_wait_s": wait_s}))
+        # every second request continued from its first completion's keys and values
+        assert tiny_engine.stats["prefix_tokens"] - reused >= 6 * len(part["prompts"][0].nonzero()), "no reuse"
     first, second = runs
     for key in ("prompts", "responses", "response_mask", "rollout_log_probs"):
         assert torch.equal(first[key], second[key]), key
     assert list(first["agent_reward"]) == list(second["agent_reward"])
     assert len({tuple(r) for r in first["responses"].tolist()}) > 1  # the rows differ from each other
 
+
+
+def test_requests_that_continue_from_kept_keys_and_values_sample_what_whole_histories_would(tok, tiny_engine):
+    """The static engine keeps each trajectory's keys and values after a completion, and its next request computes
+    only what the agent added: the same tokens as the loop that computes every request's whole history
+    (``prefix_cache_bytes=0``), log-probs within float rounding; the kept ones are let go when the trajectories
+    end."""
+    part = part_of(tok, [f"what is {i}+{i}?" for i in range(5)])
+    runs, reused = {}, {}
+    for name, cap in (("kept", None), ("whole", 0)):
+        before = tiny_engine.stats["prefix_tokens"]
+        runtime = EndpointRuntime(EndpointAgentSpec(agent=ToolRef(AGENTS, "chatty"), processes=1), tok,
+                                  **({} if cap is None else {"prefix_cache_bytes": cap}))
+        try:
+            runs[name] = runtime.batch(tiny_engine, part, SamplingParams(max_new_tokens=BUDGET, greedy=True),
+                                       torch.Generator().manual_seed(2), torch.device("cpu"))
+            assert runtime.endpoint.prefixes == {} and runtime.endpoint.prefix_bytes == 0
+        finally:
+            runtime.close()
+        reused[name] = tiny_engine.stats["prefix_tokens"] - before
+    assert reused["whole"] == 0 and reused["kept"] > 0
+    for key in ("prompts", "responses", "response_mask"):
+        assert torch.equal(runs["kept"][key], runs["whole"][key]), key
+    torch.testing.assert_close(runs["kept"]["rollout_log_probs"], runs["whole"]["rollout_log_probs"], atol=1e-4,
+                               rtol=0)

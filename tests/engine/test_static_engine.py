@@ -286,3 +286,57 @@ def test_weights_taken_mid_generation_score_each_token_with_the_version_that_sam
             token_log_probs(model, prompt, response, params.temperature),
             token_log_probs(changed, prompt, response, params.temperature)))]
         torch.testing.assert_close(got["log_probs"][i, :n], torch.tensor(want), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen2"])
+def test_a_kept_prefix_continues_a_longer_prompt_as_a_whole_prefill_would(which, request):
+    """keep_prefixes: each row's keys and values at its end are those of a plain forward over its prompt and tokens
+    but the last (the row's own slot copied out before the batch was compacted). A second call whose prompts extend
+    the first's rows (prompt, response, new tokens: the openai loop's next request) computes only the new tokens
+    from them and samples what a call without them samples: the same greedy tokens, log-probs within float
+    rounding. A prefix of other weights (after load_weights), or of other tokens, is not used."""
+    model = request.getfixturevalue(which)
+    vocab = model.config.vocab_size
+    ids, mask = left_padded(vocab, [3, 7, 5, 4], repeat=2, seed=5)
+    eos = common_token(model, ids, mask)
+    params = SamplingParams(max_new_tokens=MAX_NEW, greedy=True)
+    engine = StaticRolloutEngine(copy.deepcopy(model), eos_token_id=eos, pad_token_id=PAD)
+    first = engine.generate(ids, mask, params, keep_prefixes=True)
+    lengths = first["response_mask"].sum(1)
+    assert 1 <= int(lengths.min()) < int(lengths.max())  # rows ended at different steps (and were compacted)
+    longer, kept = [], first["prefixes"]
+    for i, prefix in enumerate(kept):
+        prompt, response = ids[i][mask[i].bool()].tolist(), first["responses"][i, :int(lengths[i])].tolist()
+        assert prefix.ids == tuple(prompt + response[:-1])
+        with torch.no_grad():
+            cache = model(input_ids=torch.tensor([list(prefix.ids)])).cache  # HF's own forward's keys and values
+        for layer, (k, v) in enumerate(zip(prefix.keys, prefix.values)):
+            torch.testing.assert_close(k, cache.layers[layer].keys[0], atol=1e-4, rtol=0)
+            torch.testing.assert_close(v, cache.layers[layer].values[0], atol=1e-4, rtol=0)
+        longer.append(prompt + response + [7 + i, 9])  # the agent's next message
+    ids2, mask2 = left_pad_rows(longer)
+    whole = StaticRolloutEngine(copy.deepcopy(model), eos_token_id=eos, pad_token_id=PAD).generate(
+        ids2, mask2, params)
+    got = engine.generate(ids2, mask2, params, prefixes=kept)
+    assert engine.stats["prefix_tokens"] == sum(len(p.ids) for p in kept)
+    assert torch.equal(got["responses"], whole["responses"])
+    torch.testing.assert_close(got["log_probs"], whole["log_probs"], atol=1e-4, rtol=0)
+    other = [[t + 1 if t + 1 < vocab else 7 for t in row[:2]] + row[2:] for row in longer]  # differs at token 0
+    before = engine.stats["prefix_tokens"]
+    engine.generate(*left_pad_rows(other), params, prefixes=kept)
+    assert engine.stats["prefix_tokens"] == before + sum(min(p.common_length(r), len(r) - 1)
+                                                         for p, r in zip(kept, other))
+    engine.load_weights(model.state_dict())
+    engine.generate(ids2, mask2, params, prefixes=kept)
+    assert engine.stats["prefix_tokens"] == before + sum(min(p.common_length(r), len(r) - 1)
+                                                         for p, r in zip(kept, other))
+
+
+def left_pad_rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    return ids, mask
