@@ -214,6 +214,10 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "partial-rollouts": paired_seeds("async_long_tail_partial_rollouts", "async_long_tail", "partial", "whole",
                                      "python -m bench.recipe_seeds --recipe examples/async.yaml --seeds 1,2,3 $LONG "
                                      "[--set ppo.async.partial_rollout=true]"),
+    "partial-rollouts-switching": paired_seeds(
+        "async_long_tail_96_partial_rollouts", "async_long_tail_96", "partial", "whole",
+        "python -m bench.recipe_seeds --recipe examples/async.yaml --seeds 1,2,3 $LONG96 "
+        "[--set ppo.async.partial_rollout=true]"),
     "distill-vs-grpo": paired_seeds("distill", "distill_grpo", "distill", "GRPO",
                                     "python -m bench.recipe_seeds --recipe examples/distill.yaml --seeds 1,2,3 "
                                     "--copy models/ppo/r1=models/teacher [--set algorithm.adv_estimator=grpo]"),
