@@ -177,10 +177,11 @@ def test_requests_that_continue_from_kept_keys_and_values_sample_what_whole_hist
     """The static engine keeps each trajectory's keys and values after a completion, and its next request computes
     only what the agent added: the same tokens as the loop that computes every request's whole history
     (``prefix_cache_bytes=0``), log-probs within float rounding; the kept ones are let go when the trajectories
-    end."""
+    end. With no room for them (a 1-byte cap) every request computes its whole history: the rows of the loop
+    without them, bit for bit, and the endpoint counts the completions it could not keep."""
     part = part_of(tok, [f"what is {i}+{i}?" for i in range(5)])
-    runs, reused = {}, {}
-    for name, cap in (("kept", None), ("whole", 0)):
+    runs, reused, full = {}, {}, {}
+    for name, cap in (("kept", None), ("whole", 0), ("no_room", 1)):
         before = tiny_engine.stats["prefix_tokens"]
         runtime = EndpointRuntime(EndpointAgentSpec(agent=ToolRef(AGENTS, "chatty"), processes=1), tok,
                                   **({} if cap is None else {"prefix_cache_bytes": cap}))
@@ -188,10 +189,14 @@ def test_requests_that_continue_from_kept_keys_and_values_sample_what_whole_hist
             runs[name] = runtime.batch(tiny_engine, part, SamplingParams(max_new_tokens=BUDGET, greedy=True),
                                        torch.Generator().manual_seed(2), torch.device("cpu"))
             assert runtime.endpoint.prefixes == {} and runtime.endpoint.prefix_bytes == 0
+            full[name] = runtime.endpoint.prefix_stats["full"]
         finally:
             runtime.close()
         reused[name] = tiny_engine.stats["prefix_tokens"] - before
-    assert reused["whole"] == 0 and reused["kept"] > 0
+    assert reused["whole"] == reused["no_room"] == 0 and reused["kept"] > 0
+    assert full["kept"] == full["whole"] == 0 and full["no_room"] >= len(part["prompts"])
+    for key in ("prompts", "responses", "response_mask", "rollout_log_probs"):
+        assert torch.equal(runs["no_room"][key], runs["whole"][key]), key
     for key in ("prompts", "responses", "response_mask"):
         assert torch.equal(runs["kept"][key], runs["whole"][key]), key
     torch.testing.assert_close(runs["kept"]["rollout_log_probs"], runs["whole"]["rollout_log_probs"], atol=1e-4,
