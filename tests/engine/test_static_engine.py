@@ -21,6 +21,7 @@ from rlcore.rollout import EngineSpec, make_engine
 from rlcore.rollout.base import SamplingParams
 from rlcore.rollout.hf import HFRolloutEngine
 from rlcore.rollout.static import StaticRolloutEngine, buckets_for, unsupported_reason
+from rlcore.serve.batcher import left_pad
 
 PAD = 0
 MAX_NEW = 10
@@ -314,7 +315,7 @@ def test_a_kept_prefix_continues_a_longer_prompt_as_a_whole_prefill_would(which,
             torch.testing.assert_close(k, cache.layers[layer].keys[0], atol=1e-4, rtol=0)
             torch.testing.assert_close(v, cache.layers[layer].values[0], atol=1e-4, rtol=0)
         longer.append(prompt + response + [7 + i, 9])  # the agent's next message
-    ids2, mask2 = left_pad_rows(longer)
+    ids2, mask2 = left_pad(longer, PAD)
     whole = StaticRolloutEngine(copy.deepcopy(model), eos_token_id=eos, pad_token_id=PAD).generate(
         ids2, mask2, params)
     got = engine.generate(ids2, mask2, params, prefixes=kept)
@@ -323,7 +324,7 @@ def test_a_kept_prefix_continues_a_longer_prompt_as_a_whole_prefill_would(which,
     torch.testing.assert_close(got["log_probs"], whole["log_probs"], atol=1e-4, rtol=0)
     other = [[t + 1 if t + 1 < vocab else 7 for t in row[:2]] + row[2:] for row in longer]  # differs at token 0
     before = engine.stats["prefix_tokens"]
-    engine.generate(*left_pad_rows(other), params, prefixes=kept)
+    engine.generate(*left_pad(other, PAD), params, prefixes=kept)
     assert engine.stats["prefix_tokens"] == before + sum(min(p.common_length(r), len(r) - 1)
                                                          for p, r in zip(kept, other))
     engine.load_weights(model.state_dict())
@@ -331,12 +332,3 @@ def test_a_kept_prefix_continues_a_longer_prompt_as_a_whole_prefill_would(which,
     assert engine.stats["prefix_tokens"] == before + sum(min(p.common_length(r), len(r) - 1)
                                                          for p, r in zip(kept, other))
 
-
-def left_pad_rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r)
-        mask[i, width - len(r):] = 1
-    return ids, mask
