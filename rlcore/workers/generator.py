@@ -37,27 +37,23 @@ class InFlightWeights:
     pending on the version actor (blocked in ``ray.get``, which lets go of the GIL) and notes each version it
     returns; :meth:`poll`, between decode steps, only reads that note (no Ray call: a ``ray.wait`` at every look cost
     a tiny model's batch a fifth of its generation time), and loads the version it names when it is newer than the
-    one the engine holds. The thread ends when the version actor goes (the round's end) or at :meth:`close`."""
+    one the engine holds. The thread ends when the version actor goes (the round's end), or with the process."""
 
     def __init__(self, generator: GeneratorWorker):
         self.generator = generator
         self.arrived: tuple[int, ray.ObjectRef] | None = None  # the newest version the watcher saw, and its weights
-        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"weights-watcher-{generator.index}", daemon=True)
         self._thread.start()
 
     def _watch(self) -> None:
         seen = self.generator.version
-        while not self._closed.is_set():
+        while True:
             try:
                 version, (ref,) = ray.get(self.generator.weights.wait_newer.remote(seen))
             except ray.exceptions.RayError:
                 return  # the version actor is gone: the round ended
             seen = version
             self.arrived = (version, ref)  # one assignment: poll reads a whole pair or the previous one
-
-    def close(self) -> None:
-        self._closed.set()
 
     @property
     def version(self) -> int:
