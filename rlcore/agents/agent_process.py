@@ -96,8 +96,18 @@ class Runner:
         self.fn, self.reply = fn, reply
         self.lock = threading.Lock()
         self.deadlines: dict[str, float] = {}
-        limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
-        self.http = openai.DefaultAsyncHttpxClient(transport=httpx2.AsyncHTTPTransport(uds=socket_path, limits=limits))
+        self.socket_path = socket_path
+        self.limits = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
+        # the requests go over a Unix socket as plain HTTP; one context for every transport, which would each load
+        # the CA bundle (tens of ms) to make their own
+        self.ssl_context = httpx2.create_ssl_context(verify=False)
+
+    def http_client(self) -> httpx2.AsyncClient:
+        """A trajectory's own connection pool: httpcore's pool scans all its connections at every request and
+        response, so one pool shared by the process's hundred-odd concurrent trajectories cost a quarter of their
+        client's time."""
+        transport = httpx2.AsyncHTTPTransport(uds=self.socket_path, limits=self.limits, verify=self.ssl_context)
+        return openai.DefaultAsyncHttpxClient(transport=transport)
 
     def send(self, message: dict) -> None:
         with self.lock:
@@ -106,10 +116,14 @@ class Runner:
     async def run(self, req: dict) -> None:
         timeout, key = float(req["timeout_s"]), str(req["id"])
         self.deadlines[key] = time.monotonic() + timeout
+        http = self.http_client()
         client = openai.AsyncOpenAI(base_url=f"http://rlcore/t/{req['token']}/v1", api_key=req["token"],
-                                         http_client=self.http, max_retries=0, timeout=timeout)
+                                    http_client=http, max_retries=0, timeout=timeout)
         try:
-            value = await asyncio.wait_for(self.fn(client, req["row"]), timeout)
+            try:
+                value = await asyncio.wait_for(self.fn(client, req["row"]), timeout)
+            finally:
+                await http.aclose()
         except TimeoutError:
             reply = {"ok": False, "error": "timeout", "text": f"the agent ran past its {timeout:g} s"}
         except BaseException as err:  # noqa: BLE001 - every failure of user code is counted, the others go on

@@ -270,7 +270,8 @@ class EndpointServer:
         import uvicorn  # only in a process that serves agents
 
         config = uvicorn.Config(self.app, uds=self.socket_path, log_level="warning", lifespan="on",
-                                timeout_keep_alive=600, limit_concurrency=None, backlog=4096)
+                                timeout_keep_alive=600, limit_concurrency=None, backlog=4096,
+                                proxy_headers=False)  # a Unix socket the agent processes reach directly
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="rlcore-agent-endpoint", daemon=True)
         self.thread.start()

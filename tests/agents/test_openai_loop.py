@@ -201,3 +201,49 @@ def test_requests_that_continue_from_kept_keys_and_values_sample_what_whole_hist
         assert torch.equal(runs["kept"][key], runs["whole"][key]), key
     torch.testing.assert_close(runs["kept"]["rollout_log_probs"], runs["whole"]["rollout_log_probs"], atol=1e-4,
                                rtol=0)
+
+
+def test_the_endpoints_http_answers_what_openais_api_would_for_each_kind_of_request(tok, tiny_engine, tmp_path):
+    """The chat route answered below FastAPI (rlcore.agents.endpoint_app.ChatRoute) keeps the API's answers: a
+    completion; 400 naming the field of a body that does not validate, which fails the trajectory (bad_request);
+    404 at a base URL with no trajectory; 413 for a body over the limit, before it is read; 500 without internals
+    for a bug, which the endpoint keeps for the caller to raise; other routes still FastAPI's."""
+    import httpx2 as httpx  # (what the openai client brings)
+
+    from rlcore.agents.endpoint import AgentEndpoint, EndpointServer
+    from rlcore.agents.endpoint_app import agent_app
+    from rlcore.agents.recording import TrajectoryRecord
+    from rlcore.serve.batcher import Sampling
+
+    endpoint = AgentEndpoint(tok, tiny_engine, device=torch.device("cpu"), context_length=256,
+                             vocab_size=len(tok), fill_wait_s=0.0)
+    socket = str(tmp_path / "endpoint.sock")
+    chat = {"model": "policy", "messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 4}
+    with EndpointServer(agent_app(endpoint), socket) as server, \
+            httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://rlcore") as http:
+        ok, bad, buggy = server.call(endpoint.open, [TrajectoryRecord(seed=i, budget=64, prompt_width=32)
+                                                     for i in range(3)], Sampling(1, 1.0), max_requests=4)
+        answer = http.post(f"/t/{ok}/v1/chat/completions", json=chat)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["role"] == "assistant"
+        assert answer.json()["usage"]["completion_tokens"] == 4
+        assert http.get(f"/t/{ok}/v1/models").json()["data"][0]["id"] == "policy"
+
+        invalid = http.post(f"/t/{bad}/v1/chat/completions", json={"model": "policy", "max_tokens": 4})
+        assert invalid.status_code == 400 and invalid.json()["error"]["param"] == "messages", invalid.text
+        assert endpoint.records[bad].failure == "bad_request"
+
+        assert http.post("/t/nobody/v1/chat/completions", json=chat).json()["error"]["code"] == "not_found"
+        too_big = http.post(f"/t/{ok}/v1/chat/completions", content=b"x" * (endpoint.options.max_body_bytes + 1),
+                            headers={"content-type": "application/json"})
+        assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+
+        def broken(*args):
+            raise RuntimeError("internal detail")
+
+        endpoint._plan = broken
+        crash = http.post(f"/t/{buggy}/v1/chat/completions", json=chat)
+        assert crash.status_code == 500 and "internal detail" not in crash.text, crash.text
+        assert crash.json()["error"]["type"] == "server_error"
+        assert [str(e) for e in endpoint.bugs] == ["internal detail"]
+        assert endpoint.records[ok].completions == 1 and endpoint.records[ok].failure is None
