@@ -135,7 +135,7 @@ bench-reward: $(STAMP)
 bench-agent: $(STAMP)
 	$(PY) -m bench.agent_cost --rows 256
 	$(PY) -m bench.agent_cost --rows 64 --hidden 256 --layers 4
-	$(PY) -m bench.openai_agent_cost --rows 256 --compare-whole-history
+	$(PY) -m bench.openai_agent_cost --rows 256 --compare-whole-history --client-floor
 	$(PY) -m bench.openai_agent_cost --rows 64 --hidden 256 --layers 4 --compare-whole-history
 
 # Every advantage estimator, and every policy loss under GRPO, over seeds 1-3 with the default recipe: DVC

@@ -15,6 +15,9 @@ up everything (the agent processes and the endpoint start once, as in a worker);
 agent's turns sampled their ``L`` tokens, and both runs cover the same number of tokens (but for a turn whose last
 token happened to be EOS, after which the template adds none).
 
+``--client-floor`` adds the CPU time the official ``openai`` client itself takes for the same requests, answered
+in-process (no endpoint, no model): the part of the loop's cost that is the agent's own, in any framework.
+
     .venv/bin/python -m bench.openai_agent_cost [--rows 256] [--turns 4] [--turn-tokens 24] [--repeats 5]
 """
 
@@ -98,6 +101,54 @@ def measure(args) -> dict:
     return out
 
 
+def client_floor(args) -> dict:
+    """The official client's own CPU time for the loop's requests: the same agent program (``bench/openai_agent.py``)
+    for ``rows`` agents on one event loop in this process, its client answered at once by an in-process transport
+    (a canned completion of ``L`` characters, no endpoint, no model): what any server leaves the agents to pay.
+    Median over ``--repeats`` of the process's CPU seconds."""
+    import asyncio
+    import importlib.util
+
+    import httpx2
+    import openai
+
+    module = importlib.util.spec_from_file_location("bench_openai_agent", AGENT)
+    agent = importlib.util.module_from_spec(module)
+    module.loader.exec_module(agent)
+    answer = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "policy",
+                         "choices": [{"index": 0, "finish_reason": "length",
+                                      "message": {"role": "assistant", "content": "7" * args.turn_tokens}}],
+                         "usage": {"prompt_tokens": 1, "completion_tokens": args.turn_tokens,
+                                   "total_tokens": 1 + args.turn_tokens}}).encode()
+
+    def handle(request):
+        request.read()
+        return httpx2.Response(200, content=answer, headers={"content-type": "application/json"})
+
+    row = {"messages": [{"role": "user", "content": "12*34"}],
+           "extra_info": {"turns": args.turns, "turn_tokens": args.turn_tokens}}
+
+    async def one(row):
+        http = openai.DefaultAsyncHttpxClient(transport=httpx2.MockTransport(handle))
+        client = openai.AsyncOpenAI(base_url="http://rlcore/t/x/v1", api_key="x", http_client=http, max_retries=0)
+        try:
+            await agent.run(client, row)
+        finally:
+            await http.aclose()
+
+    async def all_agents():
+        await asyncio.gather(*(one(row) for _ in range(args.rows)))
+
+    cpu = []
+    for _ in range(args.repeats + 1):
+        start = time.process_time()
+        asyncio.run(all_agents())
+        cpu.append(time.process_time() - start)
+    requests = args.rows * args.turns
+    median = statistics.median(cpu[1:])
+    return {"client_cpu_s": median, "client_cpu_ms_per_request": 1000 * median / requests}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shape_arguments(ap, "agents (rows) at once", "tokens the model samples per turn")
@@ -105,8 +156,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compare-whole-history", action="store_true",
                     help="also the loop with no kept keys and values (each request computes its whole history), "
                          "alternating with the others")
+    ap.add_argument("--client-floor", action="store_true",
+                    help="also the official client's own CPU time for the same requests, answered in-process")
     args = ap.parse_args(argv)
     r = measure(args)
+    if args.client_floor:
+        r.update(client_floor(args))
     print(json.dumps(r))
     # (a turn whose last sampled token happens to be EOS gets no template EOS after it: a token fewer)
     loops = [k[:-len("_ratio")] for k in r if k.endswith("_ratio")]
@@ -121,6 +176,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  openai loop ({what}): {r[f'{name}_s']:.3f} s (ratio {r[f'{name}_ratio']:.2f}; in the engine "
               f"{r[f'{name}_engine_s']:.3f} s over {r[f'{name}_engine_calls']:g} calls; "
               f"{r[f'{name}_reused_tokens']:g} prompt tokens reused)")
+    if args.client_floor:
+        print(f"  the openai client alone, answered in-process: {r['client_cpu_s']:.3f} s of CPU for the "
+              f"{args.rows * args.turns} requests ({r['client_cpu_ms_per_request']:.2f} ms each; "
+              f"{r['client_cpu_s'] / r['single_s']:.2f} of the single-turn rollout's wall time)")
 
 
 if __name__ == "__main__":
