@@ -436,6 +436,12 @@ class AgentConfig(_Section):
     memory_mb: int = Field(1024, ge=0)
     """Address-space limit of each tool process (loop openai: agent process) in MiB (resource.setrlimit RLIMIT_AS;
     0 = none)."""
+    kv_cache_mb: int = Field(1024, ge=0)
+    """Loop openai, static engine: MiB of keys and values (per generating worker, on the engine's device) kept
+    between a trajectory's requests, so that its next request computes only the tokens the agent added to the
+    history; 0 = none kept (every request computes its whole history: slower, the same log-probs up to float
+    rounding). When it is full a completion's keys and values are not kept and the trajectory's next request
+    computes its whole history (counted in agent/kv_not_kept: raise it, or lower the agents per worker)."""
     processes: int = Field(2, ge=1)
     """Tool processes per generating worker (calls of different rows run in parallel); loop openai: agent processes
     per generating worker, each running its share of the trajectories concurrently (asyncio)."""

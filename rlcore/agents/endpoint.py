@@ -59,10 +59,6 @@ QUIET_S = 0.05
 """An idle engine's wait for the agents' next requests also ends once none has come in for this long (an agent busy
 with its own tools does not hold the others up for :data:`FILL_WAIT_S`)."""
 MODEL_NAME = "policy"
-PREFIX_CACHE_BYTES = 1 << 30
-"""The most memory (on the engine's device) the kept keys and values of the live trajectories take: past it, a
-trajectory's next request computes its whole history again (``prefix_stats["full"]``)."""
-
 
 class Failed(APIError):
     """A request that fails its trajectory (kind ``kind``), answered as an OpenAI error."""
@@ -77,7 +73,7 @@ class AgentEndpoint(ModelServer):
 
     def __init__(self, tokenizer, engine, *, device: torch.device, context_length: int, vocab_size: int,
                  parser: str = "hermes", max_batch_rows: int = 512, fill_wait_s: float = FILL_WAIT_S,
-                 prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+                 prefix_cache_bytes: int):
         options = ServeOptions(served_model_name=MODEL_NAME, max_batch_size=max_batch_rows,
                                batch_wait_ms=fill_wait_s * 1000, max_n=1, max_tokens=context_length,
                                max_queue=1 << 30, request_timeout_s=1e9)
@@ -99,7 +95,8 @@ class AgentEndpoint(ModelServer):
         self.prefixes: dict[str, Any] = {}
         self.prefix_stats = {"kept": 0, "full": 0}
         """Completions whose keys and values were kept for the trajectory's next request, and those that were not
-        for want of room (:data:`PREFIX_CACHE_BYTES`)."""
+        for want of room (``prefix_cache_bytes``: the most, on the engine's device, the live trajectories' kept keys
+        and values take; ``rollout.agent.kv_cache_mb``)."""
 
     # -- trajectories (called on the server's loop: EndpointServer.call) -------------------------------------
     async def open(self, records: list[TrajectoryRecord], sampling: Sampling, max_requests: int) -> list[str]:
@@ -246,6 +243,7 @@ class AgentEndpoint(ModelServer):
                 self.prefix_stats["kept"] += 1
             else:
                 self.prefix_stats["full"] += 1
+                self.records[token].kv_not_kept += 1
         return rows
 
     def _drop_prefix(self, token: str):

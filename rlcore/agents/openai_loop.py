@@ -20,7 +20,8 @@ loop's ``agent_*`` counts and fields (turns = completions, tool calls returned; 
 completion's text, ``agent_messages``: the last request's messages and its answer), and ``agent_reward`` (what
 the agent returned: a number or None; a failed trajectory's: ``rollout.agent.failure_reward``),
 ``agent_reward_extras``, ``agent_failure`` (the kind, or ``""``),
-``agent_requests``, ``agent_rows``, ``agent_dropped``, and ``agent_extra_rows`` (each other row's ids).
+``agent_requests``, ``agent_rows``, ``agent_kv_not_kept`` (completions whose keys and values found no room),
+``agent_dropped``, and ``agent_extra_rows`` (each other row's ids).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 
 from rlcore.agents.agent_pool import AgentPool, AgentResult
 from rlcore.agents.batch import jsonable
-from rlcore.agents.endpoint import FILL_WAIT_S, PREFIX_CACHE_BYTES, AgentEndpoint, EndpointServer
+from rlcore.agents.endpoint import FILL_WAIT_S, AgentEndpoint, EndpointServer
 from rlcore.agents.endpoint_app import agent_app
 from rlcore.agents.recording import TrajectoryRecord
 from rlcore.agents.spec import EndpointAgentSpec
@@ -50,14 +51,14 @@ class EndpointRuntime:
     serves the engine of the latest call (a new one when the engine object changes)."""
 
     def __init__(self, spec: EndpointAgentSpec, tokenizer, *, max_batch_rows: int | None = None,
-                 fill_wait_s: float = FILL_WAIT_S, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+                 fill_wait_s: float = FILL_WAIT_S, prefix_cache_bytes: int | None = None):
         """``max_batch_rows``: requests per engine call (default: a call's trajectories); ``fill_wait_s``: how long
         an idle engine waits for the agents' next requests (:data:`~rlcore.agents.endpoint.FILL_WAIT_S`);
         ``prefix_cache_bytes``: the most the trajectories' kept keys and values take (0: none kept; every request
-        computes its whole history)."""
+        computes its whole history; default: the spec's ``kv_cache_mb``)."""
         self.spec, self.tok = spec, tokenizer
         self.max_batch_rows, self.fill_wait_s = max_batch_rows, fill_wait_s
-        self.prefix_cache_bytes = prefix_cache_bytes
+        self.prefix_cache_bytes = spec.kv_cache_mb << 20 if prefix_cache_bytes is None else prefix_cache_bytes
         self.folder = tempfile.mkdtemp(prefix="rlcore-agents-")
         self.socket = str(Path(self.folder) / "endpoint.sock")
         self.pool = AgentPool(spec, self.socket)
@@ -179,6 +180,7 @@ def trajectories_batch(records: list[TrajectoryRecord], results: list[AgentResul
               "agent_tool_errors": [0] * len(records), "agent_cut_observations": [0] * len(records),
               "agent_truncated": [int(bool(r.rows) and not r.rows[r.last_row()].at_eos) for r in records],
               "agent_requests": [r.requests for r in records], "agent_rows": [len(r.rows) for r in records],
+              "agent_kv_not_kept": [r.kv_not_kept for r in records],
               "agent_failed": [int(k is not None) for k, _ in failures],
               "agent_dropped": [int(k is not None and drop_failed) for k, _ in failures]}
     tensors = {"prompts": prompts, "prompt_mask": _padded([[1] * len(m["prompt"]) for m in main], width, 0, left=True,

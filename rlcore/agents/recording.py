@@ -118,6 +118,9 @@ class TrajectoryRecord:
     completions: int = 0
     tool_calls: int = 0
     """Tool calls the endpoint returned (completions parsed into ``tool_calls``)."""
+    kv_not_kept: int = 0
+    """Completions whose keys and values the endpoint had no room to keep (the next request computed its whole
+    history)."""
     failure: str | None = None
     failure_text: str = ""
     seen: Counter = field(default_factory=Counter)

@@ -85,6 +85,8 @@ class EndpointAgentSpec:
     on_failure: str = "reward"
     """``reward``: a failed trajectory is trained with ``failure_reward``; ``drop``: not trained."""
     failure_reward: float = 0.0
+    kv_cache_mb: int = 1024
+    """The most the trajectories' kept keys and values take, per worker (``rollout.agent.kv_cache_mb``)."""
     row_fields = ("data_source", "ground_truth", "extra_info", "messages")
     """What a generation call ships of each row: what the agent's ``row`` holds (``messages``: the prompt's)."""
     sets_prompts = True
@@ -102,4 +104,4 @@ def endpoint_spec(agent: Any, root: str | Path = ".") -> EndpointAgentSpec:
     return EndpointAgentSpec(agent=ToolRef(str((Path(root) / entry.path).resolve()), entry.name), parser=agent.parser,
                              max_requests=agent.max_turns, timeout_s=agent.agent_timeout_s, memory_mb=agent.memory_mb,
                              processes=agent.processes, on_failure=agent.on_failure,
-                             failure_reward=agent.failure_reward)
+                             failure_reward=agent.failure_reward, kv_cache_mb=agent.kv_cache_mb)

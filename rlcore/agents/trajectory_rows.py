@@ -107,7 +107,8 @@ def endpoint_metrics(batch: Batch, kinds: tuple[str, ...]) -> dict[str, float]:
     """The openai loop's per-step metrics (without their prefix): per trajectory, ``turns`` (completions),
     ``requests``, ``tool_calls_per_sample`` (calls the endpoint returned), ``rows_per_trajectory``, ``split`` (the
     share in more than one row), ``truncated`` (the share whose last completion hit ``max_tokens``),
-    ``observation_tokens``; ``failures`` (the count) and ``failures/<kind>`` for each of ``kinds``, ``failed`` (the
+    ``observation_tokens``; ``kv_not_kept`` (completions whose keys and values found no room,
+    ``rollout.agent.kv_cache_mb``: the count); ``failures`` (the count) and ``failures/<kind>`` for each of ``kinds``, ``failed`` (the
     share), ``dropped``; ``returned_reward_mean`` (over the trajectories whose agent returned a reward)."""
     n = max(len(batch), 1)
     failures = list(batch["agent_failure"])
@@ -121,6 +122,7 @@ def endpoint_metrics(batch: Batch, kinds: tuple[str, ...]) -> dict[str, float]:
          "observation_tokens": observed.mean().item(),
          "failures": float(sum(bool(f) for f in failures)), "failed": sum(bool(f) for f in failures) / n,
          "dropped": float(batch["agent_dropped"].sum()),
+         "kv_not_kept": float(batch["agent_kv_not_kept"].sum()),
          **{f"failures/{k}": float(failures.count(k)) for k in kinds}}
     if returned:
         m["returned_reward_mean"] = float(np.mean(returned))

@@ -195,6 +195,10 @@ def test_requests_that_continue_from_kept_keys_and_values_sample_what_whole_hist
         reused[name] = tiny_engine.stats["prefix_tokens"] - before
     assert reused["whole"] == reused["no_room"] == 0 and reused["kept"] > 0
     assert full["kept"] == full["whole"] == 0 and full["no_room"] >= len(part["prompts"])
+    # each trajectory counts its own, and the step's metric says the cap binds
+    assert runs["no_room"]["agent_kv_not_kept"].tolist() == runs["no_room"]["agent_turns"].tolist()
+    assert runs["kept"]["agent_kv_not_kept"].sum() == 0
+    assert endpoint_metrics(runs["no_room"], FAILURE_KINDS)["kv_not_kept"] == full["no_room"]
     for key in ("prompts", "responses", "response_mask", "rollout_log_probs"):
         assert torch.equal(runs["no_room"][key], runs["whole"][key]), key
     for key in ("prompts", "responses", "response_mask"):
@@ -216,7 +220,7 @@ def test_the_endpoints_http_answers_what_openais_api_would_for_each_kind_of_requ
     from rlcore.serve.batcher import Sampling
 
     endpoint = AgentEndpoint(tok, tiny_engine, device=torch.device("cpu"), context_length=256,
-                             vocab_size=len(tok), fill_wait_s=0.0)
+                             vocab_size=len(tok), fill_wait_s=0.0, prefix_cache_bytes=1 << 20)
     socket = str(tmp_path / "endpoint.sock")
     chat = {"model": "policy", "messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 4}
     with EndpointServer(agent_app(endpoint), socket) as server, \
