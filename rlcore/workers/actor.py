@@ -3,8 +3,8 @@
 * actor: the policy with its optimizer, replicated or FSDP2-sharded (``resources.strategy``,
   ``rlcore.engine.strategy``), every parameter trained or a LoRA adapter (``actor.lora``);
 * rollout: a rollout engine over an unsharded copy of the policy; it takes the actor's weights (with LoRA:
-  the adapters' only) before the first generation after every update, and a probe batch checks each sync
-  (``rlcore.engine.sync_check``). Where the engine can run on the actor's own tensors (a replicated float32
+  the adapters' only) before the first generation after every update; each sync's tensors are checked, and
+  its computation with a probe batch at the first sync and every tenth (``rlcore.engine.sync_check``). Where the engine can run on the actor's own tensors (a replicated float32
   policy, the static engine) there is no copy and nothing to sync;
 * ref: the frozen initial policy, wrapped like the actor, for KL terms (optional). With LoRA there is no
   second model: the reference is the actor with its adapter disabled (or switched to a frozen copy of the
@@ -120,16 +120,18 @@ class ActorRolloutRefWorker(TrainedModelState, RankWorker):
         return response_log_probs(self.actor, self.probe, LogProbSpec(len(self.probe)), self.device)["log_probs"]
 
     def _sync_rollout(self) -> None:
-        """Give the engine the policy's weights (unless it reads the actor's own) and check that it now computes the
-        trainer's log-probs (``rlcore.engine.sync_check``); every rank on the same call (collectives under fsdp)."""
+        """Give the engine the policy's weights (unless it reads the actor's own), check the tensors it now holds,
+        and on the syncs :func:`~rlcore.engine.sync_check.probes` names that it computes the trainer's log-probs
+        (``rlcore.engine.sync_check``); every rank on the same call (collectives under fsdp)."""
         self.syncs += 1
         if not self.engine_shares:
             state = self._rollout_state()
             self.engine.load_weights(state)
             sync_check.check_loaded(self.engine.model, state, sync_check.fingerprint(state.values()),
                                     what=f"rank {self.rank}, weight sync {self.syncs}")
-        sync_check.check(sync_check.engine_log_probs(self.engine, self.probe, self.device), self.probe_log_probs(),
-                         dtype=self.model_spec.dtype, what=f"rank {self.rank}, weight sync {self.syncs}")
+        if sync_check.probes(self.syncs):
+            sync_check.check(sync_check.engine_log_probs(self.engine, self.probe, self.device), self.probe_log_probs(),
+                             dtype=self.model_spec.dtype, what=f"rank {self.rank}, weight sync {self.syncs}")
         self.rollout_stale = False
 
     @register(Dispatch.DP_COMPUTE)

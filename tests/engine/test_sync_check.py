@@ -38,6 +38,31 @@ def test_in_bfloat16_the_fingerprint_catches_a_sync_that_never_reached_the_engin
         w.generate(batch.only("prompts", "prompt_mask"), GenerateSpec(SamplingParams(max_new_tokens=3), 2, 8))
 
 
+def test_an_engine_that_computes_otherwise_is_caught_at_the_first_probed_sync(tiny_model_dir):
+    """The computation is probed at the first sync and every PROBE_EVERY-th: an engine that reads the trainer's own
+    tensors (nothing to fingerprint) but computes something else passes the syncs between and fails at the next
+    probed one, naming it; the probed syncs are the only ones that run the probe's forwards."""
+    w = worker(tiny_model_dir, LoraSpec(), engine="static")
+    assert w.engine_shares
+    calls = []
+    real = sync_check.engine_log_probs
+
+    def wrong(engine, probe, device):
+        calls.append(w.syncs)
+        return real(engine, probe, device) + (0.5 if w.syncs > 1 else 0.0)
+
+    sync_check.engine_log_probs = wrong
+    try:
+        w._sync_rollout()  # sync 1, probed and right
+        for _ in range(2, sync_check.PROBE_EVERY):
+            w._sync_rollout()
+        with pytest.raises(sync_check.RolloutOutOfSync, match=f"weight sync {sync_check.PROBE_EVERY}:"):
+            w._sync_rollout()
+    finally:
+        sync_check.engine_log_probs = real
+    assert calls == [1, sync_check.PROBE_EVERY]
+
+
 class NoVersions:
     """The version actor's ``newer_than`` as a generator calls it, with nothing published."""
 
