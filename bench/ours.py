@@ -88,7 +88,7 @@ def step_sized_batch(runner):
     from rlcore.protocol import Batch
 
     cfg = runner.cfg
-    prompts = runner.rollouts.prompts.select(np.arange(cfg.ppo.train_batch_size)).repeat(cfg.rollout.n)
+    prompts = runner.source.prompts.select(np.arange(cfg.ppo.train_batch_size)).repeat(cfg.rollout.n)
     rows, width = len(prompts), cfg.task.max_response_length
     floats = ("rollout_log_probs", "old_log_probs", "ref_log_probs", "token_level_rewards", "advantages", "returns")
     return prompts.union(Batch({"responses": torch.randint(0, 100, (rows, width)),
