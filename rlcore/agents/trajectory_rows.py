@@ -108,8 +108,9 @@ def endpoint_metrics(batch: Batch, kinds: tuple[str, ...]) -> dict[str, float]:
     ``requests``, ``tool_calls_per_sample`` (calls the endpoint returned), ``rows_per_trajectory``, ``split`` (the
     share in more than one row), ``truncated`` (the share whose last completion hit ``max_tokens``),
     ``observation_tokens``; ``kv_not_kept`` (completions whose keys and values found no room,
-    ``rollout.agent.kv_cache_mb``: the count); ``failures`` (the count) and ``failures/<kind>`` for each of ``kinds``, ``failed`` (the
-    share), ``dropped``; ``returned_reward_mean`` (over the trajectories whose agent returned a reward)."""
+    ``rollout.agent.kv_cache_mb``: the count); ``failures`` (the count) and ``failures/<kind>`` for each of
+    ``kinds``, ``failed`` (the share), ``dropped``; ``returned_reward_mean`` (over the trajectories whose agent
+    returned a reward)."""
     n = max(len(batch), 1)
     failures = list(batch["agent_failure"])
     observed = (batch["response_attention_mask"] - batch["response_mask"]).sum(-1).float()
