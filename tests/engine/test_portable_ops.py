@@ -61,7 +61,8 @@ def test_each_element_is_one_fused_multiply_add_chain_in_order():
     assert np.array_equal(torch.mm(a, b).numpy(), fma_chain(a.numpy(), b.numpy()))
 
 
-SHAPES = [(1, 1, 1), (3, 7, 5), (14, 256, 32), (15, 257, 33), (37, 600, 45), (200, 64, 300), (130, 1000, 17)]
+SHAPES = [(1, 1, 1), (3, 7, 5), (14, 256, 32), (15, 257, 33), (37, 600, 45), (200, 64, 300), (130, 1000, 17),
+          (1, 64, 80), (7, 300, 150)]  # few rows of any width: the small kernels over column chunks
 
 
 def products(shapes=SHAPES) -> list[bytes]:

@@ -339,6 +339,9 @@ void run_tile(Isa which, Shape t, int64_t k, const float* a, const float* b, flo
   kernel_scalar(t.mr, t.nr, k, a, b, c, ldc, first);
 }
 
+// Products with fewer rows than this take the small kernels at any width (packing a few rows costs more than it saves)
+constexpr int64_t kSmallRows = 8;
+
 struct Buffers {
   std::vector<float> a, b;
   float* aligned(std::vector<float>& v, int64_t n) {
@@ -359,15 +362,27 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int
     return;
   }
 #if defined(__x86_64__)
-  if (n <= 64 && which != kScalar && m * n * k > 0) {  // few columns: no packing (a copy of B if not row-major)
-    const float* bp = b;
-    if (sb1 != 1 || sb0 != n) {
-      float* dense = buf.aligned(buf.b, k * n);
-      for (int64_t kk = 0; kk < k; ++kk)
-        for (int64_t j = 0; j < n; ++j) dense[kk * n + j] = b[kk * sb0 + j * sb1];
-      bp = dense;
+  // few columns (attention's per-head products), or few rows of any width (a decode step's products of one query
+  // row): no packing, the columns in chunks of at most 64, each chunk of B copied dense unless it already is
+  if ((n <= 64 || m < kSmallRows) && which != kScalar && m * n * k > 0) {
+    for (int64_t j0 = 0; j0 < n; j0 += 64) {
+      const int64_t nc = std::min<int64_t>(64, n - j0);
+      const float* bp = b + j0 * sb1;
+      if (sb1 != 1 || sb0 != nc) {
+        float* dense = buf.aligned(buf.b, k * nc);
+        if (sb0 == 1) {  // column-major (a transposed view: attention's keys): 8 x 8 transposes
+          transpose_pack(bp, sb1, nc, k, nc, dense);
+        } else if (sb1 == 1) {  // row-major, wider than the chunk
+          for (int64_t kk = 0; kk < k; ++kk) std::memcpy(dense + kk * nc, bp + kk * sb0, nc * sizeof(float));
+        } else {
+          for (int64_t kk = 0; kk < k; ++kk)
+            for (int64_t j = 0; j < nc; ++j) dense[kk * nc + j] = bp[kk * sb0 + j * sb1];
+        }
+        bp = dense;
+      }
+      TORCH_INTERNAL_ASSERT(small_product(which, m, nc, k, a, sa0, sa1, bp, c + j0, ldc));
     }
-    if (small_product(which, m, n, k, a, sa0, sa1, bp, c, ldc)) return;
+    return;
   }
 #endif
   const int64_t mc = (MC / t.mr) * t.mr;
