@@ -107,14 +107,13 @@ def client_floor(args) -> dict:
     (a canned completion of ``L`` characters, no endpoint, no model): what any server leaves the agents to pay.
     Median over ``--repeats`` of the process's CPU seconds."""
     import asyncio
-    import importlib.util
 
     import httpx2
     import openai
 
-    module = importlib.util.spec_from_file_location("bench_openai_agent", AGENT)
-    agent = importlib.util.module_from_spec(module)
-    module.loader.exec_module(agent)
+    from rlcore.agents.agent_process import load_agent
+
+    run = load_agent(AGENT, "run")
     answer = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": "policy",
                          "choices": [{"index": 0, "finish_reason": "length",
                                       "message": {"role": "assistant", "content": "7" * args.turn_tokens}}],
@@ -132,7 +131,7 @@ def client_floor(args) -> dict:
         http = openai.DefaultAsyncHttpxClient(transport=httpx2.MockTransport(handle))
         client = openai.AsyncOpenAI(base_url="http://rlcore/t/x/v1", api_key="x", http_client=http, max_retries=0)
         try:
-            await agent.run(client, row)
+            await run(client, row)
         finally:
             await http.aclose()
 

@@ -4,8 +4,9 @@
   ``rlcore.engine.strategy``), every parameter trained or a LoRA adapter (``actor.lora``);
 * rollout: a rollout engine over an unsharded copy of the policy; it takes the actor's weights (with LoRA:
   the adapters' only) before the first generation after every update; each sync's tensors are checked, and
-  its computation with a probe batch at the first sync and every tenth (``rlcore.engine.sync_check``). Where the engine can run on the actor's own tensors (a replicated float32
-  policy, the static engine) there is no copy and nothing to sync;
+  its computation with a probe batch at the first sync and every tenth (``rlcore.engine.sync_check``). Where the
+  engine can run on the actor's own tensors (a replicated float32 policy, the static engine) there is no copy and
+  nothing to sync;
 * ref: the frozen initial policy, wrapped like the actor, for KL terms (optional). With LoRA there is no
   second model: the reference is the actor with its adapter disabled (or switched to a frozen copy of the
   adapter the round started from, ``rlcore.engine.lora``).
