@@ -224,18 +224,45 @@ def has_reference_adapter(model: torch.nn.Module) -> bool:
 
 
 @contextmanager
+def _trainable_flags_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Whatever runs inside leaves ``requires_grad`` of the parameters registered on entry as it found it.
+
+    peft switches adapters (``set_adapter``, ``disable_adapter``) by setting ``requires_grad`` on the adapter
+    parameters registered at that moment. Under FSDP2 those are the shards between steps and the gathered copies
+    after a forward that kept them (``resources.reshard_after_forward`` off), and the gathered copy of a parameter
+    is made once, with the shard's flag at that time: a switch made on one and undone on the other left the
+    shards frozen, so the optimizer stopped moving the adapter and a save found nothing to write. A no-grad
+    reference forward needs none of those flags changed, so none is."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for p, trains in flags:
+            p.requires_grad_(trains)
+
+
+@contextmanager
 def reference_weights(model: torch.nn.Module) -> Iterator[None]:
     """Forwards inside run the round's starting model: the frozen ``REFERENCE`` adapter where the round started from
-    an adapter, else the base with the adapter disabled. For no-grad forwards only."""
+    an adapter, else the base with the adapter disabled. For no-grad forwards only; which parameters train is the
+    same inside and after (:func:`_trainable_flags_kept`), whichever of a sharded model's layouts is registered."""
     if has_reference_adapter(model):
-        model.set_adapter(REFERENCE, inference_mode=True)
+        with _trainable_flags_kept(model):
+            model.set_adapter(REFERENCE, inference_mode=True)
         try:
             yield
         finally:
-            model.set_adapter(POLICY)  # the policy adapter trains again
+            with _trainable_flags_kept(model):
+                model.set_adapter(POLICY)
     else:
-        with model.disable_adapter():
+        disabled = model.disable_adapter()
+        with _trainable_flags_kept(model):
+            disabled.__enter__()
+        try:
             yield
+        finally:
+            with _trainable_flags_kept(model):
+                disabled.__exit__(None, None, None)
 
 
 def is_adapter_key(name: str) -> bool:

@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from rlcore.controller.resource_pool import ResourcePool
 from rlcore.controller.worker_group import WorkerGroup
+from rlcore.engine.lora import LoraSpec, reference_weights
 from rlcore.engine.model import ModelSpec, load_causal_lm, load_policy
 from rlcore.engine.sequence import sequences
 from rlcore.protocol import Batch
@@ -97,6 +98,31 @@ class ProbeWorker(SFTWorker):
         ids, mask = sequences(batch)
         with torch.no_grad(), self.model.strategy.autocast():
             return str(self.model.module(input_ids=ids, attention_mask=mask).logits.dtype)
+
+    def lora_reference_then_step(self, batch: Batch) -> dict[str, object]:
+        """A LoRA policy's reference forward (``reference_weights``: the adapter disabled) with the blocks sharded, then
+        with them gathered by a no-grad forward, each followed by a train step: per layout the reference's and the
+        plain base's log-probs, the names that train after the step, and whether the step moved the adapter."""
+        module, base = self.model.module, self.ref
+        trains = lambda: sorted(n for n, p in module.named_parameters() if p.requires_grad)  # noqa: E731
+        adapter = lambda: self.model.strategy.trainable_state_dict(module, compute_dtype=False)  # noqa: E731
+        ids, mask = sequences(batch)
+        self.train_step(batch, STEP)  # the adapter away from its zero start, so disabling it changes the forward
+        out: dict[str, object] = {"trainable": trains(), "sharded_after_step": all(
+            isinstance(p, DTensor) for p in module.parameters())}
+        for layout in ("sharded", "gathered"):
+            with torch.no_grad():
+                if layout == "gathered":  # the blocks keep their gathered weights after a forward
+                    self.model.response_log_probs(ids, mask, batch["responses"])
+                with reference_weights(module):
+                    ref, _ = self.model.response_log_probs(ids, mask, batch["responses"])
+                policy, _ = self.model.response_log_probs(ids, mask, batch["responses"])
+                plain, _ = base.response_log_probs(ids, mask, batch["responses"])
+            start = {k: v.clone() for k, v in adapter().items()}
+            self.train_step(batch, STEP)
+            moved = sorted(k for k, v in adapter().items() if k in start and not torch.equal(v, start[k]))
+            out[layout] = {"ref": ref, "base": plain, "policy": policy, "trainable": trains(), "moved": moved}
+        return out
 
     def local_numel(self) -> int:
         return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.model.module.parameters())
@@ -305,3 +331,28 @@ def test_a_nan_gradient_on_one_rank_skips_the_step_on_every_rank_and_the_next_st
     for state in states:
         for k, v in state.items():
             torch.testing.assert_close(v, expected[k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_a_lora_reference_forward_under_fsdp_leaves_the_adapter_training_whichever_layout_it_finds(
+        probe_group, tiny_model_dir, tiny_tokenizer):
+    """peft disables an adapter by clearing requires_grad on the parameters registered at that moment; under FSDP2
+    those are the shards, or the gathered copies after a forward that kept them. A reference forward that found the
+    shards and was undone on the gathered copies froze the shards: the optimizer stopped moving the adapter and a
+    save wrote an empty adapter. In both layouts the reference must be the base model, and the step after it must
+    train every adapter tensor it trained before."""
+    wg = probe_group
+    spec = ModelSpec(str(tiny_model_dir), strategy="fsdp", lora=LoraSpec(rank=4, alpha=8.0, seed=3))
+    ray.get([w.reconfigure.remote(spec, OptimSpec(lr=LR)) for w in wg.workers], timeout=120)
+    batch = sft_batches(tiny_tokenizer)[0]
+    runs = ray.get([w.lora_reference_then_step.remote(h) for w, h in zip(wg.workers, batch.chunk(2))], timeout=120)
+    for rank, run in enumerate(runs):
+        assert run["sharded_after_step"]  # the premise of the first layout
+        adapters = run["trainable"]
+        assert adapters and all(".lora_A." in n or ".lora_B." in n for n in adapters), adapters
+        for layout in ("sharded", "gathered"):
+            got = run[layout]
+            torch.testing.assert_close(got["ref"], got["base"], atol=1e-6, rtol=0, msg=f"rank {rank} {layout}")
+            assert (got["ref"] - got["policy"]).abs().max() > 1e-4, f"rank {rank} {layout}: the adapter was not off"
+            assert got["trainable"] == adapters, f"rank {rank} {layout}"
+            # the B matrices move at every step; a frozen shard would move nothing
+            assert [n for n in got["moved"] if ".lora_B." in n] == [n for n in adapters if ".lora_B." in n], layout
