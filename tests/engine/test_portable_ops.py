@@ -56,13 +56,17 @@ def kernels():
     portable_ops.install(1)
 
 
-def test_each_element_is_one_fused_multiply_add_chain_in_order():
-    a, b = operands(5, 37, 9)
-    assert np.array_equal(torch.mm(a, b).numpy(), fma_chain(a.numpy(), b.numpy()))
+@pytest.mark.parametrize("m, k, n", [(5, 37, 9), (9, 13, 70)])  # the second: few rows, many columns (B^T A^T)
+def test_each_element_is_one_fused_multiply_add_chain_in_order(m, k, n):
+    a, b = operands(m, k, n)
+    want = fma_chain(a.numpy(), b.numpy())
+    assert np.array_equal(torch.mm(a, b).numpy(), want)
+    assert np.array_equal(torch.mm(a, b.T.contiguous().T).numpy(), want)  # B as a linear layer's weight holds it
 
 
 SHAPES = [(1, 1, 1), (3, 7, 5), (14, 256, 32), (15, 257, 33), (37, 600, 45), (200, 64, 300), (130, 1000, 17),
-          (1, 64, 80), (7, 300, 150)]  # few rows of any width: the small kernels over column chunks
+          (1, 64, 80), (7, 300, 150),  # few rows of any width: the small kernels over column chunks
+          (64, 256, 300), (9, 70, 77), (128, 33, 1000), (40, 1, 65)]  # 8-128 rows, > 64 columns: as C^T = B^T A^T
 
 
 def products(shapes=SHAPES) -> list[bytes]:
@@ -95,6 +99,19 @@ def test_the_blocking_does_not_change_the_bits():
             assert products() == best, (kc, mc, nc)
     finally:
         torch.ops.rlcore_portable.set_blocking(*default)
+
+
+def test_products_of_few_rows_give_the_same_bits_by_either_path():
+    """8-128 rows by more than 64 columns of a transposed B go through C^T = B^T A^T, B read unpacked; the packed
+    kernels (set_wide_rows(0)) and that path up to other row counts give the same bits."""
+    best = products()
+    default = torch.ops.rlcore_portable.set_wide_rows(-1)
+    try:
+        for rows in (0, 8, 1000):
+            torch.ops.rlcore_portable.set_wide_rows(rows)
+            assert products() == best, rows
+    finally:
+        torch.ops.rlcore_portable.set_wide_rows(default)
 
 
 def test_a_row_or_column_does_not_depend_on_the_others_in_the_call():

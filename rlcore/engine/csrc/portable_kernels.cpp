@@ -351,6 +351,108 @@ struct Buffers {
   }
 };
 
+// ---- products of a few rows by many columns (a decode step's linear layers: tens of rows of activations times a
+// weight): packing B, the large operand, would cost about as much as the product. So C^T = B^T A^T is computed
+// instead: A's rows packed (small) into panels whose vector lanes run over A's rows, B read where it lies, JR of its
+// columns at a time as broadcast scalars; each element is still fma(B[kk][j], A[i][kk], c) over kk in order from +0,
+// and fma(x, y, c) == fma(y, x, c) (the product is exact), so these are the packed kernels' chains, bit for bit.
+// The tile [JR columns of B][lanes rows of A] is written to C transposed.
+
+constexpr int64_t kWideJr = 8;     // columns of B per tile
+// Products of kSmallRows..WIDE_ROWS rows and more than 64 columns take this path when B's columns are contiguous (a
+// weight, transposed): B^T's rows are read along k then (across the rows of a row-major B, a large k ran at a third
+// of the speed). set_wide_rows changes it (0: never), for the tests and the measurements that compare the two.
+int64_t WIDE_ROWS = 128;
+
+#if defined(__x86_64__)
+// tile[r * 32 + i] = sum over kk of w[r * sw0 + kk * sw1] * p[kk * 32 + i], r < 8, i < 32. `next`: the next tile's
+// rows of B^T (contiguous along k, row stride sw0), fetched into the cache a line every other k step meanwhile: B
+// comes from memory once per product, and the tiles' own compute hides its latency.
+__attribute__((target("avx512f"))) void wide_tile_avx512(int64_t k, const float* w, int64_t sw0, int64_t sw1,
+                                                         const float* p, float* tile, const float* next) {
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+         c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00;
+  const float *w0 = w, *w1 = w + sw0, *w2 = w + 2 * sw0, *w3 = w + 3 * sw0, *w4 = w + 4 * sw0, *w5 = w + 5 * sw0,
+              *w6 = w + 6 * sw0, *w7 = w + 7 * sw0;
+  for (int64_t kk = 0; kk < k; ++kk) {
+    if (next != nullptr && (kk & 1) == 0) {
+      const int64_t line = kk >> 1;
+      _mm_prefetch(reinterpret_cast<const char*>(next + (line & 7) * sw0 + (line >> 3) * 16), _MM_HINT_T0);
+    }
+    const __m512 p0 = _mm512_load_ps(p), p1 = _mm512_load_ps(p + 16);
+    const int64_t o = kk * sw1;
+#define STEP(r) { const __m512 x = _mm512_set1_ps(w##r[o]); \
+    c##r##0 = _mm512_fmadd_ps(x, p0, c##r##0); c##r##1 = _mm512_fmadd_ps(x, p1, c##r##1); }
+    STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)
+#undef STEP
+    p += 32;
+  }
+#define STORE(r) _mm512_store_ps(tile + r * 32, c##r##0); _mm512_store_ps(tile + r * 32 + 16, c##r##1);
+  STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) STORE(6) STORE(7)
+#undef STORE
+}
+
+// tile[r * 8 + i] = sum over kk of w[r * sw0 + kk * sw1] * p[kk * 8 + i], r < 8, i < 8; `next` as above
+__attribute__((target("avx2,fma"))) void wide_tile_avx2(int64_t k, const float* w, int64_t sw0, int64_t sw1,
+                                                       const float* p, float* tile, const float* next) {
+  __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+  const float *w0 = w, *w1 = w + sw0, *w2 = w + 2 * sw0, *w3 = w + 3 * sw0, *w4 = w + 4 * sw0, *w5 = w + 5 * sw0,
+              *w6 = w + 6 * sw0, *w7 = w + 7 * sw0;
+  for (int64_t kk = 0; kk < k; ++kk) {
+    if (next != nullptr && (kk & 1) == 0) {
+      const int64_t line = kk >> 1;
+      _mm_prefetch(reinterpret_cast<const char*>(next + (line & 7) * sw0 + (line >> 3) * 16), _MM_HINT_T0);
+    }
+    const __m256 p0 = _mm256_load_ps(p);
+    const int64_t o = kk * sw1;
+#define STEP(r) c##r = _mm256_fmadd_ps(_mm256_broadcast_ss(w##r + o), p0, c##r);
+    STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)
+#undef STEP
+    p += 8;
+  }
+#define STORE(r) _mm256_store_ps(tile + r * 8, c##r);
+  STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) STORE(6) STORE(7)
+#undef STORE
+}
+
+// C[m, n] = A[m, k] @ B[k, n], m <= WIDE_ROWS, through C^T = B^T A^T (see above); an AVX-512 or AVX2 CPU. Any
+// strides are computed right; B's columns contiguous (sb0 == 1) is what makes it fast.
+void wide_product(Isa which, int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int64_t sa1,
+                  const float* b, int64_t sb0, int64_t sb1, float* c, int64_t ldc, Buffers& buf) {
+  const int64_t lanes = which == kAvx512 ? 32 : 8;
+  const int64_t panels = (m + lanes - 1) / lanes;
+  // every panel of A's rows once, k-major: panel[q][kk * lanes + i] = A[q * lanes + i][kk] (A^T's columns)
+  float* pa = buf.aligned(buf.a, panels * lanes * k);
+  pack_b(lanes, m, k, a, sa1, sa0, pa);
+  alignas(64) float tile[kWideJr * 32];
+  for (int64_t j0 = 0; j0 < n; j0 += kWideJr) {
+    const int64_t cols = std::min(kWideJr, n - j0);
+    // B's columns j0.. as rows of B^T: element (r, kk) at w[r * sw0 + kk * sw1]; the last, short block zero-padded
+    const float* w = b + j0 * sb1;
+    int64_t sw0 = sb1, sw1 = sb0;
+    if (cols < kWideJr) {
+      float* pad = buf.aligned(buf.b, kWideJr * k);
+      for (int64_t r = 0; r < kWideJr; ++r)
+        for (int64_t kk = 0; kk < k; ++kk) pad[r * k + kk] = r < cols ? w[r * sw0 + kk * sw1] : 0.f;
+      w = pad, sw0 = k, sw1 = 1;
+    }
+    // the next whole tile's rows, fetched during this tile's first panel (B^T's rows contiguous along k only)
+    const float* next = sb0 == 1 && j0 + 2 * kWideJr <= n ? b + (j0 + kWideJr) * sb1 : nullptr;
+    for (int64_t q = 0; q < panels; ++q) {
+      const int64_t i0 = q * lanes, rows = std::min(lanes, m - i0);
+      if (which == kAvx512) wide_tile_avx512(k, w, sw0, sw1, pa + q * lanes * k, tile, q == 0 ? next : nullptr);
+      else wide_tile_avx2(k, w, sw0, sw1, pa + q * lanes * k, tile, q == 0 ? next : nullptr);
+      // tile[r][i] is C[i0 + i][j0 + r]: 8 x 8 transposes where whole, element by element at the edges
+      int64_t i = 0;
+      if (cols == kWideJr)
+        for (; i + 8 <= rows; i += 8) transpose8(tile + i, lanes, c + (i0 + i) * ldc + j0, ldc);
+      for (; i < rows; ++i)
+        for (int64_t r = 0; r < cols; ++r) c[(i0 + i) * ldc + j0 + r] = tile[r * lanes + i];
+    }
+  }
+}
+#endif
+
 // C[m, n] (row stride ldc) = A[m, k] @ B[k, n] for one thread's rows; A's element (i, kk) at a[i * sa0 + kk * sa1].
 void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int64_t sa1, const float* b,
                int64_t sb0, int64_t sb1, float* c, int64_t ldc) {
@@ -382,6 +484,10 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int
       }
       TORCH_INTERNAL_ASSERT(small_product(which, m, nc, k, a, sa0, sa1, bp, c + j0, ldc));
     }
+    return;
+  }
+  if (m <= WIDE_ROWS && n > 64 && sb0 == 1 && which != kScalar) {  // few rows, many columns: B read where it lies
+    wide_product(which, m, n, k, a, sa0, sa1, b, sb0, sb1, c, ldc, buf);
     return;
   }
 #endif
@@ -683,6 +789,7 @@ TORCH_LIBRARY(rlcore_portable, m) {
   m.def("set_isa(int isa) -> int");
   m.def("set_threads(int threads) -> int");
   m.def("set_blocking(int kc, int mc, int nc) -> int[]");
+  m.def("set_wide_rows(int rows) -> int");
   m.impl("set_isa", [](int64_t which) -> int64_t {
     if (which >= 0) g_isa = static_cast<int>(std::min<int64_t>(which, detect_isa()));
     return isa();
@@ -696,6 +803,10 @@ TORCH_LIBRARY(rlcore_portable, m) {
     if (mc >= 14) MC = mc;
     if (nc >= 1) NC = nc;
     return {KC, MC, NC};
+  });
+  m.impl("set_wide_rows", [](int64_t rows) -> int64_t {
+    if (rows >= 0) WIDE_ROWS = rows;
+    return WIDE_ROWS;
   });
 }
 
