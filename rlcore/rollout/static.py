@@ -260,12 +260,16 @@ class Decoder:
             groups = self.n_heads // self.n_kv
             bias = torch.zeros(valid.shape, dtype=self.dtype, device=pos.device).masked_fill_(~valid, float("-inf"))
             bias = bias[:, None, None].expand(b, self.n_kv, 1, length).reshape(b * self.n_kv, 1, length)
-        rows = torch.arange(b, device=pos.device)
+        # row i's key and value of kv head h go to cache row (i, h, pos[i]) of the caches seen as [slots * kv * len, d]:
+        # one index_copy_ of b * kv rows per cache (advanced-index assignment took ~90 us a layer at 64 rows on a CPU)
+        heads = torch.arange(self.n_kv, device=pos.device)
+        at = ((torch.arange(b, device=pos.device)[:, None] * self.n_kv + heads[None, :]) * k_cache[0].shape[2]
+              + pos[:, None]).reshape(-1)
         x = F.embedding(tokens[:, None], self.embed)
         for lay, kc, vc in zip(self.layers, k_cache, v_cache):
             q, k, v = self._attention_block(x, lay, cos, sin)
-            kc[rows, :, pos] = k[:, :, 0]
-            vc[rows, :, pos] = v[:, :, 0]
+            kc.view(-1, self.head_dim).index_copy_(0, at, k.reshape(b * self.n_kv, self.head_dim))
+            vc.view(-1, self.head_dim).index_copy_(0, at, v.reshape(b * self.n_kv, self.head_dim))
             if attend is None:
                 attn = self._attend(q, kc[:b], vc[:b], mask)
             else:
