@@ -363,6 +363,8 @@ constexpr int64_t kWideJr = 8;     // columns of B per tile
 // weight, transposed): B^T's rows are read along k then (across the rows of a row-major B, a large k ran at a third
 // of the speed). set_wide_rows changes it (0: never), for the tests and the measurements that compare the two.
 int64_t WIDE_ROWS = 128;
+// ... and k up to this: all of A's rows are packed at once (128 x k floats, 8 MiB at most), not in blocks of k
+constexpr int64_t kWideMaxK = 16384;
 
 #if defined(__x86_64__)
 // tile[r * 32 + i] = sum over kk of w[r * sw0 + kk * sw1] * p[kk * 32 + i], r < 8, i < 32. `next`: the next tile's
@@ -486,7 +488,7 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int
     }
     return;
   }
-  if (m <= WIDE_ROWS && n > 64 && sb0 == 1 && which != kScalar) {  // few rows, many columns: B read where it lies
+  if (m <= WIDE_ROWS && n > 64 && k <= kWideMaxK && sb0 == 1 && which != kScalar) {  // few rows, many columns: B read where it lies
     wide_product(which, m, n, k, a, sa0, sa1, b, sb0, sb1, c, ldc, buf);
     return;
   }
