@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from rlcore import cache
-from rlcore.engine import lora, packed
+from rlcore.engine import fused, lora, packed
 from rlcore.engine.lora import LoraSpec
 from rlcore.engine.sequence import SequenceModel, forward_for
 from rlcore.engine.strategy import make_strategy
@@ -67,10 +67,12 @@ def load_causal_lm(path: str | Path, *, dtype: str = "float32", attn_implementat
         base = load_causal_lm(lora.adapter_base(path), dtype=dtype, attn_implementation=attn_implementation,
                               packed_forward=packed_forward)
         return lora.merged(lora.load_adapter(base, path, trainable=False))
-    return AutoModelForCausalLM.from_pretrained(
+    model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=DTYPES[dtype], attn_implementation=attention_for(path, attn_implementation, packed_forward),
         local_files_only=True,
     )
+    fused.use_fused_mlps(model)
+    return model
 
 
 def load_value_model(path: str | Path, *, dtype: str = "float32", attn_implementation: str = "sdpa",
@@ -87,10 +89,12 @@ def load_value_model(path: str | Path, *, dtype: str = "float32", attn_implement
         return lora.merged(lora.load_adapter(base, path, trainable=False))
     config = AutoConfig.from_pretrained(str(path), num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0
-    return AutoModelForTokenClassification.from_pretrained(
+    model = AutoModelForTokenClassification.from_pretrained(
         str(path), config=config, dtype=DTYPES[dtype],
         attn_implementation=attention_for(path, attn_implementation, packed_forward), local_files_only=True,
     )
+    fused.use_fused_mlps(model)
+    return model
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from rlcore.engine.fused import swiglu
 from rlcore.engine.lora import is_peft
 from rlcore.rollout.base import CachedPrefix, SamplingParams, WeightRefresh, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, row_uniforms, sample_from
@@ -203,7 +204,7 @@ class Decoder:
         b, _, t, _ = attn.shape
         x = x + lay.o(attn.transpose(1, 2).reshape(b, t, -1))
         h = _rms_norm(x, lay.ln2, self.eps)
-        return x + lay.down(F.silu(lay.gate(h)) * lay.up(h))
+        return x + lay.down(swiglu(lay.gate(h), lay.up(h)))
 
     def _attend(self, q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,

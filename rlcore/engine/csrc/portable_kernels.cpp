@@ -784,6 +784,87 @@ at::Tensor k_sqrt(const at::Tensor& x) {
   return out;
 }
 
+
+// ---- SwiGLU, silu(g) * u, and its gradients: one pass each where torch's eager ops take two forward (silu, mul) and
+// three backward (two muls, silu_backward) and keep silu(g) for the backward. Each element is computed with the
+// expressions of torch's AVX2 loops (aten/src/ATen/native/cpu/Activation.cpp: silu, silu_backward; a product is
+// one correctly rounded multiply): vectors of 8 two at a time with SLEEF's exp, and the last n % 16 elements with the
+// scalar expression and the C library's exp, as torch's vectorized loop splits a contiguous range on one thread. So
+// the bits are eager torch's in portable mode (torch's own loops on one thread, AVX2), which the tests check.
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+extern "C" __m256 Sleef_expf8_u10avx2(__m256);
+
+__attribute__((target("avx2,fma"))) inline __m256 silu_denominator(__m256 x) {  // 1 + exp(-x)
+  return _mm256_add_ps(_mm256_set1_ps(1.f), Sleef_expf8_u10avx2(_mm256_xor_ps(x, _mm256_set1_ps(-0.f))));
+}
+
+__attribute__((target("avx2,fma"))) void swiglu_avx2(const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int64_t h = i; h < i + 16; h += 8) {
+      const __m256 x = _mm256_loadu_ps(g + h);
+      _mm256_storeu_ps(y + h, _mm256_mul_ps(_mm256_div_ps(x, silu_denominator(x)), _mm256_loadu_ps(u + h)));
+    }
+  for (; i < n; ++i) y[i] = (g[i] / (1.f + std::exp(-g[i]))) * u[i];
+}
+
+__attribute__((target("avx2,fma"))) void swiglu_backward_avx2(const float* dy, const float* g, const float* u,
+                                                               float* dg, float* du, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int64_t h = i; h < i + 16; h += 8) {
+      const __m256 x = _mm256_loadu_ps(g + h), d = _mm256_loadu_ps(dy + h), den = silu_denominator(x);
+      _mm256_storeu_ps(du + h, _mm256_mul_ps(d, _mm256_div_ps(x, den)));       // grad * silu(g)
+      const __m256 ds = _mm256_mul_ps(d, _mm256_loadu_ps(u + h));               // grad * u: silu's output gradient
+      const __m256 sig = _mm256_div_ps(one, den);
+      // torch's binary computes 1 + x (1 - sigmoid) as one fused multiply-add (its compiler contracted it)
+      const __m256 slope = _mm256_fmadd_ps(x, _mm256_sub_ps(one, sig), one);
+      _mm256_storeu_ps(dg + h, _mm256_mul_ps(_mm256_mul_ps(ds, sig), slope));
+    }
+  for (; i < n; ++i) {
+    const float x = g[i], den = 1.f + std::exp(-x), sig = 1.f / den, ds = dy[i] * u[i];
+    du[i] = dy[i] * (x / den);
+    dg[i] = ds * sig * std::fma(x, 1.f - sig, 1.f);
+  }
+}
+#pragma GCC pop_options
+#endif
+
+bool swiglu_inputs(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.sizes() == b.sizes() &&
+         a.is_contiguous() && b.is_contiguous() && !a.is_cuda();
+}
+
+at::Tensor k_swiglu(const at::Tensor& g, const at::Tensor& u) {
+  TORCH_CHECK(swiglu_inputs(g, u), "rlcore_portable::swiglu: two contiguous float32 CPU tensors of one shape");
+  at::Tensor y = at::empty_like(g);
+#if defined(__x86_64__)
+  if (has_avx2()) {
+    swiglu_avx2(g.data_ptr<float>(), u.data_ptr<float>(), y.data_ptr<float>(), g.numel());
+    return y;
+  }
+#endif
+  return at::silu(g) * u;  // no AVX2: torch's own loops, whose bits are this CPU's
+}
+
+std::tuple<at::Tensor, at::Tensor> k_swiglu_backward(const at::Tensor& dy, const at::Tensor& g, const at::Tensor& u) {
+  TORCH_CHECK(swiglu_inputs(g, u) && swiglu_inputs(dy, g),
+              "rlcore_portable::swiglu_backward: three contiguous float32 CPU tensors of one shape");
+  at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
+#if defined(__x86_64__)
+  if (has_avx2()) {
+    swiglu_backward_avx2(dy.data_ptr<float>(), g.data_ptr<float>(), u.data_ptr<float>(), dg.data_ptr<float>(),
+                         du.data_ptr<float>(), g.numel());
+    return {dg, du};
+  }
+#endif
+  return {at::silu_backward(dy * u, g), dy * at::silu(g)};
+}
+
 }  // namespace
 
 // Python-side control (rlcore.engine.portable_ops): which kernels run and how many threads share a product's rows.
@@ -792,6 +873,10 @@ TORCH_LIBRARY(rlcore_portable, m) {
   m.def("set_threads(int threads) -> int");
   m.def("set_blocking(int kc, int mc, int nc) -> int[]");
   m.def("set_wide_rows(int rows) -> int");
+  m.def("swiglu(Tensor g, Tensor u) -> Tensor");
+  m.def("swiglu_backward(Tensor grad, Tensor g, Tensor u) -> (Tensor, Tensor)");
+  m.impl("swiglu", k_swiglu);
+  m.impl("swiglu_backward", k_swiglu_backward);
   m.impl("set_isa", [](int64_t which) -> int64_t {
     if (which >= 0) g_isa = static_cast<int>(std::min<int64_t>(which, detect_isa()));
     return isa();

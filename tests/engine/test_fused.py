@@ -1,0 +1,98 @@
+"""The fused SwiGLU (rlcore/engine/fused.py, csrc/portable_kernels.cpp): torch's eager bits, one pass each way.
+
+The reference is torch's own eager ``silu(g) * u`` and its autograd (ATen's AVX2 loops, which this process runs:
+tests/conftest.py pins the portable kernels), not a copy of the fused code."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rlcore.engine import fused, portable_ops
+from rlcore.engine.model import load_causal_lm
+from rlcore.rollout import EngineSpec, make_engine
+from rlcore.rollout.base import SamplingParams
+
+pytestmark = pytest.mark.skipif(not portable_ops.installed(), reason="the portable kernels are not installed here")
+
+SPECIAL = torch.tensor([0.0, -0.0, 88.7, -88.7, 104.0, -104.0, float("inf"), -float("inf"), 1e-30, -1e-30, 20.0, -20.0])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(((a == b) & (a.signbit() == b.signbit()) | (a.isnan() & b.isnan())).all())
+
+
+def eager(g, u, grad):
+    g, u = g.clone().requires_grad_(), u.clone().requires_grad_()
+    y = F.silu(g) * u
+    y.backward(grad)
+    return y.detach(), g.grad, u.grad
+
+
+# sizes: whole vector pairs (16 floats), and tails of 1-15 that torch's loop computes with the scalar expression
+@pytest.mark.parametrize("shape", [(64, 1, 1024), (3, 333), (17,), (5,), (1000003,)])
+@pytest.mark.parametrize("scale", [1.0, 12.0])
+def test_the_fused_operators_give_the_eager_bits(shape, scale):
+    gen = torch.Generator().manual_seed(sum(shape))
+    g, u, grad = (torch.randn(shape, generator=gen) for _ in range(3))
+    g = g * scale
+    flat = g.view(-1)
+    flat[: min(len(SPECIAL), flat.numel())] = SPECIAL[: flat.numel()]
+    y, dg, du = eager(g, u, grad)
+    assert same_bits(torch.ops.rlcore_portable.swiglu(g, u), y)
+    fdg, fdu = torch.ops.rlcore_portable.swiglu_backward(grad, g, u)
+    assert same_bits(fdg, dg) and same_bits(fdu, du)
+    # and through the autograd function the MLPs call
+    gg, uu = g.clone().requires_grad_(), u.clone().requires_grad_()
+    out = fused.swiglu(gg, uu)
+    out.backward(grad)
+    assert same_bits(out.detach(), y) and same_bits(gg.grad, dg) and same_bits(uu.grad, du)
+
+
+def test_other_inputs_take_the_eager_expression():
+    g, u = torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
+    assert torch.equal(fused.swiglu(g, u), F.silu(g) * u)
+    g32 = torch.randn(8, 4).T  # not contiguous
+    assert not fused._fusable(g32, g32.contiguous())
+    assert torch.equal(fused.swiglu(g32, g32), F.silu(g32) * g32)
+
+
+def _unfused(model):
+    """``model`` with its MLPs' own (eager) forward back."""
+    model = copy.deepcopy(model)
+    for module in model.modules():
+        module.__dict__.pop("forward", None)
+    return model
+
+
+def test_a_model_gives_the_same_logits_and_gradients_fused_or_not(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, packed_forward=True).train()
+    layers = model.config.num_hidden_layers
+    assert sum(isinstance(m.__dict__.get("forward"), type(model.forward)) for m in model.modules()) == layers
+    plain = _unfused(model)
+    ids = torch.randint(3, model.config.vocab_size, (6, 20), generator=torch.Generator().manual_seed(0))
+    results = []
+    for m in (model, plain):
+        logits = m(input_ids=ids).logits
+        loss = torch.log_softmax(logits, -1)[..., 5].sum()
+        loss.backward()
+        results.append((logits.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (la, ga), (lb, gb) = results
+    assert same_bits(la, lb)
+    assert ga.keys() == gb.keys() and all(same_bits(ga[n], gb[n]) for n in ga)
+
+
+def test_the_static_engine_samples_the_same_tokens_fused_or_not(tiny_model_dir, monkeypatch):
+    model = load_causal_lm(tiny_model_dir).eval()
+    engine = make_engine(model, EngineSpec("static"), eos_token_id=-1, pad_token_id=0)
+    ids = torch.randint(3, model.config.vocab_size, (24, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[::3, :2] = 0
+    params = SamplingParams(max_new_tokens=12)
+    a = engine.generate(ids * mask, mask, params, torch.Generator().manual_seed(5))
+    monkeypatch.setattr(fused, "_fusable", lambda gate, up: False)
+    b = engine.generate(ids * mask, mask, params, torch.Generator().manual_seed(5))
+    assert torch.equal(a["responses"], b["responses"]) and same_bits(a["log_probs"], b["log_probs"])
