@@ -71,7 +71,7 @@ def load_causal_lm(path: str | Path, *, dtype: str = "float32", attn_implementat
         str(path), dtype=DTYPES[dtype], attn_implementation=attention_for(path, attn_implementation, packed_forward),
         local_files_only=True,
     )
-    fused.use_fused_mlps(model)
+    fused.use_fused_ops(model)
     return model
 
 
@@ -93,7 +93,7 @@ def load_value_model(path: str | Path, *, dtype: str = "float32", attn_implement
         str(path), config=config, dtype=DTYPES[dtype],
         attn_implementation=attention_for(path, attn_implementation, packed_forward), local_files_only=True,
     )
-    fused.use_fused_mlps(model)
+    fused.use_fused_ops(model)
     return model
 
 

@@ -23,8 +23,8 @@ tensors elsewhere:
 * ``exp``, ``log``, ``tanh`` and the rest to SLEEF's AVX2 functions, the copy inside torch's own library that
   torch's AVX2 loops use (the same code on every CPU with AVX2; torch is pinned to one release).
 
-The decoder MLPs' SwiGLU (``silu(gate) * up``) takes one fused pass each way (:mod:`rlcore.engine.fused`), with
-the bits of torch's own AVX2 loops. Everything else stays with torch's own ATen loops: AVX2 builds on every CPU
+The decoder's SwiGLU (``silu(gate) * up``) and rotary embedding take one fused pass each way
+(:mod:`rlcore.engine.fused`), with the bits of torch's own AVX2 loops. Everything else stays with torch's own ATen loops: AVX2 builds on every CPU
 (``ATEN_CPU_CAPABILITY=avx2``), on one thread (their parallel reductions split by thread count).
 ``scaled_dot_product_attention`` takes its math path (products and a softmax) instead of the fused CPU kernel.
 bfloat16 and float16 products are computed in float32 and rounded once. CUDA tensors are not affected.

@@ -63,7 +63,7 @@ def load_reward_model(spec: ModelSpec, device: torch.device, *, frozen: bool) ->
     model = AutoModelForSequenceClassification.from_pretrained(
         str(path), config=config, dtype=DTYPES["float32"], attn_implementation=spec.attn_implementation,
         local_files_only=True)
-    fused.use_fused_mlps(model)
+    fused.use_fused_ops(model)
     if model.config.num_labels != 1:
         raise ConfigError(f"reward model {spec.path!r}: its head has {model.config.num_labels} outputs; expected 1")
     module = LastTokenReward(model).to(device)

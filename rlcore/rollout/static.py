@@ -30,7 +30,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from rlcore.engine.fused import swiglu
+from rlcore.engine.fused import rotate, swiglu
 from rlcore.engine.lora import is_peft
 from rlcore.rollout.base import CachedPrefix, SamplingParams, WeightRefresh, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, row_uniforms, sample_from
@@ -131,12 +131,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * h.to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class Decoder:
     """The forward of a Llama/Qwen2 causal LM over a static KV cache, reading the HF model's own
     parameters (so ``model.load_state_dict`` updates it in place)."""
@@ -198,7 +192,7 @@ class Decoder:
         q = lay.q(h).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = lay.k(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = lay.v(h).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
 
     def _finish_layer(self, x, attn, lay: _Layer):
         b, _, t, _ = attn.shape

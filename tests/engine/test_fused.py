@@ -5,8 +5,6 @@ tests/conftest.py pins the portable kernels), not a copy of the fused code."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +16,7 @@ from rlcore.rollout.base import SamplingParams
 
 pytestmark = pytest.mark.skipif(not portable_ops.installed(), reason="the portable kernels are not installed here")
 
+ROTARY = torch.ops.rlcore_portable.rotary if portable_ops.installed() else None
 SPECIAL = torch.tensor([0.0, -0.0, 88.7, -88.7, 104.0, -104.0, float("inf"), -float("inf"), 1e-30, -1e-30, 20.0, -20.0])
 
 
@@ -58,28 +57,60 @@ def test_other_inputs_take_the_eager_expression():
     g32 = torch.randn(8, 4).T  # not contiguous
     assert not fused._fusable(g32, g32.contiguous())
     assert torch.equal(fused.swiglu(g32, g32), F.silu(g32) * g32)
+    x, cos = torch.randn(2, 3, 5, 8), torch.randn(1, 1, 5, 8)
+    assert fused._rotary_fusable(x, cos, cos)
+    assert not fused._rotary_fusable(x, torch.randn(1, 1, 4, 8), cos)  # does not broadcast: eager says why
+    assert not fused._rotary_fusable(x, cos.requires_grad_(), cos)  # a gradient for cos: eager computes it
 
 
-def _unfused(model):
-    """``model`` with its MLPs' own (eager) forward back."""
-    model = copy.deepcopy(model)
-    for module in model.modules():
-        module.__dict__.pop("forward", None)
-    return model
+def rotary_operands(shape, seed):
+    """x as attention holds it (heads and tokens transposed, not contiguous), cos and sin of positions 0.. (sin(0) is
+    0: products of +-0), a gradient with zeros of both signs."""
+    b, h, t, d = shape
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, t, h, d, generator=gen).transpose(1, 2)
+    freqs = torch.arange(t, dtype=torch.float32)[:, None] * (10000.0 ** (-torch.arange(d // 2) / (d // 2)))[None]
+    emb = torch.cat((freqs, freqs), -1)
+    cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+    grad = torch.randn(b, h, t, d, generator=gen)
+    grad[..., ::7] = 0.0
+    grad[..., 3::7] = -0.0
+    return x, cos, sin, grad
 
 
-def test_a_model_gives_the_same_logits_and_gradients_fused_or_not(tiny_model_dir):
+@pytest.mark.parametrize("shape", [(1, 4, 37, 64), (3, 2, 5, 16)])
+def test_the_fused_rotary_embedding_gives_the_eager_bits(shape):
+    x, cos, sin, grad = rotary_operands(shape, seed=shape[2])
+    half = shape[-1] // 2
+    xe = x.clone().requires_grad_()
+    ye = xe * cos + torch.cat((-xe[..., half:], xe[..., :half]), -1) * sin  # Hugging Face's apply_rotary_pos_emb
+    ye.backward(grad)
+    assert same_bits(torch.ops.rlcore_portable.rotary(x, cos, sin), ye.detach())
+    assert same_bits(torch.ops.rlcore_portable.rotary_backward(grad, cos, sin), xe.grad)
+    xf = x.clone().requires_grad_()
+    yf = fused.rotate(xf, cos, sin)
+    yf.backward(grad)
+    assert same_bits(yf.detach(), ye.detach()) and same_bits(xf.grad, xe.grad)
+    assert yf.stride() == ye.stride()  # the layout the eager loops give, for the ops after it
+
+
+def test_a_model_gives_the_same_logits_and_gradients_fused_or_not(tiny_model_dir, monkeypatch):
     model = load_causal_lm(tiny_model_dir, packed_forward=True).train()
     layers = model.config.num_hidden_layers
     assert sum(isinstance(m.__dict__.get("forward"), type(model.forward)) for m in model.modules()) == layers
-    plain = _unfused(model)
     ids = torch.randint(3, model.config.vocab_size, (6, 20), generator=torch.Generator().manual_seed(0))
-    results = []
-    for m in (model, plain):
-        logits = m(input_ids=ids).logits
-        loss = torch.log_softmax(logits, -1)[..., 5].sum()
-        loss.backward()
-        results.append((logits.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    results, calls = [], []
+    monkeypatch.setattr(torch.ops.rlcore_portable, "rotary", lambda *a: calls.append(1) or ROTARY(*a), raising=False)
+    for unfused in (False, True):
+        if unfused:
+            monkeypatch.setattr(fused, "_fusable", lambda gate, up: False)
+            monkeypatch.setattr(fused, "_rotary_fusable", lambda x, cos, sin: False)
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids).logits
+        torch.log_softmax(logits, -1)[..., 5].sum().backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        if not unfused:
+            assert len(calls) == 2 * layers  # every query and key rotated by the fused kernel
     (la, ga), (lb, gb) = results
     assert same_bits(la, lb)
     assert ga.keys() == gb.keys() and all(same_bits(ga[n], gb[n]) for n in ga)
@@ -94,5 +125,6 @@ def test_the_static_engine_samples_the_same_tokens_fused_or_not(tiny_model_dir, 
     params = SamplingParams(max_new_tokens=12)
     a = engine.generate(ids * mask, mask, params, torch.Generator().manual_seed(5))
     monkeypatch.setattr(fused, "_fusable", lambda gate, up: False)
+    monkeypatch.setattr(fused, "_rotary_fusable", lambda x, cos, sin: False)
     b = engine.generate(ids * mask, mask, params, torch.Generator().manual_seed(5))
     assert torch.equal(a["responses"], b["responses"]) and same_bits(a["log_probs"], b["log_probs"])

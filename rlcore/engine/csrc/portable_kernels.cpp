@@ -865,6 +865,92 @@ std::tuple<at::Tensor, at::Tensor> k_swiglu_backward(const at::Tensor& dy, const
   return {at::silu_backward(dy * u, g), dy * at::silu(g)};
 }
 
+// ---- Rotary embedding of a query or key, x cos + rotate_half(x) sin with rotate_half(x) = (-x2, x1), and its input
+// gradient: one pass each way where the eager expression takes five forward (mul, neg, cat, mul, add) and, backward,
+// two products, a negation and two zero-filled slice gradients that autograd adds up. Every product and sum is rounded
+// on its own, as there (this file is compiled without contraction), so the forward has the eager bits. Backward,
+// autograd adds g cos, the slice gradient of x1 and that of x2 (each zero outside its half); whatever the order,
+// that is (g cos + r) + 0 with r the rotated g sin: + 0 turns the one -0 those sums can give into +0, as they do.
+
+// Rows of the last dimension (d elements, stride 1) of x and of cos and sin broadcast to x's shape.
+template <typename F>
+void for_each_row(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, F fn) {
+  const int64_t dims = x.dim();
+  std::vector<int64_t> index(dims - 1, 0);
+  const int64_t rows = x.numel() / x.size(-1);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t ox = 0, oc = 0, os = 0;
+    for (int64_t a = 0; a < dims - 1; ++a) {
+      ox += index[a] * x.stride(a);
+      oc += index[a] * cos.stride(a);
+      os += index[a] * sin.stride(a);
+    }
+    fn(ox, oc, os);
+    for (int64_t a = dims - 2; a >= 0; --a) {  // next index, last dimension fastest
+      if (++index[a] < x.size(a)) break;
+      index[a] = 0;
+    }
+  }
+}
+
+bool rotary_inputs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+         !x.is_cuda() && x.dim() >= 1 && x.size(-1) % 2 == 0 && x.stride(-1) == 1 && cos.sizes() == x.sizes() &&
+         sin.sizes() == x.sizes() && cos.stride(-1) == 1 && sin.stride(-1) == 1;
+}
+
+at::Tensor dense_rows(const at::Tensor& t) {
+  return t.stride(-1) == 1 && t.is_non_overlapping_and_dense() ? t : t.contiguous();
+}
+
+at::Tensor k_rotary(const at::Tensor& x_raw, const at::Tensor& cos_in, const at::Tensor& sin_in) {
+  const at::Tensor x_in = dense_rows(x_raw);
+  const at::Tensor cos = cos_in.expand_as(x_in), sin = sin_in.expand_as(x_in);
+  TORCH_CHECK(rotary_inputs(x_in, cos, sin), "rlcore_portable::rotary: float32 CPU x, cos, sin broadcastable to x, "
+              "an even last dimension of stride 1");
+  at::Tensor y = at::empty_like(x_in);  // x's layout, as torch's elementwise loops give
+  const int64_t d = x_in.size(-1), h = d / 2;
+  const float *px = x_in.data_ptr<float>(), *pc = cos.data_ptr<float>(), *ps = sin.data_ptr<float>();
+  float* py = y.data_ptr<float>();
+  for_each_row(x_in, cos, sin, [&](int64_t ox, int64_t oc, int64_t os) {
+    const float *xr = px + ox, *c = pc + oc, *s = ps + os;
+    float* yr = py + ox;
+    for (int64_t j = 0; j < h; ++j) {
+      const float a = xr[j] * c[j], b = -xr[j + h] * s[j];
+      yr[j] = a + b;
+    }
+    for (int64_t j = h; j < d; ++j) {
+      const float a = xr[j] * c[j], b = xr[j - h] * s[j];
+      yr[j] = a + b;
+    }
+  });
+  return y;
+}
+
+at::Tensor k_rotary_backward(const at::Tensor& g_in, const at::Tensor& cos_in, const at::Tensor& sin_in) {
+  const at::Tensor g = dense_rows(g_in);
+  const at::Tensor cos = cos_in.expand_as(g), sin = sin_in.expand_as(g);
+  TORCH_CHECK(rotary_inputs(g, cos, sin), "rlcore_portable::rotary_backward: float32 CPU grad, cos, sin "
+              "broadcastable to it, an even last dimension of stride 1");
+  at::Tensor gx = at::empty_like(g);
+  const int64_t d = g.size(-1), h = d / 2;
+  const float *pg = g.data_ptr<float>(), *pc = cos.data_ptr<float>(), *ps = sin.data_ptr<float>();
+  float* po = gx.data_ptr<float>();
+  for_each_row(g, cos, sin, [&](int64_t og, int64_t oc, int64_t os) {
+    const float *gr = pg + og, *c = pc + oc, *s = ps + os;
+    float* out = po + og;
+    for (int64_t j = 0; j < h; ++j) {
+      const float a = gr[j] * c[j], r = gr[j + h] * s[j + h];
+      out[j] = (a + r) + 0.f;
+    }
+    for (int64_t j = h; j < d; ++j) {
+      const float a = gr[j] * c[j], r = -(gr[j - h] * s[j - h]);
+      out[j] = (a + r) + 0.f;
+    }
+  });
+  return gx;
+}
+
 }  // namespace
 
 // Python-side control (rlcore.engine.portable_ops): which kernels run and how many threads share a product's rows.
@@ -877,6 +963,10 @@ TORCH_LIBRARY(rlcore_portable, m) {
   m.def("swiglu_backward(Tensor grad, Tensor g, Tensor u) -> (Tensor, Tensor)");
   m.impl("swiglu", k_swiglu);
   m.impl("swiglu_backward", k_swiglu_backward);
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("rotary_backward(Tensor grad, Tensor cos, Tensor sin) -> Tensor");
+  m.impl("rotary", k_rotary);
+  m.impl("rotary_backward", k_rotary_backward);
   m.impl("set_isa", [](int64_t which) -> int64_t {
     if (which >= 0) g_isa = static_cast<int>(std::min<int64_t>(which, detect_isa()));
     return isa();
