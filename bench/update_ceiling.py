@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.update_ceiling            # the `long` configuration's shape: section of bench/RESULTS.md
     .venv/bin/python -m bench.update_ceiling --hidden 512 --layers 4 --rows 64 --out /tmp/ceiling.md
+    .venv/bin/python -m bench.update_ceiling --fused-ab 8   # the fused SwiGLU and rotary embedding against eager
 
 One rank's share of a `long` step (``bench.settings.CONFIGS["long"]``: 256 answers of 50 tokens over two ranks, 8
 per prompt, prompts of up to 16 tokens; an 8.45M-parameter Llama), on one thread as a rank runs
@@ -14,6 +15,10 @@ per prompt, prompts of up to 16 tokens; an 8.45M-parameter Llama), on one thread
 * one update under ``torch.profiler`` (``with_flops``): the matmul kernels' share of its CPU time, the FLOPs they
   ran and their rate, attention's share, and the largest other ops. The floor is the update with every op but the
   matmuls taking no time: what fusing or removing the rest could reach at best.
+
+``--fused-ab N`` measures instead the reference forward and the update ``N`` times each with rlcore's fused operators
+(:mod:`rlcore.engine.fused`: the same bits) and with PyTorch's eager ones, alternating in this process, and prints the
+medians (nothing written).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads (a rank's cpus_per_worker)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=str(BENCH_DIR / "RESULTS.md"))
+    p.add_argument("--fused-ab", type=int, default=0, metavar="N",
+                   help="time the reference forward + update N times fused and N times eager, alternating")
     return p.parse_args(argv)
 
 
@@ -164,6 +171,43 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
 
+def fused_ab(args: argparse.Namespace) -> str:
+    """The reference forward + update with rlcore's fused operators and with the eager ones, alternating."""
+    from rlcore.engine import fused
+    from rlcore.engine.sequence import local_model
+
+    torch.manual_seed(0)
+    kernels = activate(args.threads)
+    policy, reference, batch = build(args)
+    actor, ref = local_model(policy), local_model(reference)
+    optim = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    ids, mask, responses = batch["input_ids"], batch["attention_mask"], batch["responses"]
+
+    def step() -> None:
+        with torch.no_grad():
+            ref.response_log_probs(ids, mask, responses)
+        log_probs, _ = actor.response_log_probs(ids, mask, responses, with_entropy=True, entropy_grad=False)
+        (-(log_probs * batch["advantages"]).mean()).backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    checks = {"fused": (fused._fusable, fused._rotary_fusable),
+              "eager": (lambda *a: False, lambda *a: False)}
+    times: dict[str, list[float]] = {"fused": [], "eager": []}
+    step()  # warm-up
+    for i in range(args.fused_ab):
+        for name in (("fused", "eager") if i % 2 == 0 else ("eager", "fused")):
+            fused._fusable, fused._rotary_fusable = checks[name]
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    fused._fusable, fused._rotary_fusable = checks["fused"]
+    f, e = statistics.median(times["fused"]), statistics.median(times["eager"])
+    return (f"reference forward + update, {args.rows} answers of {args.response_len} tokens, hidden {args.hidden}, "
+            f"{args.layers} layers, kernels {kernels}, medians of {args.fused_ab} alternating: fused {f:.3f} s, "
+            f"eager {e:.3f} s, eager/fused {e / f:.3f}")
+
+
 def render(r: dict, args: argparse.Namespace, took_s: float) -> str:
     rate = r["matmul_flops"] / r["matmul_s"] / 1e9
     floor_s = r["update_s"] * r["matmul_share"]  # the profiler's own cost spread over the ops as their times are
@@ -229,6 +273,9 @@ def reading(r: dict, run: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.fused_ab:
+        print(fused_ab(args))
+        return 0
     start = time.perf_counter()
     result = measure(args)
     text = render(result, args, time.perf_counter() - start)
