@@ -1,8 +1,8 @@
 """Fused elementwise operators of the decoder that give the bits of torch's eager ones (portable kernels only).
 
-SwiGLU. A Llama/Qwen MLP computes ``down(silu(gate(x)) * up(x))``. Eagerly, the SwiGLU in the middle is two passes over the
-``[tokens, intermediate]`` activations forward (silu, mul) and three backward (two muls, silu_backward), and autograd
-keeps ``silu(gate)`` as well as both inputs for the backward. Where rlcore's portable kernels run
+SwiGLU. A Llama/Qwen MLP computes ``down(silu(gate(x)) * up(x))``. Eagerly, the SwiGLU in the middle is two passes
+over the ``[tokens, intermediate]`` activations forward (silu, mul) and three backward (two muls, silu_backward), and
+autograd keeps ``silu(gate)`` as well as both inputs for the backward. Where rlcore's portable kernels run
 (``resources.cpu_kernels: portable``, :mod:`rlcore.engine.portable_ops`), :func:`swiglu` is one pass each way
 (``rlcore_portable::swiglu`` and ``swiglu_backward``) that keeps only the two inputs. Its kernels compute every
 element with the expressions of torch's AVX2 loops (SLEEF's exp, the same roundings and fused multiply-add), so
