@@ -111,9 +111,10 @@ def build(args: argparse.Namespace):
     return policy, reference, batch
 
 
-def measure(args: argparse.Namespace) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
+def workload(args: argparse.Namespace):
+    """This process's kernels activated; (kernels, policy, batch, update, reference_forward) at the configured shape:
+    ``update`` is one rank's packed forward, chunked log-probs with the logged entropy, backward and AdamW step,
+    ``reference_forward`` the reference's no-grad forward over the same batch."""
     from rlcore.engine.sequence import local_model
 
     torch.manual_seed(0)
@@ -132,6 +133,15 @@ def measure(args: argparse.Namespace) -> dict:
     def reference_forward() -> None:
         with torch.no_grad():
             ref.response_log_probs(ids, mask, responses)
+
+    return kernels, policy, batch, update, reference_forward
+
+
+def measure(args: argparse.Namespace) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    kernels, policy, batch, update, reference_forward = workload(args)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
 
     update_s = median_s(update, args.repeats)
     reference_s = median_s(reference_forward, args.repeats)
@@ -174,22 +184,12 @@ def measure(args: argparse.Namespace) -> dict:
 def fused_ab(args: argparse.Namespace) -> str:
     """The reference forward + update with rlcore's fused operators and with the eager ones, alternating."""
     from rlcore.engine import fused
-    from rlcore.engine.sequence import local_model
 
-    torch.manual_seed(0)
-    kernels = activate(args.threads)
-    policy, reference, batch = build(args)
-    actor, ref = local_model(policy), local_model(reference)
-    optim = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-    ids, mask, responses = batch["input_ids"], batch["attention_mask"], batch["responses"]
+    kernels, _, _, update, reference_forward = workload(args)
 
     def step() -> None:
-        with torch.no_grad():
-            ref.response_log_probs(ids, mask, responses)
-        log_probs, _ = actor.response_log_probs(ids, mask, responses, with_entropy=True, entropy_grad=False)
-        (-(log_probs * batch["advantages"]).mean()).backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        reference_forward()
+        update()
 
     checks = {"fused": (fused._fusable, fused._rotary_fusable),
               "eager": (lambda *a: False, lambda *a: False)}
