@@ -15,7 +15,11 @@ adds up. :func:`rotate` is one pass each way (``rlcore_portable::rotary``, ``rot
 sum rounded on its own, as eagerly; the backward's sum is autograd's, including its sign of zero (the kernel's
 comment says why).
 
-Everywhere else (native kernels, a GPU, other dtypes, under ``torch.compile``) both are the eager expressions.
+KV cache writes. A decode step writes each row's new key and value at the row's own position of its cache slot;
+:func:`write_cache` does that as one copy per (row, head) (``rlcore_portable::cache_write``) where torch's
+``index_copy_`` cost more than the step's attention at a few dozen positions. A copy: the same values either way.
+
+Everywhere else (native kernels, a GPU, other dtypes, under ``torch.compile``) they are the eager expressions.
 :func:`use_fused_ops` routes a Hugging Face model's MLPs and rotary embedding through them; rlcore's model loaders
 call it, and the static rollout engine calls them directly.
 """
@@ -131,3 +135,16 @@ def use_fused_ops(model: torch.nn.Module) -> int:
         if name in ROTARY_MODULES and getattr(sys.modules[name], "apply_rotary_pos_emb", None) is not None:
             sys.modules[name].apply_rotary_pos_emb = _apply_rotary_pos_emb
     return found
+
+
+def direct_cache_writes(cache: torch.Tensor) -> bool:
+    """Whether :func:`write_cache` copies into ``cache`` itself (the portable kernels, on CPU, outside
+    ``torch.compile``); otherwise the caller writes with torch's own indexing."""
+    return (portable_ops.installed() and not torch.compiler.is_compiling() and cache.device.type == "cpu"
+            and cache.dim() == 4 and cache.stride(-1) == 1)
+
+
+def write_cache(cache: torch.Tensor, src: torch.Tensor, pos: torch.Tensor) -> None:
+    """``cache[i, h, pos[i]] = src[i, h]`` for every row ``i`` of ``src [rows, heads, d]`` and head ``h`` of
+    ``cache [slots, heads, length, d]`` (only where :func:`direct_cache_writes`)."""
+    torch.ops.rlcore_portable.cache_write(cache, src, pos)

@@ -30,7 +30,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from rlcore.engine.fused import rotate, swiglu
+from rlcore.engine.fused import direct_cache_writes, rotate, swiglu, write_cache
 from rlcore.engine.lora import is_peft
 from rlcore.rollout.base import CachedPrefix, SamplingParams, WeightRefresh, load_into
 from rlcore.rollout.sampling import distinct_rows, filter_logits, row_uniforms, sample_from
@@ -255,16 +255,23 @@ class Decoder:
             groups = self.n_heads // self.n_kv
             bias = torch.zeros(valid.shape, dtype=self.dtype, device=pos.device).masked_fill_(~valid, float("-inf"))
             bias = bias[:, None, None].expand(b, self.n_kv, 1, length).reshape(b * self.n_kv, 1, length)
-        # row i's key and value of kv head h go to cache row (i, h, pos[i]) of the caches seen as [slots * kv * len, d]:
-        # one index_copy_ of b * kv rows per cache (advanced-index assignment took ~90 us a layer at 64 rows on a CPU)
-        heads = torch.arange(self.n_kv, device=pos.device)
-        at = ((torch.arange(b, device=pos.device)[:, None] * self.n_kv + heads[None, :]) * k_cache[0].shape[2]
-              + pos[:, None]).reshape(-1)
+        # row i's key and value of kv head h go to (i, h, pos[i]) of the caches: one copy per (row, head) where the
+        # portable kernels run; otherwise one index_copy_ of b * kv rows per cache seen as [slots * kv * len, d]
+        # (advanced-index assignment took ~90 us a layer at 64 rows on a CPU)
+        direct = direct_cache_writes(k_cache[0])
+        if not direct:
+            heads = torch.arange(self.n_kv, device=pos.device)
+            at = ((torch.arange(b, device=pos.device)[:, None] * self.n_kv + heads[None, :]) * k_cache[0].shape[2]
+                  + pos[:, None]).reshape(-1)
         x = F.embedding(tokens[:, None], self.embed)
         for lay, kc, vc in zip(self.layers, k_cache, v_cache):
             q, k, v = self._attention_block(x, lay, cos, sin)
-            kc.view(-1, self.head_dim).index_copy_(0, at, k.reshape(b * self.n_kv, self.head_dim))
-            vc.view(-1, self.head_dim).index_copy_(0, at, v.reshape(b * self.n_kv, self.head_dim))
+            if direct:
+                write_cache(kc, k[:, :, 0], pos)
+                write_cache(vc, v[:, :, 0], pos)
+            else:
+                kc.view(-1, self.head_dim).index_copy_(0, at, k.reshape(b * self.n_kv, self.head_dim))
+                vc.view(-1, self.head_dim).index_copy_(0, at, v.reshape(b * self.n_kv, self.head_dim))
             if attend is None:
                 attn = self._attend(q, kc[:b], vc[:b], mask)
             else:

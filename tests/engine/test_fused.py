@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from rlcore.engine import fused, portable_ops
 from rlcore.engine.model import load_causal_lm
 from rlcore.rollout import EngineSpec, make_engine
+from rlcore.rollout import static
 from rlcore.rollout.base import SamplingParams
 
 pytestmark = pytest.mark.skipif(not portable_ops.installed(), reason="the portable kernels are not installed here")
@@ -119,6 +120,8 @@ def test_a_model_gives_the_same_logits_and_gradients_fused_or_not(tiny_model_dir
 def test_the_static_engine_samples_the_same_tokens_fused_or_not(tiny_model_dir, monkeypatch):
     model = load_causal_lm(tiny_model_dir).eval()
     engine = make_engine(model, EngineSpec("static"), eos_token_id=-1, pad_token_id=0)
+    writes = [0]
+    monkeypatch.setattr(static, "write_cache", lambda *a: writes.__setitem__(0, writes[0] + 1) or fused.write_cache(*a))
     ids = torch.randint(3, model.config.vocab_size, (24, 7), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[::3, :2] = 0
@@ -126,5 +129,21 @@ def test_the_static_engine_samples_the_same_tokens_fused_or_not(tiny_model_dir, 
     a = engine.generate(ids * mask, mask, params, torch.Generator().manual_seed(5))
     monkeypatch.setattr(fused, "_fusable", lambda gate, up: False)
     monkeypatch.setattr(fused, "_rotary_fusable", lambda x, cos, sin: False)
+    monkeypatch.setattr(static, "direct_cache_writes", lambda cache: False)  # index_copy_ into the caches
     b = engine.generate(ids * mask, mask, params, torch.Generator().manual_seed(5))
     assert torch.equal(a["responses"], b["responses"]) and same_bits(a["log_probs"], b["log_probs"])
+    assert writes == [2 * model.config.num_hidden_layers * (params.max_new_tokens - 1)]  # keys and values, each step
+
+
+def test_cache_writes_put_each_row_at_its_position_and_nothing_else():
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(6, 2, 9, 8, generator=gen)
+    src = torch.randn(4, 2, 3, 8, generator=gen)[:, :, 1]  # [rows, heads, d] from a [rows, heads, tokens, d] view
+    pos = torch.tensor([0, 8, 3, 3])
+    want = cache.clone()
+    want[torch.arange(4)[:, None], torch.arange(2)[None, :], pos[:, None]] = src
+    fused.write_cache(cache, src, pos)
+    assert torch.equal(cache, want)
+    with pytest.raises(RuntimeError, match="position 9 of row 1 outside the cache's 9"):
+        fused.write_cache(cache, src, torch.tensor([0, 9, 0, 0]))
+    assert torch.equal(cache, want)  # checked before anything is written

@@ -66,7 +66,8 @@ def test_each_element_is_one_fused_multiply_add_chain_in_order(m, k, n):
 
 SHAPES = [(1, 1, 1), (3, 7, 5), (14, 256, 32), (15, 257, 33), (37, 600, 45), (200, 64, 300), (130, 1000, 17),
           (1, 64, 80), (7, 300, 150),  # few rows of any width: the small kernels over column chunks
-          (64, 256, 300), (9, 70, 77), (128, 33, 1000), (40, 1, 65)]  # 8-128 rows, > 64 columns: as C^T = B^T A^T
+          (64, 256, 300), (9, 70, 77), (128, 33, 1000), (40, 1, 65),  # 8-128 rows, > 64 columns: as C^T = B^T A^T
+          (50, 64, 66), (300, 40, 100)]  # <= 128 columns: the small kernels over chunks of 64 (attention's products)
 
 
 def products(shapes=SHAPES) -> list[bytes]:
@@ -112,6 +113,21 @@ def test_products_of_few_rows_give_the_same_bits_by_either_path():
             assert products() == best, rows
     finally:
         torch.ops.rlcore_portable.set_wide_rows(default)
+
+
+def test_products_of_few_columns_give_the_same_bits_by_either_path():
+    """Up to 128 columns (attention's per-head products at a few dozen keys) go through the small kernels in chunks of
+    64 columns; the packed and wide paths (set_small_cols(64), the route before) and the small kernels at any width
+    give the same bits."""
+    best = products()
+    default = torch.ops.rlcore_portable.set_small_cols(-1)
+    assert default == 128
+    try:
+        for cols in (0, 64, 100000):
+            torch.ops.rlcore_portable.set_small_cols(cols)
+            assert products() == best, cols
+    finally:
+        torch.ops.rlcore_portable.set_small_cols(default)
 
 
 def test_a_row_or_column_does_not_depend_on_the_others_in_the_call():

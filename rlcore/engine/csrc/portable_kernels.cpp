@@ -341,6 +341,9 @@ void run_tile(Isa which, Shape t, int64_t k, const float* a, const float* b, flo
 
 // Products with fewer rows than this take the small kernels at any width (packing a few rows costs more than it saves)
 constexpr int64_t kSmallRows = 8;
+// ... and products of at most this many columns at any height, in chunks of 64 columns (attention's per-head products
+// at a few dozen keys). set_small_cols changes it, for the tests and the measurements that compare the routes.
+int64_t kSmallCols = 128;
 
 struct Buffers {
   std::vector<float> a, b;
@@ -468,7 +471,7 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int
 #if defined(__x86_64__)
   // few columns (attention's per-head products), or few rows of any width (a decode step's products of one query
   // row): no packing, the columns in chunks of at most 64, each chunk of B copied dense unless it already is
-  if ((n <= 64 || m < kSmallRows) && which != kScalar && m * n * k > 0) {
+  if ((n <= kSmallCols || m < kSmallRows) && which != kScalar && m * n * k > 0) {
     for (int64_t j0 = 0; j0 < n; j0 += 64) {
       const int64_t nc = std::min<int64_t>(64, n - j0);
       const float* bp = b + j0 * sb1;
@@ -951,6 +954,33 @@ at::Tensor k_rotary_backward(const at::Tensor& g_in, const at::Tensor& cos_in, c
   return gx;
 }
 
+// ---- a decode step's keys or values into the KV cache: cache[i, h, pos[i], :] = src[i, h, :] for every row i of src
+// and head h. A copy, no arithmetic: torch's index_copy_ over the cache seen as [slots * heads * length, d] rows spent
+// ~0.35 us a row on a CPU (more than the step's attention over that row at a few dozen positions).
+void k_cache_write(at::Tensor cache, const at::Tensor& src, const at::Tensor& pos_in) {
+  TORCH_CHECK(cache.dim() == 4 && src.dim() == 3 && pos_in.dim() == 1,
+              "rlcore_portable::cache_write: cache [slots, heads, length, d], src [rows, heads, d], pos [rows]");
+  const int64_t rows = src.size(0), heads = src.size(1), d = src.size(2), length = cache.size(2);
+  TORCH_CHECK(cache.size(0) >= rows && cache.size(1) == heads && cache.size(3) == d && pos_in.size(0) == rows,
+              "rlcore_portable::cache_write: shapes do not match (cache ", cache.sizes(), ", src ", src.sizes(),
+              ", pos ", pos_in.sizes(), ")");
+  TORCH_CHECK(cache.scalar_type() == src.scalar_type() && !cache.is_cuda() && !src.is_cuda() &&
+              cache.stride(3) == 1 && src.stride(2) == 1,
+              "rlcore_portable::cache_write: CPU tensors of one dtype, each with a unit stride along d");
+  const at::Tensor pos = pos_in.to(at::kLong).contiguous();
+  const int64_t* p = pos.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows; ++i)
+    TORCH_CHECK(p[i] >= 0 && p[i] < length, "rlcore_portable::cache_write: position ", p[i], " of row ", i,
+                " outside the cache's ", length);
+  const int64_t size = cache.element_size();
+  auto* dst = static_cast<char*>(cache.data_ptr());
+  const auto* from = static_cast<const char*>(src.data_ptr());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t h = 0; h < heads; ++h)
+      std::memcpy(dst + (i * cache.stride(0) + h * cache.stride(1) + p[i] * cache.stride(2)) * size,
+                  from + (i * src.stride(0) + h * src.stride(1)) * size, d * size);
+}
+
 }  // namespace
 
 // Python-side control (rlcore.engine.portable_ops): which kernels run and how many threads share a product's rows.
@@ -959,6 +989,7 @@ TORCH_LIBRARY(rlcore_portable, m) {
   m.def("set_threads(int threads) -> int");
   m.def("set_blocking(int kc, int mc, int nc) -> int[]");
   m.def("set_wide_rows(int rows) -> int");
+  m.def("set_small_cols(int cols) -> int");
   m.def("swiglu(Tensor g, Tensor u) -> Tensor");
   m.def("swiglu_backward(Tensor grad, Tensor g, Tensor u) -> (Tensor, Tensor)");
   m.impl("swiglu", k_swiglu);
@@ -967,6 +998,8 @@ TORCH_LIBRARY(rlcore_portable, m) {
   m.def("rotary_backward(Tensor grad, Tensor cos, Tensor sin) -> Tensor");
   m.impl("rotary", k_rotary);
   m.impl("rotary_backward", k_rotary_backward);
+  m.def("cache_write(Tensor(a!) cache, Tensor src, Tensor pos) -> ()");
+  m.impl("cache_write", k_cache_write);
   m.impl("set_isa", [](int64_t which) -> int64_t {
     if (which >= 0) g_isa = static_cast<int>(std::min<int64_t>(which, detect_isa()));
     return isa();
@@ -980,6 +1013,10 @@ TORCH_LIBRARY(rlcore_portable, m) {
     if (mc >= 14) MC = mc;
     if (nc >= 1) NC = nc;
     return {KC, MC, NC};
+  });
+  m.impl("set_small_cols", [](int64_t cols) -> int64_t {
+    if (cols >= 0) kSmallCols = cols;
+    return kSmallCols;
   });
   m.impl("set_wide_rows", [](int64_t rows) -> int64_t {
     if (rows >= 0) WIDE_ROWS = rows;
