@@ -29,6 +29,7 @@ forwards and for the rollout engine's model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -173,12 +174,24 @@ def _block_attention(q, k, v, allowed, scale):
     arithmetic spelled out (``make bench`` profiles; ``tests/engine/test_packed.py`` checks the result).
     """
     if q.device.type != "cpu" or q.shape[-2] * k.shape[-2] >= FUSED_CPU_MIN_SCORES:
+        if q.device.type == "cpu" and q.dtype == torch.float32 and not torch.backends.cuda.flash_sdp_enabled():
+            return _math_attention(q, k, v, allowed, scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
     # every row allows at least one key, so the max is finite; the shift is a constant for autograd
     e = (scores - scores.amax(-1, keepdim=True).detach()).exp()
     return torch.matmul(e / e.sum(-1, keepdim=True), v)
+
+
+def _math_attention(q, k, v, allowed, scale):
+    """``scaled_dot_product_attention``'s math path (what it runs on a CPU with its fused kernel off, as the portable
+    kernels have it), op for op, so the same bits forward and backward; less its check for rows with no allowed key
+    (``_safe_softmax``'s, ~1 ms a layer at the long answers' blocks), which packed blocks never have."""
+    s = math.sqrt(scale)  # q and k each scaled by the root of the scale, as the math path does
+    scores = torch.matmul(q * s, k.transpose(-2, -1) * s)
+    scores.add_(torch.zeros(allowed.shape, dtype=q.dtype).masked_fill_(allowed.logical_not(), float("-inf")))
+    return torch.matmul(torch.softmax(scores, -1), v)
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *,

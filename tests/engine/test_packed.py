@@ -181,12 +181,14 @@ def test_long_response_blocks_take_the_fused_kernel_and_still_equal_the_padded_f
     ids, mask, responses, rmask = grpo_batch(n_prompts=2, n=3, seed=4, response_len=40)
     weights = torch.randn(rmask.shape, generator=torch.Generator().manual_seed(3)) * rmask
     fused = []
-    real_sdpa = F.scaled_dot_product_attention
+    real_sdpa, real_math = F.scaled_dot_product_attention, packed._math_attention
     grads = []
     for model in (plain, fast):
-        if model is fast:
+        if model is fast:  # the fused kernel, or with it off (the portable kernels) its math path written out
             monkeypatch.setattr(packed.F, "scaled_dot_product_attention",
                                 lambda q, *a, **kw: (fused.append(q.shape[-2]), real_sdpa(q, *a, **kw))[1])
+            monkeypatch.setattr(packed, "_math_attention",
+                                lambda q, *a: (fused.append(q.shape[-2]), real_math(q, *a))[1])
         model.zero_grad(set_to_none=True)
         lp, _ = local_model(model).response_log_probs(ids, mask, responses)
         (lp * weights).sum().backward()
@@ -273,6 +275,32 @@ def test_distinct_rows_maps_every_row_to_its_prompt():
     uniq, umask, row_of = distinct_rows(ids, mask)
     assert len(uniq) == 3
     assert torch.equal(uniq[row_of] * umask[row_of], ids * mask) and torch.equal(umask[row_of], mask)
+
+
+@pytest.mark.parametrize("shape", [(16, 4, 40, 46), (3, 2, 5, 9)])
+def test_the_written_out_math_path_gives_sdpas_bits_forward_and_backward(shape):
+    """Long blocks with the fused CPU kernel off: ``_math_attention`` against ``scaled_dot_product_attention``'s own
+    math path, every bit of the output and of the three gradients (masks as a packed response block has them: the
+    prompt's first keys, then causal over the response)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    blocks, heads, tq, tk = shape
+    g = torch.Generator().manual_seed(tq)
+    q, k, v = (torch.randn(blocks, heads, t, 64, generator=g) for t in (tq, tk, tk))
+    prompt = torch.randint(1, tk - tq + 1, (blocks, 1, 1, 1), generator=g)
+    cols, rows = torch.arange(tk), torch.arange(tq)[:, None]
+    allowed = (cols < prompt) | ((cols >= tk - tq) & (cols - (tk - tq) <= rows))
+    grad = torch.randn(blocks, heads, tq, 64, generator=g)
+    results = []
+    for attend in (lambda *a: F.scaled_dot_product_attention(*a[:3], attn_mask=a[3], scale=a[4]),
+                   packed._math_attention):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel(SDPBackend.MATH):
+            out = attend(*leaves, allowed, 0.125)
+        out.backward(grad)
+        results.append([out.detach()] + [t.grad for t in leaves])
+    for a, b in zip(*results):
+        assert torch.equal(a, b) and torch.equal(a.signbit(), b.signbit())
 
 
 def test_small_attention_equals_sdpa_with_padding_rows():
