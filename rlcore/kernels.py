@@ -29,6 +29,7 @@ products), but ATen's loops match only machines of the same kind.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import sys
@@ -90,12 +91,9 @@ def keep_freed_memory() -> bool:
     """Keep memory this process frees for its next allocations instead of handing it back to the kernel (glibc only;
     False elsewhere, where nothing changes). A training step allocates and frees the same activations and gradients
     every step; by default glibc unmaps or trims most of them, and the next step takes every 4 KiB page again as a
-    fault the kernel zeroes: 20,000-120,000 faults and 0.02-0.2 s of system time a step on one rank of the `long`
+    fault the kernel zeroes: 6,600-120,000 faults and up to 0.22 s of system time a step on one rank of the `long`
     bench shape, none of them with this, at the same peak memory (``bench.update_ceiling``'s workload). Blocks of up
     to 32 MiB come from the heap and freed ones are reused; the arithmetic is untouched."""
-    import ctypes
-    import platform
-
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -110,8 +108,8 @@ def activate(threads: int | None = 1) -> str:
     """Make this process compute with the kernels :func:`pin` chose, on ``threads`` threads (None: torch's default,
     one per core); call it where the process is about to compute (a stage, a command, a rank). Portable: the portable
     kernels installed, the products' rows shared by ``threads`` threads, torch's own loops on one. Native: torch's
-    threads. Either way freed memory is kept for reuse (:func:`keep_freed_memory`). Returns what runs the matrix products,
-    for the logs (``portable (avx512)``, ``native (mkl)``)."""
+    threads. Either way freed memory is kept for reuse (:func:`keep_freed_memory`). Returns what runs the matrix
+    products, for the logs (``portable (avx512)``, ``native (mkl)``)."""
     import torch  # only where the process computes: rlcore.kernels itself is read before torch is imported
 
     keep_freed_memory()
