@@ -169,7 +169,8 @@ def _block_attention(q, k, v, allowed, scale):
     keys/values where ``allowed`` (``[blocks, 1, q_len, k_len]``).
 
     On a GPU, and on the CPU for long blocks (``FUSED_CPU_MIN_SCORES``), the fused kernel of
-    ``scaled_dot_product_attention`` (masked). On the CPU for short ones, plain matmuls and a softmax written
+    ``scaled_dot_product_attention`` (masked); on a CPU with that kernel off (the portable kernels), its math path
+    written out (``_math_attention``: the same bits). On the CPU for short ones, plain matmuls and a softmax written
     out: at a few dozen keys ATen's softmax kernels and the fused CPU attention kernel are slower than the same
     arithmetic spelled out (``make bench`` profiles; ``tests/engine/test_packed.py`` checks the result).
     """

@@ -343,7 +343,7 @@ void run_tile(Isa which, Shape t, int64_t k, const float* a, const float* b, flo
 constexpr int64_t kSmallRows = 8;
 // ... and products of at most this many columns at any height, in chunks of 64 columns (attention's per-head products
 // at a few dozen keys). set_small_cols changes it, for the tests and the measurements that compare the routes.
-int64_t kSmallCols = 128;
+int64_t SMALL_COLS = 128;
 
 struct Buffers {
   std::vector<float> a, b;
@@ -471,7 +471,7 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, int64_t sa0, int
 #if defined(__x86_64__)
   // few columns (attention's per-head products), or few rows of any width (a decode step's products of one query
   // row): no packing, the columns in chunks of at most 64, each chunk of B copied dense unless it already is
-  if ((n <= kSmallCols || m < kSmallRows) && which != kScalar && m * n * k > 0) {
+  if ((n <= SMALL_COLS || m < kSmallRows) && which != kScalar && m * n * k > 0) {
     for (int64_t j0 = 0; j0 < n; j0 += 64) {
       const int64_t nc = std::min<int64_t>(64, n - j0);
       const float* bp = b + j0 * sb1;
@@ -1015,8 +1015,8 @@ TORCH_LIBRARY(rlcore_portable, m) {
     return {KC, MC, NC};
   });
   m.impl("set_small_cols", [](int64_t cols) -> int64_t {
-    if (cols >= 0) kSmallCols = cols;
-    return kSmallCols;
+    if (cols >= 0) SMALL_COLS = cols;
+    return SMALL_COLS;
   });
   m.impl("set_wide_rows", [](int64_t rows) -> int64_t {
     if (rows >= 0) WIDE_ROWS = rows;
