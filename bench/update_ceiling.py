@@ -12,9 +12,10 @@ per prompt, prompts of up to 16 tokens; an 8.45M-parameter Llama), on one thread
   the model's linear layers multiply in the update (T packed tokens: forward, input gradient, weight gradient);
 * the update's compute (the packed forward of ``rlcore.engine``, the chunked log-probs with the logged entropy, a
   policy-gradient loss, backward, AdamW) and the reference's no-grad forward, median of ``--repeats``;
-* one update under ``torch.profiler`` (``with_flops``): the matmul kernels' share of its CPU time, the FLOPs they
-  ran and their rate, attention's share, and the largest other ops. The floor is the update with every op but the
-  matmuls taking no time: what fusing or removing the rest could reach at best.
+* one update with every operator call timed (:class:`OpTimes`): the matmul kernels' share of its wall time, their
+  rate (FLOPs counted in another update under ``torch.profiler``'s ``with_flops``), attention's share, and the largest
+  other ops. The floor is the update with every op but the matmuls taking no time: what fusing or removing the rest
+  could reach at best.
 
 ``--fused-ab N`` measures instead the reference forward and the update ``N`` times each with rlcore's fused operators
 (:mod:`rlcore.engine.fused`: the same bits) and with PyTorch's eager ones, alternating in this process, and prints the
@@ -40,6 +41,7 @@ KERNELS = os.environ.get("BENCH_KERNELS", "portable")
 pin(KERNELS)
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from bench import machine
 from bench.sections import write_section
@@ -137,6 +139,27 @@ def workload(args: argparse.Namespace):
     return kernels, policy, batch, update, reference_forward
 
 
+class OpTimes(TorchDispatchMode):
+    """The wall time of every operator call below autograd (aten's and rlcore's own), summed by name in ``seconds``:
+    each call's own time (an operator's inner calls do not come back through the mode). Not ``torch.profiler``'s:
+    under it this process stops reusing the memory it frees, and the operator that first writes an output pays the
+    page faults (measured at the `long` shape: ``swiglu_backward`` 7 ms a call alone, 80-160 ms and 6,600-13,000
+    faults a call under the profiler, which then put 5.5-14% of the update there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return out
+
+
 def measure(args: argparse.Namespace) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -145,20 +168,20 @@ def measure(args: argparse.Namespace) -> dict:
 
     update_s = median_s(update, args.repeats)
     reference_s = median_s(reference_forward, args.repeats)
-    # two profiled updates: one for the times (recording shapes, which counting FLOPs needs, costs every small op
-    # more than the op itself, and would inflate their share), one for the matmuls' FLOPs
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    # the ops' times from one update under OpTimes (not torch.profiler: see OpTimes), the matmuls' FLOPs from one
+    # under the profiler (a count, which its cost does not change)
+    with OpTimes() as timed:
+        start = time.perf_counter()
         update()
-    events = prof.key_averages()
+        timed_s = time.perf_counter() - start
     with profile(activities=[ProfilerActivity.CPU], with_flops=True) as counted:
         update()
     matmul_flops = sum(e.flops for e in counted.key_averages() if e.key in MATMULS)
-    total_us = sum(e.self_cpu_time_total for e in events)
-    matmul = [e for e in events if e.key in MATMULS]
-    matmul_us = sum(e.self_cpu_time_total for e in matmul)
-    attention_us = sum(e.self_cpu_time_total for e in events if e.key.startswith(ATTENTION))
-    others = sorted((e for e in events if e.key not in MATMULS and not e.key.startswith(ATTENTION)),
-                    key=lambda e: -e.self_cpu_time_total)[:8]
+    times = timed.seconds
+    matmul_s = sum(t for k, t in times.items() if k in MATMULS)
+    attention_s = sum(t for k, t in times.items() if k.startswith(ATTENTION))
+    others = sorted(((k, t) for k, t in times.items() if k not in MATMULS and not k.startswith(ATTENTION)),
+                    key=lambda kt: -kt[1])[:8]
 
     from rlcore.engine import packed
 
@@ -174,10 +197,10 @@ def measure(args: argparse.Namespace) -> dict:
         "shapes": {name: machine.gemm_flops(m, k, n, transposed=t, threads=args.threads, seconds=1.0) / 1e9
                    for name, (m, k, n, t) in shapes.items()},
         "tokens": tokens, "rows_tokens": int(mask.sum()), "params": sum(p.numel() for p in policy.parameters()),
-        "update_s": update_s, "reference_s": reference_s, "profiled_s": total_us / 1e6,
-        "matmul_share": matmul_us / total_us, "matmul_flops": matmul_flops, "matmul_s": matmul_us / 1e6,
-        "attention_share": attention_us / total_us,
-        "others": [(e.key, e.self_cpu_time_total / total_us) for e in others], "kernels": kernels,
+        "update_s": update_s, "reference_s": reference_s, "profiled_s": timed_s,
+        "matmul_share": matmul_s / timed_s, "matmul_flops": matmul_flops, "matmul_s": matmul_s,
+        "attention_share": attention_s / timed_s,
+        "others": [(k, t / timed_s) for k, t in others], "kernels": kernels,
     }
 
 
@@ -210,7 +233,7 @@ def fused_ab(args: argparse.Namespace) -> str:
 
 def render(r: dict, args: argparse.Namespace, took_s: float) -> str:
     rate = r["matmul_flops"] / r["matmul_s"] / 1e9
-    floor_s = r["update_s"] * r["matmul_share"]  # the profiler's own cost spread over the ops as their times are
+    floor_s = r["update_s"] * r["matmul_share"]  # the timing's own cost spread over the ops as their times are
     lines = [
         "# The update at answers that run to the limit: where one rank's time goes",
         "",
@@ -233,7 +256,7 @@ def render(r: dict, args: argparse.Namespace, took_s: float) -> str:
     lines += [
         f"| update: packed forward, chunked log-probs, backward, AdamW | {r['update_s']:.3f} s |",
         f"| reference forward (no grad) | {r['reference_s']:.3f} s |",
-        f"| matmul kernels' share of the update's CPU time (profiled: {r['profiled_s']:.3f} s) | "
+        f"| matmul kernels' share of the update's wall time (every op timed: {r['profiled_s']:.3f} s) | "
         f"{r['matmul_share']:.0%} |",
         f"| their FLOPs and rate | {r['matmul_flops'] / 1e9:.0f} GFLOP at {rate:.1f} GFLOP/s "
         f"({rate / r['peak']:.0%} of the peak) |",
@@ -242,7 +265,7 @@ def render(r: dict, args: argparse.Namespace, took_s: float) -> str:
         f"| **floor: the update with every op but the matmuls free** | **{floor_s:.3f} s "
         f"({r['update_s'] / floor_s:.2f}x faster at best)** |",
         "",
-        "The largest other ops of the update (share of its CPU time): "
+        "The largest other ops of the update (share of its wall time): "
         + ", ".join(f"`{k}` {s:.1%}" for k, s in r["others"]) + ".",
     ]
     return "\n".join(lines)
@@ -266,7 +289,7 @@ def reading(r: dict, run: dict) -> str:
             f"{need:.2f} s off a step: "
             f"{need / (update * (1 - r['matmul_share'])):.0%} of the update phase's non-matmul time, if the "
             f"generation phase stays as it is. The matmuls ran at {rate / r['peak']:.0%} of the peak inside the "
-            f"(profiled) update, against {min(alone) / r['peak']:.0%}-{max(alone) / r['peak']:.0%} alone at its "
+            f"(timed) update, against {min(alone) / r['peak']:.0%}-{max(alone) / r['peak']:.0%} alone at its "
             f"shapes with their operands in cache: at the rate alone they would take "
             f"{r['matmul_flops'] / (sum(alone) / len(alone)) / 1e9:.2f} s of the update, not {r['matmul_s']:.2f} s.")
 
