@@ -140,8 +140,9 @@ def workload(args: argparse.Namespace):
 
 
 class OpTimes(TorchDispatchMode):
-    """The wall time of every operator call below autograd (aten's and rlcore's own), summed by name in ``seconds``:
-    each call's own time (an operator's inner calls do not come back through the mode). Not ``torch.profiler``'s:
+    """The wall time of every operator call below autograd (aten's and rlcore's own), summed by name in ``seconds``
+    (and counted in ``calls``): each call's own time (an operator's inner calls do not come back through the mode).
+    Not ``torch.profiler``'s:
     under it this process stops reusing the memory it frees, and the operator that first writes an output pays the
     page faults (measured at the `long` shape: ``swiglu_backward`` 7 ms a call alone, 80-160 ms and 6,600-13,000
     faults a call under the profiler, which then put 5.5-14% of the update there)."""
@@ -197,7 +198,7 @@ def measure(args: argparse.Namespace) -> dict:
         "shapes": {name: machine.gemm_flops(m, k, n, transposed=t, threads=args.threads, seconds=1.0) / 1e9
                    for name, (m, k, n, t) in shapes.items()},
         "tokens": tokens, "rows_tokens": int(mask.sum()), "params": sum(p.numel() for p in policy.parameters()),
-        "update_s": update_s, "reference_s": reference_s, "profiled_s": timed_s,
+        "update_s": update_s, "reference_s": reference_s, "timed_s": timed_s,
         "matmul_share": matmul_s / timed_s, "matmul_flops": matmul_flops, "matmul_s": matmul_s,
         "attention_share": attention_s / timed_s,
         "others": [(k, t / timed_s) for k, t in others], "kernels": kernels,
@@ -256,7 +257,7 @@ def render(r: dict, args: argparse.Namespace, took_s: float) -> str:
     lines += [
         f"| update: packed forward, chunked log-probs, backward, AdamW | {r['update_s']:.3f} s |",
         f"| reference forward (no grad) | {r['reference_s']:.3f} s |",
-        f"| matmul kernels' share of the update's wall time (every op timed: {r['profiled_s']:.3f} s) | "
+        f"| matmul kernels' share of the update's wall time (every op timed: {r['timed_s']:.3f} s) | "
         f"{r['matmul_share']:.0%} |",
         f"| their FLOPs and rate | {r['matmul_flops'] / 1e9:.0f} GFLOP at {rate:.1f} GFLOP/s "
         f"({rate / r['peak']:.0%} of the peak) |",
