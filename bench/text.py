@@ -105,7 +105,9 @@ def where_time_goes(info: dict) -> list[str]:
                   *report.profile_tables(prof), "",
                   "Raw py-spy stacks: `bench/_work/profile/{controller,worker0,worker1}.txt` (workers in pid",
                   "order). A phase's wall time minus the ranks' compute buckets for it is Ray dispatch, Batch",
-                  "(de)serialisation and transfer, and one rank waiting for the other in a collective."]
+                  "(de)serialisation and transfer, and one rank waiting for the other in a collective. Where the",
+                  "machine has no core to spare for py-spy, its sampling slows one rank at a time and the other",
+                  "waits, so most of that remainder is the profiler's own; Ray's cost is measured directly above."]
     return lines
 
 
