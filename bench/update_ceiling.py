@@ -142,9 +142,10 @@ def workload(args: argparse.Namespace):
 class OpTimes(TorchDispatchMode):
     """The wall time of every operator call below autograd (aten's and rlcore's own), summed by name in ``seconds``
     (and counted in ``calls``): each call's own time (an operator's inner calls do not come back through the mode).
-    Not ``torch.profiler``'s: under it this process stops reusing the memory it frees, and the operator that first
-    writes an output pays the page faults (measured at the `long` shape: ``swiglu_backward`` 7 ms a call alone,
-    80-160 ms and 6,600-13,000 faults a call under the profiler, which then put 5.5-14% of the update there)."""
+    Not ``torch.profiler``'s: under it this process takes page faults again on memory it otherwise reuses (the
+    cause inside the profiler not found), and the operator that first writes an output pays them (measured at the
+    `long` shape: ``swiglu_backward`` 7 ms a call alone, 80-160 ms and 6,600-13,000 faults a call under the profiler,
+    which then put 5.5-14% of the update there)."""
 
     def __init__(self):
         super().__init__()
